@@ -1,0 +1,155 @@
+"""SQLAlchemy 2.0 table definitions: the schema as the code expects it.
+
+Alembic revisions under migrations/ are the only way the database changes; this module and the
+latest revision must agree (a test compares them).
+
+Observations are joined to exchanges by id without a foreign key: the writer batches rows, and a
+fast candidate's observation may reach the database before the production exchange it belongs to.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL wants BIGINT for large tables.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class EndpointRow(Base):
+    __tablename__ = "endpoints"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    url: Mapped[str] = mapped_column(Text)
+    role: Mapped[str] = mapped_column(String(16))  # live | candidate | retired
+    kind: Mapped[str] = mapped_column(String(32), default="")
+    model: Mapped[str | None] = mapped_column(String(200))
+    sample_rate: Mapped[float] = mapped_column(Float, default=0.0)
+    sampling: Mapped[str] = mapped_column(String(16), default="request")
+    buffer_max_items: Mapped[int] = mapped_column(Integer)
+    buffer_max_bytes: Mapped[int] = mapped_column(BigInteger)
+    concurrency: Mapped[int] = mapped_column(Integer)
+    timeout_s: Mapped[float] = mapped_column(Float)
+    price_per_hour_usd: Mapped[float | None] = mapped_column(Float)
+    gpus: Mapped[int] = mapped_column(Integer, default=1)
+    credentials_env: Mapped[str | None] = mapped_column(String(128))
+    forward_auth: Mapped[bool] = mapped_column(Boolean, default=False)
+    state: Mapped[str] = mapped_column(String(16), default="active")
+    verdict_overrides: Mapped[str | None] = mapped_column(Text)  # JSON object
+    version: Mapped[int] = mapped_column(BigInteger, default=1)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class RegistryMetaRow(Base):
+    """One row (id = 1) whose version is bumped by every control-plane change, in the same
+    transaction, so replicas poll one integer to know whether to reload."""
+
+    __tablename__ = "registry_meta"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ExchangeRow(Base):
+    __tablename__ = "exchanges"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    received_at: Mapped[float] = mapped_column(Float, index=True)
+    route: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(200))
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    temperature: Mapped[float | None] = mapped_column(Float)
+    session_key: Mapped[str | None] = mapped_column(String(32))
+    turn_index: Mapped[int] = mapped_column(Integer, default=0)
+    request_hash: Mapped[str] = mapped_column(String(32))
+    json_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    tools_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    replica: Mapped[str] = mapped_column(String(64), default="")
+    # ",a,b," - candidates whose ring accepted the copy (delimited so LIKE '%,name,%' is exact).
+    targets: Mapped[str] = mapped_column(Text, default="")
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+
+
+class ObservationRow(Base):
+    __tablename__ = "observations"
+    __table_args__ = (
+        UniqueConstraint("exchange_id", "endpoint"),
+        Index("ix_observations_endpoint_exchange", "endpoint", "exchange_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    exchange_id: Mapped[str] = mapped_column(String(36))
+    endpoint: Mapped[str] = mapped_column(String(63))
+    arm: Mapped[str] = mapped_column(String(16))  # production | candidate
+    started_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[int] = mapped_column(Integer, default=0)
+    error_kind: Mapped[str | None] = mapped_column(String(32))
+    queue_wait_s: Mapped[float | None] = mapped_column(Float)
+    ttft_s: Mapped[float | None] = mapped_column(Float)
+    tpot_s: Mapped[float | None] = mapped_column(Float)
+    e2e_s: Mapped[float | None] = mapped_column(Float)
+    itl_count: Mapped[int] = mapped_column(Integer, default=0)
+    itl_mean_s: Mapped[float | None] = mapped_column(Float)
+    itl_p50_s: Mapped[float | None] = mapped_column(Float)
+    itl_p99_s: Mapped[float | None] = mapped_column(Float)
+    itl_max_s: Mapped[float | None] = mapped_column(Float)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens_source: Mapped[str | None] = mapped_column(String(8))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    output_text: Mapped[str | None] = mapped_column(Text)
+    output_hash: Mapped[str | None] = mapped_column(String(32))
+    text_truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    tool_calls: Mapped[str | None] = mapped_column(Text)
+
+
+class PromotionRow(Base):
+    __tablename__ = "promotions"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    action: Mapped[str] = mapped_column(String(16))  # promote | rollback
+    from_endpoint: Mapped[str | None] = mapped_column(String(63))
+    to_endpoint: Mapped[str] = mapped_column(String(63))
+    actor: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    forced: Mapped[bool] = mapped_column(Boolean, default=False)
+    verdict: Mapped[str | None] = mapped_column(String(16))
+    report_snapshot: Mapped[str | None] = mapped_column(Text)
+    at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class MirrorCounterRow(Base):
+    """Per-replica snapshot of a candidate's copy accounting (the mirror's counters), upserted
+    periodically and at shutdown, so a report read from the database can show drops.
+    `replica` is unique per process lifetime, so sums across rows never double count."""
+
+    __tablename__ = "mirror_counters"
+
+    replica: Mapped[str] = mapped_column(String(64), primary_key=True)
+    endpoint: Mapped[str] = mapped_column(String(63), primary_key=True)
+    counters: Mapped[str] = mapped_column(Text)  # JSON object: counter name -> int
+    updated_at: Mapped[float] = mapped_column(Float)
