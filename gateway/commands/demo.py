@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--out-dir",
         default="canary-reports",
-        help="where HTML reports go (default ./canary-reports)",
+        help="HTML report folder (default ./canary-reports)",
     )
     parser.add_argument("--seed", type=int, default=0, help="traffic seed (default 0)")
     parser.add_argument(
