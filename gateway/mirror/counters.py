@@ -1,0 +1,137 @@
+"""Per-candidate and process-wide mirror counters, and their Prometheus rendering (pure).
+
+The accounting identities (DESIGN.md §3.4) hold at every moment the event loop is between
+callbacks, not only when the mirror is idle, because `pending` counts queued *and* in-flight
+copies and a copy moves from `pending` to `sent` in one synchronous step when its outcome is
+known:
+
+    sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload + sent + pending
+    sent    = observed_ok + observed_error + timed_out
+
+Copies still queued when a candidate is removed or the gateway shuts down are counted in
+`dropped_overflow` (and, for information only, in `dropped_on_stop`). In-flight copies cancelled
+at the end of a shutdown drain are `timed_out`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Final
+
+__all__ = [
+    "IDENTITY_FIELDS",
+    "LaneCounters",
+    "MirrorCounters",
+    "identity_holds",
+    "prometheus_lines",
+]
+
+# Monotonic per-candidate counters, in the order they are exported.
+IDENTITY_FIELDS: Final = (
+    "sampled",
+    "deduplicated",
+    "dropped_overflow",
+    "dropped_oversize",
+    "shed_overload",
+    "sent",
+    "observed_ok",
+    "observed_error",
+    "timed_out",
+)
+
+
+class LaneCounters:
+    """Monotonic counters for one candidate lane (plain ints: the hot path only adds)."""
+
+    __slots__ = (*IDENTITY_FIELDS, "dropped_on_stop")
+
+    def __init__(self) -> None:
+        self.sampled = 0
+        self.deduplicated = 0
+        self.dropped_overflow = 0
+        self.dropped_oversize = 0
+        self.shed_overload = 0
+        self.sent = 0
+        self.observed_ok = 0
+        self.observed_error = 0
+        self.timed_out = 0
+        self.dropped_on_stop = 0  # included in dropped_overflow
+
+    def as_dict(self) -> dict[str, int]:
+        out = {name: getattr(self, name) for name in IDENTITY_FIELDS}
+        out["dropped_on_stop"] = self.dropped_on_stop
+        return out
+
+
+class MirrorCounters:
+    """Process-wide counters for requests that were never offered to any candidate."""
+
+    __slots__ = ("skipped_loop", "skipped_unparseable")
+
+    def __init__(self) -> None:
+        self.skipped_unparseable = 0  # needed for sampling or mirroring, but not a JSON request
+        self.skipped_loop = 0  # already carried X-Canary-Mirror: a copy is never mirrored again
+
+    def as_dict(self) -> dict[str, int]:
+        return {"skipped_unparseable": self.skipped_unparseable, "skipped_loop": self.skipped_loop}
+
+
+def identity_holds(c: Mapping[str, int]) -> bool:
+    """Both accounting identities, on one candidate's `Mirror.counters()` entry."""
+    dropped = c["dropped_overflow"] + c["dropped_oversize"] + c["shed_overload"]
+    left = c["deduplicated"] + dropped + c["sent"] + c["pending"]
+    return c["sampled"] == left and c["sent"] == (
+        c["observed_ok"] + c["observed_error"] + c["timed_out"]
+    )
+
+
+_GAUGES: Final = (
+    ("pending", "canary_mirror_pending", "Copies queued or in flight."),
+    ("inflight", "canary_mirror_inflight", "Copies being sent to the candidate now."),
+    ("buffer_items", "canary_mirror_buffer_items", "Copies waiting in the ring buffer."),
+    ("buffer_bytes", "canary_mirror_buffer_bytes", "Request bytes waiting in the ring buffer."),
+)
+
+
+def _esc(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_lines(
+    lanes: Mapping[str, Mapping[str, int]],
+    process: Mapping[str, int],
+    budget_used: int,
+    budget_limit: int,
+    shedding: bool,
+) -> Iterator[str]:
+    """Prometheus text exposition lines for the mirror (HELP/TYPE included)."""
+    yield "# HELP canary_mirror_copies_total Mirror copies by candidate and outcome."
+    yield "# TYPE canary_mirror_copies_total counter"
+    for name, c in lanes.items():
+        prefix = f'canary_mirror_copies_total{{candidate="{_esc(name)}",outcome="'
+        for outcome in (*IDENTITY_FIELDS, "dropped_on_stop"):
+            yield f'{prefix}{outcome}"}} {c[outcome]}'
+    for key, metric, help_text in _GAUGES:
+        yield f"# HELP {metric} {help_text}"
+        yield f"# TYPE {metric} gauge"
+        yield from _per_lane(metric, key, lanes.items())
+    yield "# HELP canary_mirror_skipped_total Requests not mirrored at all, by reason."
+    yield "# TYPE canary_mirror_skipped_total counter"
+    for reason, value in process.items():
+        yield f'canary_mirror_skipped_total{{reason="{reason.removeprefix("skipped_")}"}} {value}'
+    yield "# HELP canary_mirror_memory_bytes Request bytes held by all ring buffers together."
+    yield "# TYPE canary_mirror_memory_bytes gauge"
+    yield f"canary_mirror_memory_bytes {budget_used}"
+    yield "# HELP canary_mirror_memory_budget_bytes The process-wide mirror memory budget."
+    yield "# TYPE canary_mirror_memory_budget_bytes gauge"
+    yield f"canary_mirror_memory_budget_bytes {budget_limit}"
+    yield "# HELP canary_mirror_shedding 1 while new copies are shed because the loop lags."
+    yield "# TYPE canary_mirror_shedding gauge"
+    yield f"canary_mirror_shedding {int(shedding)}"
+
+
+def _per_lane(
+    metric: str, key: str, items: Iterable[tuple[str, Mapping[str, int]]]
+) -> Iterator[str]:
+    for name, c in items:
+        yield f'{metric}{{candidate="{_esc(name)}"}} {c[key]}'
