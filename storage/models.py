@@ -5,6 +5,9 @@ latest revision must agree (a test compares them).
 
 Observations are joined to exchanges by id without a foreign key: the writer batches rows, and a
 fast candidate's observation may reach the database before the production exchange it belongs to.
+
+At most one endpoint is live: a partial unique index on `endpoints.role` (WHERE role = 'live')
+makes the database itself refuse a second one, whatever a racing replica does.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -38,6 +42,15 @@ class Base(DeclarativeBase):
 
 class EndpointRow(Base):
     __tablename__ = "endpoints"
+    __table_args__ = (
+        Index(
+            "uq_endpoints_one_live",
+            "role",
+            unique=True,
+            sqlite_where=text("role = 'live'"),
+            postgresql_where=text("role = 'live'"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)

@@ -1,0 +1,1 @@
+"""Alembic revisions, one file each, applied in order by `canary db upgrade`."""

@@ -1,0 +1,244 @@
+"""Typed control-plane queries: endpoints, the registry version, seeding, mirror counters.
+Promotions and rollbacks live in `storage.promotions` and are re-exported here.
+
+Every change is committed before the function returns and bumps `registry_meta.version` in the
+same transaction. The bump is the transaction's first statement, so it doubles as a global
+lock: on PostgreSQL the row lock queues concurrent changes, on SQLite the write lock is taken by
+BEGIN IMMEDIATE; every check that follows reads the state the previous change committed.
+No SQL strings outside storage/.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from storage.engine import write_transaction
+from storage.errors import DuplicateName, EndpointNotFound, PromotionConflict
+from storage.models import Base
+from storage.promotions import list_promotions, promote, rollback
+from storage.records import Endpoint
+from storage.sql import (
+    ENDPOINTS,
+    MIRROR_COUNTERS,
+    MUTABLE_FIELDS,
+    REGISTRY_META,
+    bump_version,
+    endpoint_values,
+    fetch,
+    fetch_live,
+    json_encoder,
+    row_to_endpoint,
+    translated,
+    upsert,
+)
+
+__all__ = [
+    "create_endpoint",
+    "delete_endpoint",
+    "get_endpoint",
+    "list_promotions",
+    "load_endpoints",
+    "promote",
+    "registry_version",
+    "rollback",
+    "seed",
+    "sum_counters",
+    "update_endpoint",
+    "upsert_counters",
+]
+
+
+async def registry_version(engine: AsyncEngine) -> int:
+    """The control-plane version replicas compare to decide whether to reload."""
+    with translated("reading the registry version"):
+        async with engine.connect() as conn:
+            stmt = select(REGISTRY_META.c.version).where(REGISTRY_META.c.id == 1)
+            version = (await conn.execute(stmt)).scalar_one_or_none()
+    return int(version or 0)
+
+
+async def load_endpoints(engine: AsyncEngine) -> tuple[int, list[Endpoint]]:
+    """The registry version and every endpoint (live, candidates, retired), by name."""
+    with translated("loading endpoints"):
+        async with engine.connect() as conn, conn.begin():
+            # Version first: if a change lands between the two reads, the endpoints are newer
+            # than the version, and the next poll reloads; never the other way round.
+            stmt = select(REGISTRY_META.c.version).where(REGISTRY_META.c.id == 1)
+            version = (await conn.execute(stmt)).scalar_one_or_none()
+            rows = (await conn.execute(select(ENDPOINTS).order_by(ENDPOINTS.c.name))).mappings()
+            endpoints = [row_to_endpoint(r) for r in rows]
+    return int(version or 0), endpoints
+
+
+async def get_endpoint(engine: AsyncEngine, name: str) -> Endpoint:
+    with translated(f"reading endpoint {name!r}"):
+        async with engine.connect() as conn:
+            ep = await fetch(conn, name)
+    if ep is None:
+        raise EndpointNotFound(name)
+    return ep
+
+
+async def _insert(conn: AsyncConnection, ep: Endpoint, role: str, now: float) -> Endpoint:
+    stored = msgspec.structs.replace(ep, role=role, version=1, created_at=now, updated_at=now)
+    try:
+        await conn.execute(insert(ENDPOINTS).values(endpoint_values(stored)))
+    except IntegrityError as exc:  # the name check above holds the lock; this is the backstop
+        raise DuplicateName(ep.name) from exc
+    return stored
+
+
+async def create_endpoint(engine: AsyncEngine, ep: Endpoint) -> Endpoint:
+    """Register an endpoint (normally a candidate); returns it as stored."""
+    now = time.time()
+    with translated(f"creating endpoint {ep.name!r}"):
+        async with write_transaction(engine) as conn:
+            await bump_version(conn)
+            if await fetch(conn, ep.name) is not None:
+                raise DuplicateName(ep.name)
+            if ep.role == "live" and (live := await fetch_live(conn)) is not None:
+                raise PromotionConflict(
+                    f"{live.name!r} is already live; register {ep.name!r} as a candidate and "
+                    "promote it",
+                    reason="live_exists",
+                )
+            return await _insert(conn, ep, ep.role, now)
+
+
+def _validated(current: Endpoint, changes: Mapping[str, Any]) -> Endpoint:
+    unknown = sorted(set(changes) - MUTABLE_FIELDS)
+    if unknown:
+        raise ValueError(f"cannot change {', '.join(unknown)} of an endpoint")
+    merged = msgspec.structs.replace(current, **changes)
+    try:
+        return msgspec.convert(msgspec.to_builtins(merged), Endpoint)
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+async def update_endpoint(engine: AsyncEngine, name: str, changes: Mapping[str, Any]) -> Endpoint:
+    """Change some fields of an endpoint; its version goes up by one. The role may move between
+    candidate and retired only: promote and rollback are the only ways in and out of live.
+    Raises ValueError for unknown fields or ill-typed values."""
+    now = time.time()
+    with translated(f"updating endpoint {name!r}"):
+        async with write_transaction(engine) as conn:
+            await bump_version(conn)
+            current = await fetch(conn, name)
+            if current is None:
+                raise EndpointNotFound(name)
+            new = _validated(current, changes)
+            if new.role != current.role and "live" in (new.role, current.role):
+                raise PromotionConflict(
+                    f"cannot change the role of {name!r} from {current.role} to {new.role}: "
+                    "use promote or rollback",
+                    reason="role_change",
+                )
+            new = msgspec.structs.replace(new, version=current.version + 1, updated_at=now)
+            values = endpoint_values(new)
+            del values["name"], values["created_at"]
+            await conn.execute(update(ENDPOINTS).where(ENDPOINTS.c.name == name).values(values))
+            return new
+
+
+async def delete_endpoint(engine: AsyncEngine, name: str) -> None:
+    """Remove a candidate or retired endpoint (its stored observations stay)."""
+    with translated(f"deleting endpoint {name!r}"):
+        async with write_transaction(engine) as conn:
+            await bump_version(conn)
+            current = await fetch(conn, name)
+            if current is None:
+                raise EndpointNotFound(name)
+            if current.role == "live":
+                raise PromotionConflict(
+                    f"{name!r} is the live endpoint; promote another endpoint before deleting it",
+                    reason="is_live",
+                )
+            await conn.execute(delete(ENDPOINTS).where(ENDPOINTS.c.name == name))
+
+
+async def _seed_needed(
+    engine: AsyncEngine, live: Endpoint | None, candidates: Sequence[Endpoint]
+) -> bool:
+    async with engine.connect() as conn:
+        names = set((await conn.execute(select(ENDPOINTS.c.name))).scalars())
+        has_live = await fetch_live(conn) is not None
+    return (live is not None and not has_live) or any(c.name not in names for c in candidates)
+
+
+async def seed(
+    engine: AsyncEngine, live: Endpoint | None, candidates: Sequence[Endpoint] = ()
+) -> None:
+    """First-start seeding: `live` only when no endpoint is live (afterwards the stored live
+    endpoint wins, so a promotion survives restarts); each candidate only when its name is
+    absent. Touches nothing, and bumps no version, when there is nothing to add."""
+    with translated("seeding endpoints"):
+        if not await _seed_needed(engine, live, candidates):
+            return
+        now = time.time()
+        async with write_transaction(engine) as conn:
+            await bump_version(conn)
+            if live is not None and await fetch_live(conn) is None:
+                await _insert(conn, live, "live", now)
+            names = set((await conn.execute(select(ENDPOINTS.c.name))).scalars())
+            for cand in candidates:
+                if cand.name not in names:
+                    await _insert(conn, cand, "candidate", now)
+                    names.add(cand.name)
+
+
+async def upsert_counters(
+    engine: AsyncEngine, replica: str, counters: Mapping[str, Mapping[str, int]]
+) -> None:
+    """Store this replica's copy-accounting counters, one row per candidate (not a
+    control-plane change: no version bump)."""
+    if not counters:
+        return
+    now = time.time()
+    rows = [
+        {
+            "replica": replica,
+            "endpoint": endpoint,
+            "counters": json_encoder.encode(dict(values)).decode(),
+            "updated_at": now,
+        }
+        for endpoint, values in counters.items()
+    ]
+    with translated("storing mirror counters"):
+        async with engine.begin() as conn:
+            stmt = upsert(
+                conn.dialect.name,
+                MIRROR_COUNTERS,
+                ("replica", "endpoint"),
+                ("counters", "updated_at"),
+            )
+            await conn.execute(stmt, rows)
+
+
+async def sum_counters(engine: AsyncEngine) -> dict[str, dict[str, int]]:
+    """Each candidate's counters summed over every replica that reported them."""
+    with translated("reading mirror counters"):
+        async with engine.connect() as conn:
+            stmt = select(MIRROR_COUNTERS.c.endpoint, MIRROR_COUNTERS.c.counters)
+            rows = (await conn.execute(stmt)).all()
+    totals: dict[str, dict[str, int]] = {}
+    for endpoint, raw in rows:
+        into = totals.setdefault(endpoint, {})
+        for key, value in msgspec.json.decode(raw, type=dict[str, int]).items():
+            into[key] = into.get(key, 0) + value
+    return totals
+
+
+async def count_rows(engine: AsyncEngine, table: str) -> int:
+    """Row count of one of storage's tables (status pages and tests)."""
+    with translated(f"counting {table}"):
+        async with engine.connect() as conn:
+            stmt = select(func.count()).select_from(Base.metadata.tables[table])
+            return int((await conn.execute(stmt)).scalar_one())
