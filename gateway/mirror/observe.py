@@ -1,0 +1,97 @@
+"""Turn a metered response into the records storage keeps (pure: no IO).
+
+One function for both arms so production and candidate observations are built the same way:
+output text truncated to `store_text_max_chars` (or None when `store_text` is false), the hash
+of the full text always kept, tool calls as JSON text, and an `error_kind` derived from the
+response when the transport itself did not fail.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import msgspec
+
+from gateway.meter import MeterResult
+from storage.records import ObservationRecord
+
+__all__ = ["classify", "observation"]
+
+_encode: Final = msgspec.json.Encoder().encode
+
+
+def classify(result: MeterResult) -> str | None:
+    """The error kind a complete exchange's response shows, or None when it looks healthy."""
+    if result.status >= 500:
+        return "http_5xx"
+    if result.status >= 400:
+        return "http_4xx"
+    if result.status < 200:
+        return "http_other"
+    if result.is_sse:
+        if result.saw_done:
+            return None
+        if result.parse_errors or (result.bytes_total and not result.chunk_count):
+            return "garbage"
+        return "truncated"
+    return "garbage" if result.parse_errors else None
+
+
+def _source(value: str | None) -> Literal["usage", "chunks"] | None:
+    if value == "usage":
+        return "usage"
+    if value == "chunks":
+        return "chunks"
+    return None
+
+
+def observation(
+    exchange_id: str,
+    endpoint: str,
+    arm: Literal["production", "candidate"],
+    started_at: float,
+    result: MeterResult,
+    error_kind: str | None,
+    *,
+    store_text: bool,
+    max_chars: int,
+    queue_wait_s: float | None = None,
+) -> ObservationRecord:
+    """An `ObservationRecord` for one arm of one exchange."""
+    text: str | None = None
+    truncated = result.text_truncated
+    if store_text:
+        text = result.text
+        if len(text) > max_chars:
+            text, truncated = text[:max_chars], True
+    tools = result.tool_calls
+    return ObservationRecord(
+        exchange_id=exchange_id,
+        endpoint=endpoint,
+        arm=arm,
+        started_at=started_at,
+        status=result.status,
+        error_kind=error_kind,
+        queue_wait_s=queue_wait_s,
+        ttft_s=result.ttft_s,
+        tpot_s=result.tpot_s,
+        e2e_s=result.e2e_s,
+        itl_count=result.itl_count,
+        itl_mean_s=result.itl_mean_s,
+        itl_p50_s=result.itl_p50_s,
+        itl_p99_s=result.itl_p99_s,
+        itl_max_s=result.itl_max_s,
+        output_tokens=result.output_tokens,
+        output_tokens_source=_source(result.output_tokens_source),
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens,
+        finish_reason=result.finish_reason,
+        output_text=text,
+        output_hash=result.text_hash,
+        text_truncated=truncated,
+        tool_calls=(
+            None
+            if tools is None
+            else _encode([{"name": n, "arguments": a} for n, a in tools]).decode()
+        ),
+    )

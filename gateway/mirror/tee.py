@@ -1,0 +1,322 @@
+"""`Mirror`: the `RequestTee` the proxy calls, owning every candidate lane.
+
+`on_request` runs on the request path: it reads a snapshot of active lanes built by `apply`,
+samples (parsing the body only when a session key or a sampled copy needs it), and offers one
+shared `Copy` to each chosen lane's ring — synchronous, O(candidates), never awaiting, never
+copying the body. `on_response` hands the exchange and production's observation to the sink;
+each lane hands its candidate's observation when the copy finishes. Both join on exchange id.
+
+`apply(candidates)` swaps the candidate set at run time: new lanes start, changed ones keep their
+queued copies where the new limits allow, removed ones drop their queue (counted) and finish
+what is in flight, paused ones get no new copies. `close()` stops offering, lets the lanes drain
+for up to `drain_timeout_s`, then cancels what is left (counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+
+import xxhash
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from gateway.config import GatewayConfig
+from gateway.hooks import LiveTarget, ObservationSink
+from gateway.ids import uuid7
+from gateway.meter import MeterResult
+from gateway.mirror import counters as counters_mod
+from gateway.mirror.counters import MirrorCounters
+from gateway.mirror.dispatcher import MIRROR_HEADER, Copy, Lane
+from gateway.mirror.loopguard import LoopLagGuard
+from gateway.mirror.observe import observation
+from gateway.mirror.ring import MemoryBudget
+from gateway.mirror.sampler import (
+    RequestView,
+    hash_key,
+    is_sampled,
+    mirrored_route,
+    parse_request,
+    salt_for,
+    session_key,
+    threshold_for,
+    turn_index,
+)
+from storage.records import Endpoint, ExchangeRecord
+
+__all__ = ["Mirror"]
+
+
+class _Offer:
+    """What the request path needs of one active lane, precomputed by `apply`."""
+
+    __slots__ = ("lane", "salt", "session_mode", "threshold")
+
+    def __init__(self, lane: Lane) -> None:
+        self.lane = lane
+        self.salt = salt_for(lane.name)
+        self.threshold = threshold_for(lane.endpoint.sample_rate)
+        self.session_mode = lane.session_mode
+
+
+class _Token:
+    """Returned by `on_request` for a mirrored request; completed by `on_response`."""
+
+    __slots__ = ("live_name", "record")
+
+    def __init__(self, record: ExchangeRecord, live_name: str) -> None:
+        self.record = record
+        self.live_name = live_name
+
+
+class Mirror:
+    """Samples production requests into per-candidate lanes and reports what they observe."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        live: LiveTarget,
+        sink: ObservationSink,
+        replica: str,
+        *,
+        lag_interval_s: float = 0.01,
+    ) -> None:
+        self._config = config
+        self._live = live
+        self._sink = sink
+        self._replica = replica
+        self._session_header = config.session_header
+        self.budget = MemoryBudget(config.mirror_memory_budget_bytes)
+        self.guard = LoopLagGuard(config.mirror_shed_loop_lag_ms, lag_interval_s)
+        self.process = MirrorCounters()
+        self._lanes: dict[str, Lane] = {}
+        self._offers: tuple[_Offer, ...] = ()
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ candidate set
+
+    def apply(self, candidates: Sequence[Endpoint]) -> None:
+        """Make the lanes match `candidates` (endpoints with another role are ignored)."""
+        if self._closed:
+            return
+        wanted = {e.name: e for e in candidates if e.role == "candidate"}
+        for name in [n for n in self._lanes if n not in wanted]:
+            self._retire(self._lanes.pop(name))
+        for name, endpoint in wanted.items():
+            lane = self._lanes.get(name)
+            if lane is None:
+                lane = Lane(endpoint, self._config, self.budget, self._sink)
+                self._lanes[name] = lane
+                if self._started:
+                    lane.start()
+            elif lane.endpoint != endpoint:
+                lane.update(endpoint)
+        self._offers = tuple(
+            _Offer(lane)
+            for lane in self._lanes.values()
+            if lane.endpoint.state == "active" and lane.endpoint.sample_rate > 0
+        )
+
+    def _retire(self, lane: Lane) -> None:
+        lane.stop_offers_and_clear()
+        if not self._started:
+            lane.ring.detach()
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._finish_retired(lane), name=f"mirror-retire-{lane.name}"
+        )
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    @staticmethod
+    async def _finish_retired(lane: Lane) -> None:
+        try:
+            if workers := lane.workers:
+                await asyncio.wait(workers)  # in-flight copies end within their timeout
+        finally:
+            await lane.close()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start the loop-lag guard and every lane's workers."""
+        if self._started or self._closed:
+            return
+        self._started = True
+        self.guard.start()
+        for lane in self._lanes.values():
+            lane.start()
+
+    async def close(self) -> None:
+        """Stop offering, drain for up to `drain_timeout_s`, count the rest as dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        self._offers = ()
+        lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.begin_drain()
+        pending = [t for lane in lanes for t in lane.workers]
+        if pending and self._config.drain_timeout_s > 0:
+            await asyncio.wait(pending, timeout=self._config.drain_timeout_s)
+        for lane in lanes:
+            await lane.close()
+        retiring = list(self._retiring)
+        for task in retiring:
+            task.cancel()
+        for task in retiring:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.guard.close()
+
+    async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        """For `app.cleanup_ctx.append(mirror.cleanup_ctx)`: start with the app, drain at exit."""
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.close()
+
+    async def wait_idle(self) -> None:
+        """Return once no lane has a copy queued or in flight."""
+        for lane in list(self._lanes.values()):
+            await lane.wait_idle()
+
+    # ------------------------------------------------------------------ RequestTee
+
+    def on_request(
+        self,
+        method: str,
+        path_qs: str,
+        headers: CIMultiDictProxy[str],
+        body: bytes,
+        request_id: str,
+    ) -> object | None:
+        """Sample and offer copies; O(candidates), never awaits, never copies `body`."""
+        offers = self._offers
+        if not offers:
+            return None
+        route = mirrored_route(method, path_qs)
+        if route is None:
+            return None
+        if MIRROR_HEADER in headers:
+            self.process.skipped_loop += 1
+            return None
+        header_value = headers.get(self._session_header)
+        view: RequestView | None = None
+        skey: bytes | None = None
+        rkey: bytes | None = None
+        chosen: list[_Offer] = []
+        for offer in offers:
+            if offer.session_mode:
+                if skey is None:
+                    if header_value:
+                        skey = header_value.encode()
+                    else:
+                        view = parse_request(body)
+                        if view is None:
+                            self.process.skipped_unparseable += 1
+                            return None
+                        skey = session_key(view, None)
+                key = skey
+            else:
+                key = rkey = rkey or request_id.encode()
+            if is_sampled(offer.salt, key, offer.threshold):
+                chosen.append(offer)
+        if not chosen:
+            return None
+        if view is None:
+            view = parse_request(body)
+            if view is None:
+                self.process.skipped_unparseable += 1
+                return None
+        return self._offer(chosen, route, path_qs, headers, body, view, skey, header_value)
+
+    def _offer(
+        self,
+        chosen: list[_Offer],
+        route: str,
+        path_qs: str,
+        headers: CIMultiDictProxy[str],
+        body: bytes,
+        view: RequestView,
+        skey: bytes | None,
+        header_value: str | None,
+    ) -> _Token | None:
+        shedding = self.guard.shedding
+        now = time.perf_counter()
+        digest = xxhash.xxh3_128_digest(body)
+        if skey is None:
+            skey = session_key(view, header_value)
+        copy = Copy(uuid7(), path_qs, headers, body)
+        targets: list[str] = []
+        for offer in chosen:
+            lane = offer.lane
+            lane.counters.sampled += 1
+            if shedding:
+                lane.counters.shed_overload += 1
+            elif lane.offer(copy, digest, skey if offer.session_mode else None, now):
+                targets.append(lane.name)
+        if not targets:
+            return None
+        record = ExchangeRecord(
+            id=copy.exchange_id,
+            received_at=time.time(),
+            route=route,
+            model=view.model,
+            stream=bool(view.stream),
+            temperature=view.temperature,
+            session_key=hash_key(skey),
+            turn_index=turn_index(view),
+            request_hash=digest.hex(),
+            json_requested=view.json_requested,
+            tools_requested=view.tools_requested,
+            replica=self._replica,
+            targets=tuple(targets),
+        )
+        return _Token(record, self._live.endpoint.name)
+
+    def on_response(self, token: object, result: MeterResult, error_kind: str | None) -> None:
+        """Hand the exchange and production's observation to the sink."""
+        if not isinstance(token, _Token):
+            return
+        record = token.record
+        record.prompt_tokens = result.prompt_tokens
+        record.cached_tokens = result.cached_tokens
+        self._sink.put_exchange(record)
+        self._sink.put_observation(
+            observation(
+                record.id,
+                token.live_name,
+                "production",
+                record.received_at,
+                result,
+                error_kind,
+                store_text=self._config.store_text,
+                max_chars=self._config.store_text_max_chars,
+            )
+        )
+
+    # ------------------------------------------------------------------ export
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Per-candidate counters, including `pending`, `buffer_items` and `buffer_bytes`."""
+        return {name: lane.snapshot() for name, lane in self._lanes.items()}
+
+    def process_counters(self) -> dict[str, int]:
+        """Process-wide counters: requests never offered to any candidate, by reason."""
+        return self.process.as_dict()
+
+    def prometheus_lines(self) -> Iterable[str]:
+        """Prometheus text lines, for the metrics registry's `add_collector`."""
+        return counters_mod.prometheus_lines(
+            self.counters(),
+            self.process.as_dict(),
+            self.budget.used,
+            self.budget.limit,
+            self.guard.shedding,
+        )
