@@ -139,12 +139,12 @@ class ResponseMeter:
         "_text_max",
         "_text_parts",
         "_tools",
-        "_ttft",
         "bytes_total",
         "cached_tokens",
         "chunk_count",
         "completion_tokens",
         "finish_reason",
+        "first_token_at",
         "is_sse",
         "parse_errors",
         "prompt_tokens",
@@ -168,7 +168,7 @@ class ResponseMeter:
         self._json_size = 0
         self._first_byte: float | None = None
         self._last_byte: float | None = None
-        self._ttft: float | None = None
+        self.first_token_at: float | None = None
         self._last_token = 0.0
         self._gaps: list[float] = []
         self._gap_count = 0
@@ -286,8 +286,8 @@ class ResponseMeter:
                 self.finish_reason = choice.finish_reason
         if token and streamed:
             self.token_chunk_count += 1
-            if self._ttft is None:
-                self._ttft = now
+            if self.first_token_at is None:
+                self.first_token_at = now
             else:
                 gap = now - self._last_token
                 self._gap_count += 1
@@ -297,8 +297,8 @@ class ResponseMeter:
                 if len(self._gaps) < MAX_GAPS:
                     self._gaps.append(gap)
             self._last_token = now
-        elif token and self._ttft is None:
-            self._ttft = self._first_byte
+        elif token and self.first_token_at is None:
+            self.first_token_at = self._first_byte
 
     def _add_text(self, text: str) -> None:
         hasher = self._hasher
@@ -357,8 +357,8 @@ class ResponseMeter:
         )
         if self._last_byte is not None:
             res.last_byte_s = self._last_byte - t0
-        if self._ttft is not None:
-            res.ttft_s = self._ttft - t0
+        if self.first_token_at is not None:
+            res.ttft_s = self.first_token_at - t0
             res.e2e_s = (self._last_token if self.is_sse else self._last_byte or now) - t0
         elif self._last_byte is not None:
             res.e2e_s = self._last_byte - t0
@@ -380,7 +380,7 @@ class ResponseMeter:
             res.tpot_s = (res.e2e_s - res.ttft_s) / (out - 1)
         if self._hasher is not None:
             res.text_hash = self._hasher.hexdigest()
-        elif self._text_parts or self._ttft is not None or self.finish_reason is not None:
+        elif self._text_parts or self.first_token_at is not None or self.finish_reason is not None:
             res.text_hash = xxhash.xxh3_128_hexdigest(res.text.encode())
         if self._tools:
             res.tool_calls = [

@@ -1,0 +1,227 @@
+"""Client side of the gateway: pooled sessions to an upstream and the timeouts of one exchange.
+
+`make_client_session` builds a keep-alive `aiohttp.ClientSession` that changes nothing it sends
+or receives (no auto headers, no decompression, no cookie jar, no redirects are followed by the
+callers). `Watchdog` enforces the time-to-first-byte, idle-between-chunks and total deadlines of
+one exchange with a single timer (no per-chunk timer churn); `open_response` and `read_chunk`
+map every failure to one typed `UpstreamError`. The proxy uses one session for the live endpoint;
+the mirror dispatcher builds its own with the same factory.
+
+This module must never log, never retry a request, never read a body into memory whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import perf_counter
+from typing import Any
+
+import aiohttp
+import msgspec
+from multidict import CIMultiDict
+from yarl import URL
+
+from gateway.errors import CanaryError
+
+# Headers aiohttp would add on its own; a proxy must forward only what the client sent.
+SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
+
+class UpstreamTimeouts(msgspec.Struct, frozen=True, kw_only=True):
+    """Deadlines of one upstream exchange, in seconds; 0 disables one."""
+
+    connect_s: float = 10.0
+    ttfb_s: float = 600.0  # request sent -> response headers
+    idle_s: float = 300.0  # longest gap between two body chunks
+    total_s: float = 3600.0  # request sent -> last byte
+
+
+class UpstreamError(CanaryError):
+    """The upstream failed; `kind` is the error label used in metrics and observations."""
+
+    kind = "upstream"
+    #: True when nothing of the response reached us (the proxy can still answer with an error).
+    before_response = True
+
+
+class UpstreamConnectError(UpstreamError):
+    """The connection was refused or could not be opened (DNS, TLS, unreachable)."""
+
+    kind = "connect"
+
+
+class UpstreamResetError(UpstreamError):
+    """The upstream closed or reset the connection before the response was complete."""
+
+    kind = "reset"
+
+    def __init__(self, message: str, *, before_response: bool) -> None:
+        super().__init__(message)
+        self.before_response = before_response
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """A deadline passed; `phase` is ttfb, idle or total."""
+
+    kind = "timeout"
+
+    def __init__(self, phase: str, *, before_response: bool) -> None:
+        super().__init__(f"upstream {phase} timeout")
+        self.phase = phase
+        self.before_response = before_response
+
+
+def make_client_session(
+    *,
+    limit: int,
+    keepalive_s: float,
+    connect_timeout_s: float,
+    limit_per_host: int = 0,
+    read_bufsize: int = 2**16,
+) -> aiohttp.ClientSession:
+    """A pooled keep-alive session that forwards bytes untouched. Call inside a running loop.
+
+    `limit` bounds open connections (0 = unlimited) so a flood cannot exhaust file descriptors;
+    requests beyond it wait for a free connection (that wait counts toward time-to-first-byte).
+    """
+    connector = aiohttp.TCPConnector(
+        limit=limit,
+        limit_per_host=limit_per_host,
+        keepalive_timeout=keepalive_s,
+        ttl_dns_cache=60,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=SKIP_AUTO_HEADERS,
+        read_bufsize=read_bufsize,
+    )
+
+
+class Watchdog:
+    """The TTFB, idle and total deadlines of one exchange, on one timer.
+
+    Hot-path cost is an attribute store per chunk (`touch`). The timer wakes only at the nearest
+    possible deadline, re-arms itself if activity moved it, and on expiry cancels the owning task;
+    `expired` then names the phase, and `check_cancel` turns that cancellation into a typed error.
+    """
+
+    __slots__ = ("_handle", "_loop", "_t0", "_task", "_timeouts", "body", "expired", "last")
+
+    def __init__(self, timeouts: UpstreamTimeouts, t0: float | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None, "Watchdog must be created inside a task"
+        self._task = task
+        self._timeouts = timeouts
+        self._t0 = perf_counter() if t0 is None else t0
+        self.last = self._t0
+        self.body = False  # False while waiting for headers, True once the body is flowing
+        self.expired: str | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._arm(self._t0)
+
+    def _next_deadline(self) -> tuple[float, str]:
+        t = self._timeouts
+        best, phase = float("inf"), ""
+        if t.total_s:
+            best, phase = self._t0 + t.total_s, "total"
+        if self.body:
+            if t.idle_s and self.last + t.idle_s < best:
+                best, phase = self.last + t.idle_s, "idle"
+        elif t.ttfb_s and self._t0 + t.ttfb_s < best:
+            best, phase = self._t0 + t.ttfb_s, "ttfb"
+        return best, phase
+
+    def _arm(self, now: float) -> None:
+        deadline, _ = self._next_deadline()
+        if deadline != float("inf"):
+            self._handle = self._loop.call_later(max(deadline - now, 0.0), self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        if self.expired is not None:
+            return
+        now = perf_counter()
+        deadline, phase = self._next_deadline()
+        if now >= deadline:
+            self.expired = phase
+            self._task.cancel(f"upstream {phase} timeout")
+        else:
+            self._arm(now)
+
+    def headers_received(self, now: float) -> None:
+        """Switch from the TTFB deadline to the idle deadline."""
+        self.body = True
+        self.last = now
+
+    def touch(self, now: float) -> None:
+        self.last = now
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def check_cancel(self) -> None:
+        """Inside `except CancelledError`: raise the timeout if this watchdog caused it.
+
+        Returns (so the caller re-raises the cancellation) when someone else cancelled the task,
+        e.g. the client went away.
+        """
+        if self.expired is not None and self._task.uncancel() == 0:
+            raise UpstreamTimeoutError(self.expired, before_response=not self.body)
+
+
+def map_client_error(exc: BaseException, *, before_response: bool) -> UpstreamError:
+    """Map an aiohttp/OS error to the typed error of the upstream exchange."""
+    if isinstance(exc, UpstreamError):
+        return exc
+    # A connect timeout is "could not be reached" (502), like a refusal, not a slow answer (504).
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamConnectError(f"upstream connect timeout: {exc}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamConnectError(str(exc))
+    return UpstreamResetError(
+        f"upstream connection lost: {type(exc).__name__}: {exc}", before_response=before_response
+    )
+
+
+_CLIENT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+
+
+async def open_response(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: URL,
+    *,
+    headers: CIMultiDict[str],
+    data: bytes | None,
+    watchdog: Watchdog,
+    **kwargs: Any,
+) -> aiohttp.ClientResponse:
+    """Send the request and wait for the response headers, under the watchdog's deadlines."""
+    try:
+        resp = await session.request(
+            method, url, headers=headers, data=data, allow_redirects=False, **kwargs
+        )
+    except asyncio.CancelledError:
+        watchdog.check_cancel()
+        raise
+    except _CLIENT_ERRORS as exc:
+        raise map_client_error(exc, before_response=True) from exc
+    watchdog.headers_received(perf_counter())
+    return resp
+
+
+async def read_chunk(resp: aiohttp.ClientResponse, watchdog: Watchdog) -> bytes:
+    """The next body chunk as it arrived (b"" at the end), under the watchdog's deadlines."""
+    try:
+        return await resp.content.readany()
+    except asyncio.CancelledError:
+        watchdog.check_cancel()
+        raise
+    except _CLIENT_ERRORS as exc:
+        raise map_client_error(exc, before_response=False) from exc

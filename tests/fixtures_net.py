@@ -1,0 +1,115 @@
+"""Shared network fixtures: real servers on 127.0.0.1:0 and both event loops.
+
+- `both_loops` marker: an async test (or a module with `pytestmark = pytest.mark.both_loops`)
+  runs once on asyncio's default loop and once on uvloop (when installed).
+- `serve`: starts an aiohttp `web.Application` on 127.0.0.1:0 and returns a `Served` handle with
+  its `url`; every server is closed at teardown.
+- `http`: a plain `aiohttp.ClientSession` closed at teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is optional at run time
+    uvloop = None
+
+LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop
+}
+if uvloop is not None:
+    LOOP_FACTORIES["uvloop"] = uvloop.new_event_loop
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "both_loops: run the async test on asyncio's default loop and on uvloop"
+    )
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    if item.get_closest_marker("both_loops") is not None:
+        return LOOP_FACTORIES
+    return {"asyncio": asyncio.new_event_loop}
+
+
+class Served:
+    """An aiohttp app listening on 127.0.0.1 on a free port."""
+
+    def __init__(self, runner: web.AppRunner) -> None:
+        self.runner = runner
+        host, port = runner.addresses[0][:2]
+        self.port = int(port)
+        self.url = f"http://{host}:{port}"
+
+    @property
+    def app(self) -> web.Application:
+        return self.runner.app
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_app(app: web.Application, **runner_kwargs: Any) -> Served:
+    """Start `app` on 127.0.0.1:0 (no access log unless asked) and return its handle."""
+    runner_kwargs.setdefault("access_log", None)
+    runner = web.AppRunner(app, **runner_kwargs)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return Served(runner)
+
+
+@pytest_asyncio.fixture
+async def serve() -> AsyncIterator[Callable[..., Awaitable[Served]]]:
+    """`await serve(app, **runner_kwargs)` -> Served; all are closed at teardown."""
+    servers: list[Served] = []
+
+    async def _serve(app: web.Application, **runner_kwargs: Any) -> Served:
+        served = await start_app(app, **runner_kwargs)
+        servers.append(served)
+        return served
+
+    yield _serve
+    for served in reversed(servers):
+        await served.close()
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session for the test, closed at teardown."""
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest_asyncio.fixture
+async def gateway() -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+    """`await gateway(live_url, tee=None, **config)` -> a running gateway on 127.0.0.1:0."""
+    from gateway.app import RunningGateway, start_gateway
+    from gateway.config import GatewayConfig
+
+    running: list[RunningGateway] = []
+
+    async def _gateway(live_url: str | None, *, tee: Any = None, **config: Any) -> RunningGateway:
+        cfg = GatewayConfig(listen="127.0.0.1:0", live_url=live_url, **config)
+        gw = await start_gateway(cfg, tee=tee)
+        running.append(gw)
+        return gw
+
+    yield _gateway
+    for gw in reversed(running):
+        await gw.close()
