@@ -17,12 +17,13 @@ from typing import Any
 
 from sqlalchemy import Connection, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from storage import migrate
-from storage.errors import SchemaAhead, SchemaBehind, StorageError, StorageUnavailable
+from storage.errors import SchemaAhead, SchemaBehind, StorageError
 from storage.migrate import SchemaState
+from storage.sql import translated
 
 # An execution option read by the SQLite BEGIN hook: writers take the write lock up front,
 # so a read-then-write transaction never fails with SQLITE_BUSY_SNAPSHOT halfway through.
@@ -115,13 +116,9 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
 async def schema_state(engine: AsyncEngine) -> SchemaState:
     """ "empty" (never migrated), "current", "behind" (upgrade needed) or "ahead" (newer code
     migrated this database)."""
-    try:
+    with translated("reading the schema version"):
         async with engine.connect() as conn:
             return await conn.run_sync(migrate.state_of)
-    except SQLAlchemyError as exc:
-        raise StorageUnavailable(f"cannot read the schema version: {exc}") from exc
-    except OSError as exc:
-        raise StorageUnavailable(f"cannot reach the database: {exc}") from exc
 
 
 async def _migrate_on(engine: AsyncEngine, revision: str, *, down: bool) -> None:
@@ -144,21 +141,24 @@ async def _engine_for(db_url: str) -> AsyncIterator[AsyncEngine]:
 async def upgrade(db_url: str, revision: str = "head") -> None:
     """`alembic upgrade REVISION` on the database, in one transaction (DDL is transactional on
     both dialects); concurrent runs serialize and the later one finds nothing to do."""
-    async with _engine_for(db_url) as engine:
-        await _migrate_on(engine, revision, down=False)
+    with translated(f"upgrading {masked(db_url)}"):
+        async with _engine_for(db_url) as engine:
+            await _migrate_on(engine, revision, down=False)
 
 
 async def downgrade(db_url: str, revision: str) -> None:
     """`alembic downgrade REVISION` (e.g. "base" drops every table)."""
-    async with _engine_for(db_url) as engine:
-        await _migrate_on(engine, revision, down=True)
+    with translated(f"downgrading {masked(db_url)}"):
+        async with _engine_for(db_url) as engine:
+            await _migrate_on(engine, revision, down=True)
 
 
 async def current_revision(db_url: str) -> tuple[tuple[str, ...], SchemaState]:
     """The database's stamped revision(s) and how they compare with the code."""
-    async with _engine_for(db_url) as engine, engine.connect() as conn:
-        revs = await conn.run_sync(migrate.current_revisions)
-        state = await conn.run_sync(migrate.state_of)
+    with translated(f"reading the revision of {masked(db_url)}"):
+        async with _engine_for(db_url) as engine, engine.connect() as conn:
+            revs = await conn.run_sync(migrate.current_revisions)
+            state = await conn.run_sync(migrate.state_of)
     return revs, state
 
 
@@ -174,15 +174,16 @@ async def ensure_schema(
     if state == "current":
         return
     if state == "empty" and auto_upgrade_empty_sqlite and engine.dialect.name == "sqlite":
-        await _migrate_on(engine, "head", down=False)
+        with translated(f"creating the schema in {masked(db_url)}"):
+            await _migrate_on(engine, "head", down=False)
         return
     where = masked(db_url)
     heads = ", ".join(migrate.head_revisions())
     if state == "ahead":
         raise SchemaAhead(
             f"the database {where} has a schema newer than this canary-gateway "
-            f"(which expects revision {heads}); upgrade canary-gateway, or run "
-            f"`canary db downgrade {heads} --db {where}` with the newer version"
+            f"(this one expects revision {heads}); run the newer canary-gateway, or "
+            f"downgrade the schema with it: `canary db downgrade {heads} --db {where}`"
         )
     what = "empty" if state == "empty" else "older than this canary-gateway"
     raise SchemaBehind(
