@@ -21,16 +21,18 @@ _decode_tools = msgspec.json.Decoder(list[dict[str, Any]]).decode
 _encode = msgspec.json.Encoder().encode
 
 
-def _limits(table: Table) -> dict[str, int]:
-    return {
-        c.name: c.type.length
+def _string_columns(table: Table, record: type[msgspec.Struct]) -> tuple[tuple[str, int], ...]:
+    """(field, max length or 0) for each of the record's fields stored in a text column."""
+    fields = {f.name for f in msgspec.structs.fields(record)}
+    return tuple(
+        (c.name, c.type.length or 0)
         for c in table.columns
-        if isinstance(c.type, String) and c.type.length is not None
-    }
+        if isinstance(c.type, String) and c.name in fields
+    )
 
 
-_EXCHANGE_LIMITS = _limits(EXCHANGES)
-_OBSERVATION_LIMITS = _limits(OBSERVATIONS)
+_EXCHANGE_STRINGS = _string_columns(EXCHANGES, ExchangeRecord)
+_OBSERVATION_STRINGS = _string_columns(OBSERVATIONS, ObservationRecord)
 
 
 def text_hash(text: str) -> str:
@@ -38,14 +40,15 @@ def text_hash(text: str) -> str:
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
 
 
-def _clean(row: Row, limits: dict[str, int]) -> Row:
-    for key, value in row.items():
-        if isinstance(value, str):
-            if "\x00" in value:
-                value = row[key] = value.replace("\x00", "\ufffd")
-            limit = limits.get(key)
-            if limit is not None and len(value) > limit:
-                row[key] = value[:limit]
+def _clean(row: Row, strings: tuple[tuple[str, int], ...]) -> Row:
+    for key, limit in strings:
+        value = row[key]
+        if value is None:
+            continue
+        if "\x00" in value:
+            value = row[key] = value.replace("\x00", "\ufffd")
+        if limit and len(value) > limit:
+            row[key] = value[:limit]
     return row
 
 
@@ -53,7 +56,7 @@ def exchange_row(record: ExchangeRecord) -> Row:
     row = msgspec.structs.asdict(record)
     # Delimited on both sides so `LIKE '%,name,%'` matches a whole name only.
     row["targets"] = f",{','.join(record.targets)}," if record.targets else ""
-    return _clean(row, _EXCHANGE_LIMITS)
+    return _clean(row, _EXCHANGE_STRINGS)
 
 
 def redact_tool_calls(tool_calls: str | None) -> str | None:
@@ -85,4 +88,4 @@ def observation_row(record: ObservationRecord, *, store_text: bool, max_chars: i
             row["text_truncated"] = True
     if not store_text:
         row["tool_calls"] = redact_tool_calls(record.tool_calls)
-    return _clean(row, _OBSERVATION_LIMITS)
+    return _clean(row, _OBSERVATION_STRINGS)

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from storage.records import ExchangeRecord, ObservationRecord
@@ -35,6 +36,8 @@ from storage.textguard import exchange_row, observation_row
 logger = logging.getLogger(__name__)
 
 Row = dict[str, Any]
+
+_CHUNK: Final = 100
 
 _STAT_KEYS: Final = (
     "queue_depth",
@@ -174,18 +177,27 @@ class ObservationWriter:
                 continue
             await self._write_batch()
 
-    def _take(self) -> tuple[list[Row], list[Row]]:
+    async def _take(self) -> tuple[list[Row], list[Row]]:
         room = self._batch_size
-        ex = [exchange_row(r) for r in _pop(self._exchanges, room)]
-        obs = [
-            observation_row(r, store_text=self._store_text, max_chars=self._max_chars)
-            for r in _pop(self._observations, room - len(ex))
-        ]
-        self._in_flight = (len(ex), len(obs))
+        ex_records = list(_pop(self._exchanges, room))
+        obs_records = list(_pop(self._observations, room - len(ex_records)))
+        self._in_flight = (len(ex_records), len(obs_records))
+        ex: list[Row] = []
+        obs: list[Row] = []
+        for n, record in enumerate(ex_records, 1):
+            ex.append(exchange_row(record))
+            if not n % _CHUNK:
+                await asyncio.sleep(0)  # let the proxy run between chunks
+        for n, obs_record in enumerate(obs_records, 1):
+            obs.append(
+                observation_row(obs_record, store_text=self._store_text, max_chars=self._max_chars)
+            )
+            if not n % _CHUNK:
+                await asyncio.sleep(0)
         return ex, obs
 
     async def _write_batch(self) -> None:
-        ex, obs = self._take()
+        ex, obs = await self._take()
         delay, ceiling = self._backoff
         singly = False
         while ex or obs:
@@ -199,7 +211,7 @@ class ObservationWriter:
                     obs.clear()
             except Exception as exc:
                 self._counts["db_errors"] += 1
-                if not is_transient(exc):
+                if not await self._is_outage(exc):
                     if not singly:
                         logger.warning(
                             "observation writer: a batch was refused (%s); writing it row by row",
@@ -226,10 +238,11 @@ class ObservationWriter:
 
     async def _write(self, ex: list[Row], obs: list[Row]) -> None:
         async with self._engine.begin() as conn:
-            if ex:
-                await conn.execute(self._insert_exchanges, ex)
-            if obs:
-                await conn.execute(self._insert_observations, obs)
+            # Statements of at most _CHUNK rows: parameter processing runs on the event loop,
+            # and the proxy shares it; one transaction per batch all the same.
+            for stmt, rows in ((self._insert_exchanges, ex), (self._insert_observations, obs)):
+                for start in range(0, len(rows), _CHUNK):
+                    await conn.execute(stmt, rows[start : start + _CHUNK])
         self._counts["batches"] += 1
 
     async def _write_singly(self, ex: list[Row], obs: list[Row]) -> None:
@@ -243,7 +256,7 @@ class ObservationWriter:
                 try:
                     await self._write_one(stmt, rows[0])
                 except Exception as exc:
-                    if is_transient(exc):
+                    if await self._is_outage(exc):
                         raise
                     self._counts["db_errors"] += 1
                     self._counts["rows_rejected"] += 1
@@ -257,6 +270,19 @@ class ObservationWriter:
                     self._written(int(is_exchange), int(not is_exchange))
                 rows.pop(0)
                 self._in_flight = (len(ex), len(obs))
+
+    async def _is_outage(self, exc: Exception) -> bool:
+        """Whether `exc` means "the database is unavailable" rather than "this data is refused".
+        Error classes alone cannot tell (a refused connection and a refused value can both be a
+        bare DBAPIError), so a non-transient-looking error is confirmed with a trivial query."""
+        if is_transient(exc):
+            return True
+        try:
+            async with self._engine.connect() as conn:
+                await conn.execute(select(1))
+        except Exception:
+            return True
+        return False
 
     async def _write_one(self, stmt: Any, row: Row) -> None:
         async with self._engine.begin() as conn:
