@@ -1,0 +1,140 @@
+"""Every margin and threshold the verdict uses, with its default, in one frozen Struct.
+
+The gateway config's `[verdict]` table and each candidate's `verdict_overrides` are plain
+`{field name: number}` maps applied with `with_overrides`, which refuses unknown names and
+out-of-range values, so a typo in a config file fails loudly instead of silently using a default.
+
+Ratio margins (latency, length, cost) are multiplicative (1.05 = 5 % worse); rate margins
+(errors, agreement, SLO exceedance, similarity) are absolute differences (0.001 = 0.1 pp).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+
+class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Decision margins, gates and tuning of the statistics, each with its default."""
+
+    # Error rate of every always-valid test and interval (one-sided, per side).
+    alpha: float = 0.05
+
+    # Latency (TTFT, TPOT, E2E): ratio candidate / reference of the geometric means.
+    latency_delta: float = 1.05  # non-inferiority margin
+    latency_critical: float = 1.25  # decisive harm: reject at any look
+    # Mixture scale τ of the normal-mixture confidence sequence, in log-ratio units. 0.03 targets
+    # the smallest shift worth detecting (3 %); τ = log(1.05) loses ~2 pp of power at 300 pairs.
+    latency_tau: float = 0.03
+    # Floor of the plug-in standard deviation of a log-ratio: guards against a zero variance
+    # in the first pairs (or identical simulated arms) producing a zero-width interval.
+    latency_sigma_floor: float = 0.01
+
+    # Failures (status not 2xx, connect/reset/timeout/garbage): rate difference.
+    error_delta: float = 0.001
+    error_critical: float = 0.01
+
+    # Agreement with production (exact match at temperature 0, tool calls, finish reason) and
+    # JSON validity: rate difference against the production-vs-control noise floor.
+    agreement_delta: float = 0.01
+    agreement_critical: float = 0.10
+    # Text similarity (0..1) drop against the noise floor; a guardrail only with a control.
+    similarity_delta: float = 0.02
+    similarity_critical: float = 0.20
+    # Output length ratio (two-sided: longer or shorter are both harm).
+    length_delta: float = 1.10
+    length_critical: float = 1.50
+
+    # Tail latency: service-level objectives and the margin on the exceedance-rate difference.
+    slo_ttft_s: float = 2.0
+    slo_e2e_s: float = 30.0
+    slo_exceedance_delta: float = 0.01
+
+    # Goals by candidate kind: `bi-kv` must show TTFT on turns >= 2 below this ratio,
+    # `quantized` must show cost per output token below this ratio.
+    goal_ttft_ratio: float = 1.0
+    goal_cost_ratio: float = 1.0
+
+    # Gates.
+    min_pairs: int = 200  # promote needs at least this many usable pairs
+    min_metric_pairs: int = 30  # below this a metric is "insufficient data"
+    min_discordant: int = 30  # McNemar p-values below this many discordant pairs are withheld
+    min_coverage: float = 0.9  # fraction of sampled copies actually observed
+
+    # Bounds on work for very large reports (documented in the report when they bite).
+    hl_max_pairs: int = 50_000  # Hodges–Lehmann / Wilcoxon on a systematic subsample
+    similarity_max_pairs: int = 20_000  # text similarity on a systematic subsample
+    similarity_max_chars: int = 4_000
+    bootstrap_draws: int = 400
+    bootstrap_max_units: int = 20_000
+
+    def with_overrides(self, overrides: dict[str, float]) -> VerdictSettings:
+        """A copy with `overrides` applied; ValueError names an unknown field or a bad value."""
+        fields = set(self.__struct_fields__)
+        changes: dict[str, Any] = {}
+        for name, value in overrides.items():
+            if name not in fields:
+                raise ValueError(
+                    f"unknown verdict setting {name!r}; known: {', '.join(sorted(fields))}"
+                )
+            default = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"verdict setting {name!r} must be a number, got {value!r}")
+            if isinstance(default, int):
+                if float(value) != int(value):
+                    raise ValueError(f"verdict setting {name!r} must be a whole number")
+                changes[name] = int(value)
+            else:
+                changes[name] = float(value)
+        result = msgspec.structs.replace(self, **changes)
+        result.validate()
+        return result
+
+    def validate(self) -> None:
+        """Raise ValueError when a value is out of its meaningful range."""
+        problems: list[str] = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                problems.append(f"{name} must be finite")
+        if not 0.0 < self.alpha < 0.5:
+            problems.append("alpha must be in (0, 0.5)")
+        for lo, hi in (
+            ("latency_delta", "latency_critical"),
+            ("length_delta", "length_critical"),
+        ):
+            if not 1.0 < getattr(self, lo) <= getattr(self, hi):
+                problems.append(f"need 1 < {lo} <= {hi}")
+        for lo, hi in (
+            ("error_delta", "error_critical"),
+            ("agreement_delta", "agreement_critical"),
+            ("similarity_delta", "similarity_critical"),
+        ):
+            if not 0.0 < getattr(self, lo) <= getattr(self, hi) < 1.0:
+                problems.append(f"need 0 < {lo} <= {hi} < 1")
+        if not 0.0 < self.slo_exceedance_delta < 1.0:
+            problems.append("slo_exceedance_delta must be in (0, 1)")
+        if not 0.0 <= self.min_coverage <= 1.0:
+            problems.append("min_coverage must be in [0, 1]")
+        positive = (
+            "latency_tau",
+            "latency_sigma_floor",
+            "slo_ttft_s",
+            "slo_e2e_s",
+            "goal_ttft_ratio",
+            "goal_cost_ratio",
+            "min_pairs",
+            "min_metric_pairs",
+            "hl_max_pairs",
+            "similarity_max_pairs",
+            "similarity_max_chars",
+            "bootstrap_draws",
+            "bootstrap_max_units",
+        )
+        problems.extend(f"{name} must be > 0" for name in positive if getattr(self, name) <= 0)
+        if self.min_discordant < 0:
+            problems.append("min_discordant must be >= 0")
+        if problems:
+            raise ValueError("; ".join(problems))
