@@ -1,0 +1,260 @@
+"""The promotion report: build it from pairs (pure), encode it (JSON), render it (4 formats).
+
+`build_report` runs every registered evaluator, judges the verdict and gathers the tables;
+`evaluate` is the convenience that loads everything from storage first. The JSON form is a
+stable, documented schema (evaluators/SCHEMA.md; bump SCHEMA_VERSION on any breaking change).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import msgspec
+import numpy as np
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from evaluators import cost, latency, throughput
+from evaluators.metric import Detail, EvalContext, MetricResult
+from evaluators.registry import run_all
+from evaluators.settings import VerdictSettings
+from evaluators.throughput import Row
+from evaluators.types import PairSet
+from evaluators.verdict import Reason, VerdictName, judge, summary
+from storage.records import Endpoint
+
+SCHEMA_VERSION = 1
+Format = Literal["text", "markdown", "json", "html"]
+FORMATS: tuple[Format, ...] = ("text", "markdown", "json", "html")
+
+
+class PairsSummary(msgspec.Struct, kw_only=True):
+    """How many pairs there were and which of them each analysis could use."""
+
+    n: int  # exchanges with a candidate observation
+    lost: int  # exchanges without one (older than the candidate's timeout)
+    pending: int  # exchanges without one, still within the timeout
+    used_latency: int  # pairs where candidate and reference both answered OK
+    with_control: int
+    temperature0: int
+    json_requested: int
+    tools_requested: int
+    sessions: int
+    later_turns: int
+    reference: str  # "control" or "production"
+    control: str | None
+    live: str | None
+    window_start: float | None
+    window_end: float | None
+    coverage: float | None  # observed / (sampled - deduplicated - pending)
+    planned_look: bool
+
+
+class Report(msgspec.Struct, kw_only=True):
+    """The whole report; its JSON encoding is the documented schema."""
+
+    schema_version: int
+    candidate: str
+    kind: str
+    verdict: VerdictName
+    reasons: list[Reason]
+    pairs: PairsSummary
+    metrics: dict[str, MetricResult]
+    accounting: dict[str, int]
+    ttft_by_turn: list[Detail]
+    arms_load: dict[str, Row]
+    generated_at: float
+    caveats: list[str]
+
+
+def coverage_of(accounting: dict[str, int], pairs: PairSet) -> float | None:
+    """Fraction of sampled copies observed: from the copy accounting, else from the pairs."""
+    observed = sum(accounting.get(k, 0) for k in ("observed_ok", "observed_error", "timed_out"))
+    due = (
+        accounting.get("sampled", 0)
+        - accounting.get("deduplicated", 0)
+        - accounting.get("pending", 0)
+    )
+    if due > 0:
+        return min(1.0, observed / due)
+    present = int(np.count_nonzero(pairs.candidate.present))
+    if present + pairs.lost == 0:
+        return None
+    return present / (present + pairs.lost)
+
+
+def _pairs_summary(ctx: EvalContext, coverage: float | None, used: int) -> PairsSummary:
+    ps = ctx.pairs
+    present = ps.candidate.present
+    t = ps.received_at
+    return PairsSummary(
+        n=int(np.count_nonzero(present)),
+        lost=ps.lost,
+        pending=ps.pending,
+        used_latency=used,
+        with_control=int(np.count_nonzero(present & ps.control.present)),
+        temperature0=int(np.count_nonzero(present & (ps.temperature == 0))),
+        json_requested=int(np.count_nonzero(present & ps.json_requested)),
+        tools_requested=int(np.count_nonzero(present & ps.tools_requested)),
+        sessions=len(np.unique(ps.session[present & (ps.session != 0)])),
+        later_turns=int(np.count_nonzero(present & (ps.turn >= 1))),
+        reference=ctx.reference,
+        control=ctx.control.name if ctx.control and ps.has_control else None,
+        live=ctx.live.name if ctx.live else None,
+        window_start=float(t[0]) if ps.n else None,
+        window_end=float(t[-1]) if ps.n else None,
+        coverage=coverage,
+        planned_look=ctx.planned_look,
+    )
+
+
+def _caveats(
+    ctx: EvalContext, accounting: dict[str, int], results: list[MetricResult]
+) -> list[str]:
+    out = []
+    if not ctx.has_control:
+        out.append(
+            "no control candidate: latency is compared with production, which ran at a "
+            "different load, and the quality noise floor is assumed to be 0"
+        )
+    dropped = sum(accounting.get(k, 0) for k in ("dropped_overflow", "dropped_oversize"))
+    dropped += accounting.get("shed_overload", 0)
+    if dropped:
+        out.append(
+            f"{dropped:,} sampled copies were dropped before reaching the candidate; drops "
+            "happen under load, so the observed pairs under-represent busy periods"
+        )
+    if ctx.session_groups is not None:
+        out.append(
+            "sampling by session: latency intervals use session-robust variances and bootstraps "
+            "resample whole sessions; rate intervals treat the pairs as independent"
+        )
+    out.append(cost.CAVEAT)
+    out.append(
+        "intervals are always-valid (each bound holds at level α over every look); "
+        "Hodges–Lehmann intervals and McNemar/Wilcoxon p-values are fixed-sample estimates"
+    )
+    if any(r.more_pairs and r.more_pairs > 0 for r in results if r.gating):
+        out.append("'more pairs' extrapolates the interval's shrink rate: a rough guide only")
+    return out
+
+
+def build_report(
+    pairs: PairSet,
+    *,
+    candidate: Endpoint,
+    live: Endpoint | None,
+    control: Endpoint | None,
+    accounting: dict[str, int],
+    settings: VerdictSettings,
+    planned_look: bool = False,
+) -> Report:
+    """The report for one candidate over the given pairs (pure: no IO, no clock but the stamp).
+
+    The candidate's own `verdict_overrides` are applied on top of `settings`.
+    """
+    if candidate.verdict_overrides:
+        settings = settings.with_overrides(candidate.verdict_overrides)
+    ctx = EvalContext(
+        pairs=pairs,
+        settings=settings,
+        candidate=candidate,
+        live=live,
+        control=control,
+        planned_look=planned_look,
+    )
+    results = run_all(ctx)
+    _, _, ok = latency.both_ok(ctx)
+    used = int(np.count_nonzero(ok))
+    coverage = coverage_of(accounting, pairs)
+    verdict, reasons = judge(
+        results, n_pairs=used, coverage=coverage, planned=planned_look, settings=settings
+    )
+    reasons.insert(0, Reason("verdict", verdict, summary(verdict, results, reasons)))
+    metrics = {r.name: r for r in results}
+    if "ttft" in metrics:
+        metrics["ttft"].slices = latency.ttft_slices(ctx)
+    load = throughput.arms_load(pairs)
+    for arm, row in cost.cost_table(ctx).items():
+        load.setdefault(arm, {}).update(row)
+    return Report(
+        schema_version=SCHEMA_VERSION,
+        candidate=candidate.name,
+        kind=candidate.kind,
+        verdict=verdict,
+        reasons=reasons,
+        pairs=_pairs_summary(ctx, coverage, used),
+        metrics=metrics,
+        accounting=dict(accounting),
+        ttft_by_turn=latency.ttft_by_turn(ctx),
+        arms_load=load,
+        generated_at=time.time(),
+        caveats=_caveats(ctx, accounting, results),
+    )
+
+
+async def evaluate(
+    engine: AsyncEngine,
+    candidate_name: str,
+    *,
+    since: float | None = None,
+    until: float | None = None,
+    settings: VerdictSettings,
+    planned_look: bool = False,
+) -> Report:
+    """Load the candidate's pairs and accounting from storage and build its report.
+
+    LookupError when no endpoint has that name.
+    """
+    from evaluators import pairs as store
+
+    cand, live, control = await store.load_endpoints(engine, candidate_name)
+    ps = await store.load_pairs(
+        engine,
+        candidate_name,
+        since=since,
+        until=until,
+        control=control.name if control else False,
+        similarity_max_pairs=settings.similarity_max_pairs,
+        max_chars=settings.similarity_max_chars,
+    )
+    accounting = await store.load_accounting(engine, candidate_name)
+    return build_report(
+        ps,
+        candidate=cand,
+        live=live,
+        control=control,
+        accounting=accounting,
+        settings=settings,
+        planned_look=planned_look,
+    )
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def report_to_json(report: Report) -> bytes:
+    """The report in its documented JSON schema (NaN and infinities encode as null)."""
+    return _encoder.encode(report)
+
+
+def report_from_json(data: bytes | str) -> Report:
+    """Decode a JSON report (e.g. a promotion's stored snapshot)."""
+    return msgspec.json.decode(data, type=Report)
+
+
+def render(report: Report, fmt: Format) -> str:
+    """The report as text (80 columns), markdown, JSON or one self-contained HTML page."""
+    if fmt == "json":
+        return report_to_json(report).decode()
+    if fmt == "html":
+        from evaluators.render_html import render_html
+
+        return render_html(report)
+    from evaluators.render_text import render_markdown, render_text
+
+    if fmt == "markdown":
+        return render_markdown(report)
+    if fmt == "text":
+        return render_text(report)
+    raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
