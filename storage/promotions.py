@@ -145,7 +145,8 @@ async def rollback(
             stmt = select(PROMOTIONS.c.action, PROMOTIONS.c.from_endpoint).order_by(
                 PROMOTIONS.c.id.desc()
             )
-            previous = _undo_target((await conn.execute(stmt)).tuples())
+            rows = await conn.execute(stmt)
+            previous = _undo_target((row[0], row[1]) for row in rows)
             if previous is None:
                 raise PromotionConflict(
                     "nothing to roll back to: no promotion left to undo in the audit log",
