@@ -16,14 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 from sqlalchemy import ColumnElement, and_, case, func, literal, null, or_, select
-from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from evaluators.columns import ARM_FIELDS, PAIR_FIELDS, PairSetBuilder
 from evaluators.types import PairSet
-from storage.models import EndpointRow, ExchangeRow, MirrorCounterRow, ObservationRow
+from storage import queries
+from storage.models import ExchangeRow, ObservationRow
 from storage.records import Endpoint
 
 ACCOUNTING_KEYS = (
@@ -39,16 +38,6 @@ ACCOUNTING_KEYS = (
     "timed_out",
 )
 
-_ENDPOINT_FIELDS = tuple(f for f in Endpoint.__struct_fields__ if f != "verdict_overrides")
-
-
-def _endpoint(row: RowMapping) -> Endpoint:
-    overrides: dict[str, float] = {}
-    if row["verdict_overrides"]:
-        overrides = msgspec.json.decode(row["verdict_overrides"], type=dict[str, float])
-    values = {name: row[name] for name in _ENDPOINT_FIELDS}
-    return msgspec.convert(values | {"verdict_overrides": overrides}, Endpoint)
-
 
 async def load_endpoints(
     engine: AsyncEngine, candidate: str
@@ -58,9 +47,7 @@ async def load_endpoints(
     The control is the most recently updated active endpoint of kind "control" other than the
     candidate itself (so a control's own report compares it with production).
     """
-    async with engine.connect() as conn:
-        rows = (await conn.execute(select(EndpointRow.__table__))).mappings().all()
-    endpoints = [_endpoint(row) for row in rows]
+    _, endpoints = await queries.load_endpoints(engine)
     by_name = {ep.name: ep for ep in endpoints}
     if candidate not in by_name:
         raise LookupError(f"no candidate named {candidate!r}")
@@ -77,44 +64,42 @@ async def load_endpoints(
 async def load_accounting(engine: AsyncEngine, candidate: str) -> dict[str, int]:
     """The candidate's copy accounting: each counter summed over every replica's snapshot."""
     totals = dict.fromkeys(ACCOUNTING_KEYS, 0)
-    async with engine.connect() as conn:
-        rows = await conn.execute(
-            select(MirrorCounterRow.counters).where(MirrorCounterRow.endpoint == candidate)
-        )
-        for (raw,) in rows:
-            try:
-                counters = msgspec.json.decode(raw, type=dict[str, int])
-            except msgspec.ValidationError:
-                continue  # a snapshot from a different version: skip it rather than guess
-            for name, value in counters.items():
-                totals[name] = totals.get(name, 0) + value
+    totals.update((await queries.sum_counters(engine)).get(candidate, {}))
     return totals
 
 
-def _window(since: float | None, until: float | None) -> list[ColumnElement[bool]]:
-    e = ExchangeRow.__table__.c
-    cond: list[ColumnElement[bool]] = []
+def _candidate_rows(
+    candidate: str, since: float | None, until: float | None
+) -> tuple[Any, Any, list[ColumnElement[bool]]]:
+    """(exchanges, the candidate's observations alias, conditions) selecting the exchanges that
+    are this candidate's pairs: those its ring accepted (`targets`) or that it observed."""
+    e = ExchangeRow.__table__
+    c = ObservationRow.__table__.alias("c")
+    cond: list[ColumnElement[bool]] = [
+        or_(c.c.id.is_not(None), e.c.targets.contains(f",{candidate},", autoescape=True))
+    ]
     if since is not None:
-        cond.append(e.received_at >= since)
+        cond.append(e.c.received_at >= since)
     if until is not None:
-        cond.append(e.received_at < until)
-    return cond
+        cond.append(e.c.received_at < until)
+    return e, c, cond
 
 
-async def count_exchanges(
-    engine: AsyncEngine, *, since: float | None = None, until: float | None = None
+async def count_pairs(
+    engine: AsyncEngine, candidate: str, *, since: float | None = None, until: float | None = None
 ) -> int:
-    """Exchanges in the window (an upper bound on the pairs load_pairs will return)."""
+    """How many rows load_pairs will read for the candidate in the window."""
+    e, c, cond = _candidate_rows(candidate, since, until)
+    joined = e.outerjoin(c, and_(c.c.exchange_id == e.c.id, c.c.endpoint == candidate))
     async with engine.connect() as conn:
-        stmt = select(func.count()).select_from(ExchangeRow.__table__).where(*_window(since, until))
+        stmt = select(func.count()).select_from(joined).where(*cond)
         return int((await conn.execute(stmt)).scalar_one())
 
 
 def _query(candidate: str, control: str | None, since: float | None, until: float | None) -> Any:
-    e = ExchangeRow.__table__
-    obs = ObservationRow.__table__
-    p, c = obs.alias("p"), obs.alias("c")
-    k = obs.alias("k") if control else None
+    e, c, cond = _candidate_rows(candidate, since, until)
+    p = ObservationRow.__table__.alias("p")
+    k = ObservationRow.__table__.alias("k") if control else None
 
     def differs(a: Any) -> ColumnElement[bool]:
         return and_(
@@ -148,7 +133,7 @@ def _query(candidate: str, control: str | None, since: float | None, until: floa
     return (
         select(*head, *arm(p, need_p), *arm(c, need_c), *k_cols)
         .select_from(joined)
-        .where(*_window(since, until))
+        .where(*cond)
         .order_by(e.c.received_at, e.c.id)
     )
 
@@ -167,6 +152,9 @@ async def load_pairs(
 ) -> PairSet:
     """Aligned pairs of `candidate` received in [since, until), in arrival order.
 
+    The rows are the exchanges whose copy the candidate's ring accepted (`exchanges.targets`)
+    or that the candidate observed; an accepted copy without an observation is lost.
+
     `since` defaults to the candidate's creation (earlier exchanges were never mirrored to it),
     `until` to now. `control`: True finds the control (kind "control"), a name uses that one,
     False/None uses none. `progress` is called with the number of rows of each batch.
@@ -179,7 +167,7 @@ async def load_pairs(
         since = cand.created_at or None
     now = time.time()
     lost_before = (until if until is not None else now) - cand.timeout_s
-    total = await count_exchanges(engine, since=since, until=until)
+    total = await count_pairs(engine, candidate, since=since, until=until)
     builder = PairSetBuilder(
         total,
         has_control=control_name is not None,
