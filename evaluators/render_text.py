@@ -16,7 +16,7 @@ from evaluators.report import Report
 from evaluators.verdict import fmt
 
 WIDTH = 80
-_ROLE = {"critical": "crit", "guardrail": "guard", "goal": "goal", "diagnostic": "diag"}
+_ROLE = {"critical": " *", "guardrail": " +", "goal": " ^", "diagnostic": ""}
 
 
 def _when(t: float | None) -> str:
@@ -62,9 +62,9 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
         [r.label, _ROLE[r.role], fmt(r, r.estimate), _interval(r), f"{r.n:,}", r.status]
         for r in report.metrics.values()
     ]
-    out.append(
-        ("Metrics", ["metric", "role", "estimate", "interval", "n", "status"], rows, "<<>>><")
-    )
+    header = ["metric", "role", "estimate", "interval", "n", "status"]
+    title = "Metrics (role: * critical, + guardrail, ^ goal; intervals always-valid)"
+    out.append((title, header, rows, "<<>>><"))
     acc = report.accounting
     rows = [[name, f"{value:,}"] for name, value in acc.items()]
     out.append(("Copy accounting", ["counter", "copies"], rows, "<>"))

@@ -178,7 +178,9 @@ def fmt(r: MetricResult, value: float | None) -> str:
     if r.scale == "ratio":
         return f"{value:.3f}"
     if r.unit == "rate":
-        return f"{value * 100:+.2f} pp"
+        return f"{value * 100:+.2f} pp" if abs(value) < 0.1 else f"{value * 100:+.1f} pp"
+    if r.unit == "fraction":
+        return f"{value:.3f}"
     return f"{value:+.3f}"
 
 
