@@ -1,9 +1,9 @@
 """Storage's own exception tree (storage imports neither gateway nor evaluators).
 
 The gateway maps these at its boundaries: `EndpointNotFound` -> 404, `DuplicateName` and
-`PromotionConflict` -> 409, `SchemaBehind` -> exit code 2 with the message as is,
-`StorageUnavailable` -> 503 (or "keep serving, count"). Every query function raises only these,
-chained (`raise ... from ...`) to the driver's error.
+`PromotionConflict` -> 409, `InvalidEndpoint` -> 422, `SchemaBehind` -> exit code 2 with the
+message as is, `StorageUnavailable` -> 503 (or "keep serving, count"). Every query function
+raises only these, chained (`raise ... from ...`) to the driver's error.
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ class DuplicateName(StorageError):
     def __init__(self, name: str) -> None:
         super().__init__(f"an endpoint named {name!r} already exists")
         self.name = name
+
+
+class InvalidEndpoint(StorageError, ValueError):
+    """An endpoint field the schema cannot hold: unknown, ill-typed, or longer than its column.
+    Also a ValueError, so validation code can catch it with the other bad-input errors."""
 
 
 class EndpointNotFound(StorageError):

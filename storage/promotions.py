@@ -25,6 +25,9 @@ from storage.errors import EndpointNotFound, PromotionConflict
 from storage.records import Endpoint, PromotionRecord
 from storage.sql import PROMOTIONS, bump_version, fetch, fetch_live, set_role, translated
 
+_ACTOR_MAX = 128  # promotions.actor is String(128)
+_VERDICT_MAX = 16  # promotions.verdict is String(16)
+
 
 def _check_expected(live: Endpoint | None, expect_live: str | None) -> None:
     if expect_live is None:
@@ -63,10 +66,11 @@ async def _swap(
         action=action,
         from_endpoint=live.name if live is not None else None,
         to_endpoint=new_live.name,
-        actor=actor,
+        # Cut to the columns so both dialects store the same thing (SQLite would not refuse).
+        actor=actor[:_ACTOR_MAX],
         reason=reason,
         forced=forced,
-        verdict=verdict,
+        verdict=None if verdict is None else verdict[:_VERDICT_MAX],
         report_snapshot=report_snapshot,
         at=now,
     )

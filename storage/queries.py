@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from storage.engine import write_transaction
-from storage.errors import DuplicateName, EndpointNotFound, PromotionConflict
+from storage.errors import DuplicateName, EndpointNotFound, InvalidEndpoint, PromotionConflict
 from storage.models import Base
 from storage.promotions import list_promotions, promote, rollback
 from storage.records import Endpoint
@@ -37,6 +37,7 @@ from storage.sql import (
     row_to_endpoint,
     translated,
     upsert,
+    validate_endpoint,
 )
 
 __all__ = [
@@ -88,6 +89,7 @@ async def get_endpoint(engine: AsyncEngine, name: str) -> Endpoint:
 
 async def _insert(conn: AsyncConnection, ep: Endpoint, role: str, now: float) -> Endpoint:
     stored = msgspec.structs.replace(ep, role=role, version=1, created_at=now, updated_at=now)
+    validate_endpoint(stored)
     try:
         await conn.execute(insert(ENDPOINTS).values(endpoint_values(stored)))
     except IntegrityError as exc:  # the name check above holds the lock; this is the backstop
@@ -115,18 +117,14 @@ async def create_endpoint(engine: AsyncEngine, ep: Endpoint) -> Endpoint:
 def _validated(current: Endpoint, changes: Mapping[str, Any]) -> Endpoint:
     unknown = sorted(set(changes) - MUTABLE_FIELDS)
     if unknown:
-        raise ValueError(f"cannot change {', '.join(unknown)} of an endpoint")
-    merged = msgspec.structs.replace(current, **changes)
-    try:
-        return msgspec.convert(msgspec.to_builtins(merged), Endpoint)
-    except msgspec.ValidationError as exc:
-        raise ValueError(str(exc)) from exc
+        raise InvalidEndpoint(f"cannot change {', '.join(unknown)} of an endpoint")
+    return validate_endpoint(msgspec.structs.replace(current, **changes))
 
 
 async def update_endpoint(engine: AsyncEngine, name: str, changes: Mapping[str, Any]) -> Endpoint:
     """Change some fields of an endpoint; its version goes up by one. The role may move between
     candidate and retired only: promote and rollback are the only ways in and out of live.
-    Raises ValueError for unknown fields or ill-typed values."""
+    Raises InvalidEndpoint (a ValueError) for unknown fields or values the schema cannot hold."""
     now = time.time()
     with translated(f"updating endpoint {name!r}"):
         async with write_transaction(engine) as conn:

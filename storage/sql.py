@@ -10,13 +10,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
-from sqlalchemy import RowMapping, Table, insert, select, update
+from sqlalchemy import RowMapping, String, Table, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
-from storage.errors import StorageError, StorageUnavailable
+from storage.errors import InvalidEndpoint, StorageError, StorageUnavailable
 from storage.models import Base
 from storage.records import Endpoint
 
@@ -80,6 +80,27 @@ _FIELDS = tuple(f.name for f in msgspec.structs.fields(Endpoint))
 # What an update may change: identity and bookkeeping are storage's.
 MUTABLE_FIELDS = frozenset(_FIELDS) - {"name", "version", "created_at", "updated_at"}
 json_encoder = msgspec.json.Encoder()
+
+
+_LENGTHS = {
+    c.name: c.type.length
+    for c in ENDPOINTS.columns
+    if isinstance(c.type, String) and c.type.length is not None
+}
+
+
+def validate_endpoint(ep: Endpoint) -> Endpoint:
+    """`ep` if every field fits the schema (types, literals, column lengths), the same on both
+    dialects (SQLite would store an over-long string that PostgreSQL refuses)."""
+    try:
+        msgspec.convert(msgspec.to_builtins(ep), Endpoint)
+    except msgspec.ValidationError as exc:
+        raise InvalidEndpoint(f"endpoint {ep.name!r}: {exc}") from exc
+    for name, limit in _LENGTHS.items():
+        value = getattr(ep, name, None)
+        if isinstance(value, str) and len(value) > limit:
+            raise InvalidEndpoint(f"endpoint {ep.name!r}: {name} is longer than {limit} characters")
+    return ep
 
 
 def row_to_endpoint(row: RowMapping) -> Endpoint:

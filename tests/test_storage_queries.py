@@ -7,7 +7,13 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from storage import queries
-from storage.errors import DuplicateName, EndpointNotFound, PromotionConflict, StorageUnavailable
+from storage.errors import (
+    DuplicateName,
+    EndpointNotFound,
+    InvalidEndpoint,
+    PromotionConflict,
+    StorageUnavailable,
+)
 from storage.records import Endpoint
 
 LIVE = Endpoint(name="prod", url="http://127.0.0.1:9000", role="live", kind="live")
@@ -82,6 +88,18 @@ async def test_update_rejects_bad_changes(db_engine: AsyncEngine) -> None:
         await queries.update_endpoint(db_engine, "prod", {"role": "retired"})
     retired = await queries.update_endpoint(db_engine, "a", {"role": "retired"})
     assert retired.role == "retired"
+
+
+async def test_values_the_schema_cannot_hold_are_refused_alike(db_engine: AsyncEngine) -> None:
+    """An over-long or ill-typed field raises InvalidEndpoint on both dialects (SQLite would
+    otherwise store what PostgreSQL refuses), and a bad seed stores nothing."""
+    with pytest.raises(InvalidEndpoint, match="kind"):
+        await queries.create_endpoint(db_engine, cand("a", kind="k" * 33))
+    with pytest.raises(InvalidEndpoint, match="state"):
+        await queries.create_endpoint(db_engine, cand("a", state="sleeping"))
+    with pytest.raises(InvalidEndpoint, match="model"):
+        await queries.seed(db_engine, LIVE, [cand("a"), cand("b", model="m" * 201)])
+    assert (await queries.load_endpoints(db_engine))[1] == []
 
 
 async def test_delete_refuses_the_live_endpoint(db_engine: AsyncEngine) -> None:
