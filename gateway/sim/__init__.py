@@ -1,0 +1,24 @@
+"""A vLLM-compatible engine simulator: the live endpoint and the candidates of the demo, the
+tests and the benchmarks, without a GPU.
+
+`profiles` holds the knobs and named profiles, `engine` the pure core (tokenizer, KV caches,
+latency model, deterministic answers), `wire` the OpenAI/vLLM JSON and SSE shapes, `generate`
+the completion routes, `faults` the injected failures and `server` the app and `start_sim`.
+Importing this package stays free of aiohttp: the server names load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.sim.profiles import PROFILES, SimProfile, get_profile
+
+__all__ = ["PROFILES", "SimProfile", "SimServer", "build_sim_app", "get_profile", "start_sim"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("SimServer", "build_sim_app", "start_sim"):
+        from gateway.sim import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,428 @@
+"""Pure core of the engine simulator: tokenizer, chat template, KV caches, latency model and
+deterministic answers.
+
+The server asks an `Engine` what to answer (`plan`) and how long each step takes; it does the
+sleeping and the writing itself. This module must never import asyncio or aiohttp, do IO, or
+keep anything unbounded: both caches are LRUs with a fixed capacity.
+
+Answers at temperature 0 depend only on the rendered prompt (never on the profile), so every
+profile gives byte-identical text for the same prompt — except where a `divergence` coin,
+itself drawn from the prompt hash, makes a quantized-like profile drift away at some token.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import msgspec
+import xxhash
+
+from gateway.sim.profiles import SimProfile
+
+BLOCK_SIZE = 16  # tokens per KV block, as in vLLM
+VOCAB_SIZE = 32000
+EMBEDDING_DIMS = 32
+
+# Special tokens, then a word with at most one leading space, then one punctuation character with
+# at most one leading space, then any other whitespace run. Every character matches one branch,
+# so "".join(split_pieces(s)) == s.
+_TOKEN_RE = re.compile(r"<\|[a-z_]+\|>| ?\w+| ?[^\w\s]|\s+")
+
+_WORDS = (
+    "the model answer request token cache prefix session latency stream server engine queue "
+    "batch decode prefill weight memory block layer value result first second next other "
+    "simple small large fast slow early late steady quick careful clear short long good "
+    "better best new old same different each every many few more most some any this that "
+    "these those it they we you one two three four five time step path load sample copy "
+    "candidate production traffic reply question user system data report test number "
+    "signal window budget limit order state change point case fact way part place work "
+    "is are was were has have can will may should would could does did makes takes gives "
+    "shows keeps sends reads writes runs holds moves starts stops grows falls rises stays"
+).split()
+
+# Salts that give each hash-derived decision its own independent stream.
+_S_LEN, _S_DIV, _S_AT, _S_ALT, _S_TOOL, _S_PICK, _S_ID, _S_VAL, _S_SESSION = range(1, 10)
+
+
+def split_pieces(text: str) -> list[str]:
+    """Split text into token strings; joining them gives the text back."""
+    pieces: list[str] = _TOKEN_RE.findall(text)
+    return pieces
+
+
+def token_id(piece: str) -> int:
+    return xxhash.xxh32_intdigest(piece.encode()) % VOCAB_SIZE
+
+
+def tokenize(text: str) -> list[int]:
+    return [token_id(p) for p in split_pieces(text)]
+
+
+def text_hash(text: str) -> int:
+    return xxhash.xxh64_intdigest(text.encode())
+
+
+def _mix(h: int, salt: int) -> int:
+    return xxhash.xxh64_intdigest(h.to_bytes(8, "little"), seed=salt)
+
+
+def _unit(h: int, salt: int) -> float:
+    return _mix(h, salt) / 2.0**64
+
+
+def session_of_text(first_user_message: str) -> str:
+    """The session key used when a request names none: a hash of its first user message."""
+    return f"h:{_mix(text_hash(first_user_message), _S_SESSION):016x}"
+
+
+def render_chat(messages: Sequence[tuple[str, str]], tools: str | None = None) -> str:
+    """Render (role, text) messages through a fixed ChatML-like template.
+
+    Each turn only appends to the previous rendering, so a growing conversation has a growing
+    shared prefix: what prefix caches and session KV can reuse.
+    """
+    parts = [f"<|im_start|>system\n# Tools\n{tools}<|im_end|>\n"] if tools else []
+    parts.extend(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in messages)
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def embed(text: str) -> list[float]:
+    """A deterministic unit vector for the text."""
+    rng = random.Random(text_hash(text))
+    vec = [rng.gauss(0.0, 1.0) for _ in range(EMBEDDING_DIMS)]
+    norm = math.sqrt(sum(x * x for x in vec)) or 1.0
+    return [x / norm for x in vec]
+
+
+def _words(rng: random.Random, n: int, *, first: bool, capital: bool, run: int) -> list[str]:
+    """n pieces of sentence-like text; `capital`/`run` carry the sentence state across calls."""
+    pieces: list[str] = []
+    for _ in range(n):
+        if run >= 4 and rng.random() < 0.25:
+            piece = "." if rng.random() < 0.6 else ","
+            capital, run = piece == ".", 0
+        else:
+            word = rng.choice(_WORDS)
+            word = word.capitalize() if capital else word
+            piece = word if first else " " + word
+            capital, run = False, run + 1
+        first = False
+        pieces.append(piece)
+    return pieces
+
+
+def _sentence_state(pieces: Sequence[str]) -> tuple[bool, int]:
+    run = 0
+    for piece in reversed(pieces):
+        if piece in (".", ","):
+            return piece == ".", run
+        run += 1
+    return not pieces, run
+
+
+def _text(seed: int, length: int) -> list[str]:
+    pieces = _words(random.Random(seed), length, first=True, capital=True, run=0)
+    if length > 1 and pieces[-2] not in (".", ","):
+        pieces[-1] = "."
+    return pieces
+
+
+def answer_pieces(profile: SimProfile, phash: int, sample_seed: int | None) -> list[str]:
+    """The text answer, as token strings, before any max_tokens cut.
+
+    Greedy (`sample_seed` None): seeded by the prompt hash only. With probability
+    `profile.divergence` — a coin also drawn from the prompt hash, so reruns agree — the answer
+    keeps the baseline's first k tokens and then continues differently.
+    """
+    span = profile.max_output_tokens - profile.min_output_tokens + 1
+    seed = phash if sample_seed is None else _mix(phash, sample_seed)
+    base = _text(seed, profile.min_output_tokens + _mix(seed, _S_LEN) % span)
+    if sample_seed is not None or _unit(phash, _S_DIV) >= profile.divergence or len(base) < 3:
+        return base
+    at = 1 + _mix(phash, _S_AT) % (len(base) - 2)
+    alt_seed = _mix(phash, _S_ALT)
+    rest = max(2, profile.min_output_tokens + alt_seed % span - at)
+    capital, run = _sentence_state(base[:at])
+    tail = _words(random.Random(alt_seed), rest, first=False, capital=capital, run=run)
+    if tail[0] == base[at]:  # force the drift to start exactly at `at`
+        tail[0] = " varies" if base[at] != " varies" else " differs"
+    if rest > 1 and tail[-2] not in (".", ","):
+        tail[-1] = "."
+    return base[:at] + tail
+
+
+def json_answer(pieces: Sequence[str], phash: int) -> str:
+    """A valid JSON object built from the text answer (response_format json_object)."""
+    text = "".join(pieces)
+    obj = {"answer": text, "confidence": (_mix(phash, _S_VAL) % 100) / 100, "words": len(pieces)}
+    return msgspec.json.encode(obj).decode()
+
+
+class ToolSpec(NamedTuple):
+    name: str
+    parameters: Mapping[str, Any] | None
+
+
+def choose_tool(
+    phash: int, tools: Sequence[ToolSpec], choice: str | None, named: str | None
+) -> ToolSpec | None:
+    """Which tool to call, if any: `named` forces one; "required" always calls; "none" never;
+    "auto" (or absent) calls on a prompt-hash coin, about half the time."""
+    if not tools or choice == "none":
+        return None
+    if named is not None:
+        return next((t for t in tools if t.name == named), None)
+    if choice != "required" and _unit(phash, _S_TOOL) >= 0.5:
+        return None
+    return tools[_mix(phash, _S_PICK) % len(tools)]
+
+
+def tool_arguments(tool: ToolSpec, pieces: Sequence[str], phash: int) -> str:
+    """JSON arguments for `tool`, one value per declared property, drawn from the answer words."""
+    words = [p.strip().lower() for p in pieces if p.strip() not in ("", ".", ",")] or ["value"]
+    props = (tool.parameters or {}).get("properties")
+    if not isinstance(props, Mapping) or not props:
+        props = {"query": {"type": "string"}}
+    args: dict[str, Any] = {}
+    for i, (key, schema) in enumerate(list(props.items())[:16]):
+        h = _mix(phash, _S_VAL + i)
+        spec = schema if isinstance(schema, Mapping) else {}
+        kind, enum = spec.get("type", "string"), spec.get("enum")
+        if isinstance(enum, list) and enum:
+            args[str(key)] = enum[h % len(enum)]
+        elif kind == "integer":
+            args[str(key)] = h % 100
+        elif kind == "number":
+            args[str(key)] = round((h % 10000) / 100, 2)
+        elif kind == "boolean":
+            args[str(key)] = bool(h & 1)
+        elif kind == "array":
+            args[str(key)] = [words[(i + j) % len(words)] for j in range(2)]
+        elif kind == "object":
+            args[str(key)] = {}
+        else:
+            args[str(key)] = " ".join(words[(i * 3 + j) % len(words)] for j in range(3))
+    return msgspec.json.encode(args).decode()
+
+
+class PrefixCache:
+    """Automatic prefix caching: chain-hashed full blocks in an LRU of `capacity` blocks."""
+
+    __slots__ = ("_blocks", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    @staticmethod
+    def block_hashes(tokens: Sequence[int]) -> list[int]:
+        """One hash per full block; each covers every token from the start (chained via seed)."""
+        hashes: list[int] = []
+        h = 0
+        for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
+            h = xxhash.xxh64_intdigest(array("I", tokens[start : start + BLOCK_SIZE]).tobytes(), h)
+            hashes.append(h)
+        return hashes
+
+    def match(self, hashes: Sequence[int]) -> int:
+        """Number of leading blocks held (and refreshed)."""
+        n = 0
+        for h in hashes:
+            if h not in self._blocks:
+                break
+            self._blocks.move_to_end(h)
+            n += 1
+        return n
+
+    def insert(self, hashes: Sequence[int]) -> None:
+        if self.capacity <= 0:
+            return
+        for h in hashes:
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def clear(self) -> None:
+        self._blocks.clear()
+
+
+class SessionStore:
+    """Bi-directional KV: the token ids whose KV each session holds, LRU over sessions."""
+
+    __slots__ = ("_held", "max_sessions")
+
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        self._held: OrderedDict[str, list[int]] = OrderedDict()
+
+    def match(self, session: str, tokens: Sequence[int]) -> int:
+        held = self._held.get(session)
+        if held is None:
+            return 0
+        self._held.move_to_end(session)
+        n = min(len(held), len(tokens))
+        if held[:n] == list(tokens[:n]):
+            return n
+        return next(i for i in range(n) if held[i] != tokens[i])
+
+    def store(self, session: str, tokens: list[int]) -> None:
+        self._held[session] = tokens
+        self._held.move_to_end(session)
+        while len(self._held) > self.max_sessions:
+            self._held.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def clear(self) -> None:
+        self._held.clear()
+
+
+class Plan:
+    """Everything decided about one generation before it starts."""
+
+    __slots__ = (
+        "cached_tokens",
+        "eos",
+        "finish_reason",
+        "pieces",
+        "prompt_ids",
+        "session",
+        "tool_call_id",
+        "tool_name",
+    )
+
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        cached_tokens: int,
+        pieces: list[str],
+        eos: bool,
+        finish_reason: str,
+        session: str | None,
+        tool_name: str | None = None,
+        tool_call_id: str = "",
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self.cached_tokens = cached_tokens
+        self.pieces = pieces  # text, or tool-call argument fragments
+        self.eos = eos  # an end-of-sequence step follows the pieces
+        self.finish_reason = finish_reason  # "stop" | "length" | "tool_calls"
+        self.session = session
+        self.tool_name = tool_name  # when set, step 0 announces the call and carries no piece
+        self.tool_call_id = tool_call_id
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def uncached_tokens(self) -> int:
+        return len(self.prompt_ids) - self.cached_tokens
+
+    @property
+    def steps(self) -> int:
+        """Decode steps = completion tokens."""
+        return len(self.pieces) + (self.tool_name is not None) + self.eos
+
+
+class Engine:
+    """One simulated engine: its profile, caches and seeded noise."""
+
+    def __init__(self, profile: SimProfile, seed: int = 0) -> None:
+        self.profile = profile
+        self.seed = seed
+        self._rng = random.Random(seed)
+        self.prefix_cache = PrefixCache(profile.prefix_cache_blocks)
+        self.sessions = SessionStore(profile.session_kv_max_sessions)
+
+    def reset(self) -> None:
+        self._rng = random.Random(self.seed)
+        self.prefix_cache.clear()
+        self.sessions.clear()
+
+    def plan(
+        self,
+        prompt: str,
+        *,
+        session: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+        json_mode: bool = False,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        named_tool: str | None = None,
+    ) -> Plan:
+        """Decide the answer and the cache hits for one request, and record its prefill."""
+        prompt_ids = tokenize(prompt)
+        phash = text_hash(prompt)
+        sample_seed = None
+        if temperature:  # None or 0.0 means greedy
+            sample_seed = seed if seed is not None else self._rng.getrandbits(63)
+        pieces = answer_pieces(self.profile, phash, sample_seed)
+        tool = choose_tool(phash, tools, tool_choice, named_tool)
+        tool_name, call_id = None, ""
+        if tool is not None:
+            tool_name = tool.name
+            call_id = f"chatcmpl-tool-{_mix(phash, _S_ID):016x}{phash:016x}"
+            pieces = split_pieces(tool_arguments(tool, pieces, phash))
+        elif json_mode:
+            pieces = split_pieces(json_answer(pieces, phash))
+        budget = max_tokens if max_tokens is not None else self.profile.max_model_len
+        budget -= tool_name is not None
+        eos = len(pieces) < budget
+        finish = ("tool_calls" if tool_name else "stop") if eos else "length"
+        plan = Plan(prompt_ids, 0, pieces[: max(budget, 0)], eos, finish, session, tool_name)
+        plan.tool_call_id = call_id
+        plan.cached_tokens = self._cached(plan)
+        return plan
+
+    def _cached(self, plan: Plan) -> int:
+        ids, cached = plan.prompt_ids, 0
+        if self.prefix_cache.capacity > 0:
+            hashes = PrefixCache.block_hashes(ids)
+            cached = self.prefix_cache.match(hashes) * BLOCK_SIZE
+            self.prefix_cache.insert(hashes)
+        if self.profile.session_kv and plan.session is not None:
+            cached = max(cached, self.sessions.match(plan.session, ids))
+            self.sessions.store(plan.session, list(ids))
+        # Like vLLM, the last prompt token is always computed to produce the first output.
+        return max(0, min(cached, len(ids) - 1))
+
+    def finish(self, plan: Plan, steps_done: int) -> None:
+        """Record the KV of the tokens generated, for the caches' later turns."""
+        n = min(len(plan.pieces), steps_done - (plan.tool_name is not None))
+        if n <= 0 or (self.prefix_cache.capacity <= 0 and not self.profile.session_kv):
+            return
+        ids = plan.prompt_ids + [token_id(p) for p in plan.pieces[:n]]
+        self.prefix_cache.insert(PrefixCache.block_hashes(ids))
+        if self.profile.session_kv and plan.session is not None:
+            self.sessions.store(plan.session, ids)
+
+    def _noise(self) -> float:
+        sigma = self.profile.jitter
+        return self._rng.lognormvariate(0.0, sigma) if sigma > 0 else 1.0
+
+    def prefill_delay(self, uncached_tokens: int) -> float:
+        """Seconds from admission to the first token."""
+        p = self.profile
+        base = p.overhead_s + p.prefill_s_per_token * uncached_tokens
+        return base * self._noise() * p.time_scale if base > 0 else 0.0
+
+    def decode_delay(self, other_active: int) -> float:
+        """Seconds for one decode step with `other_active` other sequences in the batch."""
+        p = self.profile
+        base = p.decode_s_per_token + p.decode_s_per_extra_seq * max(other_active, 0)
+        return base * self._noise() * p.time_scale if base > 0 else 0.0

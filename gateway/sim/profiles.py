@@ -1,0 +1,146 @@
+"""Named configurations of the engine simulator.
+
+A `SimProfile` holds every knob of the simulated engine: the latency model, the KV caches, how
+often its answers diverge from the baseline's, and which fault (if any) it injects. Profiles are
+frozen and validated on construction; `get_profile` is the one way to look one up by name and
+override knobs (the CLI's `--time-scale`, tests' small delays).
+
+Latency defaults are of the order of a mid-size model on one modern GPU: 0.2 ms of prefill per
+uncached prompt token, 8 ms per decode step plus 0.5 ms for every other sequence in the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+FAULTS: tuple[str, ...] = (
+    "hang",  # reads the request, never answers until the client goes away
+    "reset-mid-stream",  # headers and a few chunks, then a TCP reset
+    "error-500",  # an OpenAI-shaped 500
+    "slow-drip",  # one chunk per `slow_drip_s_per_chunk`
+    "garbage",  # 200 text/event-stream carrying random non-SSE bytes
+    "slow-read",  # reads its request one byte at a time, then answers normally
+)
+
+
+class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every knob of one simulated engine. All delays are in seconds before `time_scale`."""
+
+    name: str = "baseline"
+    # Latency model.
+    prefill_s_per_token: float = 0.0002  # per uncached prompt token
+    decode_s_per_token: float = 0.008  # base decode step
+    decode_s_per_extra_seq: float = 0.0005  # added per other sequence decoding concurrently
+    overhead_s: float = 0.002  # scheduling + detokenisation, added once to every TTFT
+    jitter: float = 0.08  # sigma of multiplicative lognormal noise on every delay (seeded)
+    time_scale: float = 1.0  # multiplies every delay; tests use small values
+    # Capacity: requests beyond `max_num_seqs` queue for a slot, which shows up in TTFT.
+    max_num_seqs: int = 256
+    max_model_len: int = 8192
+    served_model_names: tuple[str, ...] = ("sim-model",)
+    # KV caches.
+    prefix_cache_blocks: int = 0  # LRU capacity in 16-token blocks (0 = no prefix cache)
+    session_kv: bool = False  # bi-kv: keep each session's KV between turns
+    session_kv_max_sessions: int = 4096  # bound on the sessions whose KV is retained
+    # Answers.
+    divergence: float = 0.0  # probability an answer diverges from the baseline's
+    min_output_tokens: int = 16
+    max_output_tokens: int = 64
+    # Faults.
+    fault: str | None = None
+    slow_drip_s_per_chunk: float = 1.0
+    slow_read_s_per_byte: float = 0.001
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("profile name must not be empty")
+        if self.fault is not None and self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; valid faults: {', '.join(FAULTS)}")
+        if not 0.0 <= self.divergence <= 1.0:
+            raise ValueError(f"divergence must be in [0, 1], got {self.divergence}")
+        delays = {
+            "prefill_s_per_token": self.prefill_s_per_token,
+            "decode_s_per_token": self.decode_s_per_token,
+            "decode_s_per_extra_seq": self.decode_s_per_extra_seq,
+            "overhead_s": self.overhead_s,
+            "jitter": self.jitter,
+            "time_scale": self.time_scale,
+            "slow_drip_s_per_chunk": self.slow_drip_s_per_chunk,
+            "slow_read_s_per_byte": self.slow_read_s_per_byte,
+        }
+        for key, value in delays.items():
+            if not value >= 0.0:  # also rejects NaN
+                raise ValueError(f"{key} must be >= 0, got {value}")
+        if self.prefix_cache_blocks < 0 or self.session_kv_max_sessions < 1:
+            raise ValueError("prefix_cache_blocks must be >= 0 and session_kv_max_sessions >= 1")
+        if self.max_num_seqs < 1 or self.max_model_len < 16:
+            raise ValueError("max_num_seqs must be >= 1 and max_model_len >= 16")
+        if not 1 <= self.min_output_tokens <= self.max_output_tokens:
+            raise ValueError("need 1 <= min_output_tokens <= max_output_tokens")
+        if not self.served_model_names:
+            raise ValueError("served_model_names must name at least one model")
+
+
+_BASELINE = SimProfile(name="baseline")
+
+PROFILES: dict[str, SimProfile] = {
+    # Production as it runs today: no prefix caching, plain fp16 weights.
+    "baseline": _BASELINE,
+    # The same configuration under another name: an A/A control that must come out "no change".
+    "control": msgspec.structs.replace(_BASELINE, name="control"),
+    # Bi-directional KV transfer: each session's KV is kept between turns, and a shared
+    # automatic prefix cache holds 8192 blocks (131k tokens).
+    "bi-kv": msgspec.structs.replace(
+        _BASELINE, name="bi-kv", session_kv=True, prefix_cache_blocks=8192
+    ),
+    # A quantized checkpoint: decode 0.6× as long, prefill a little faster, and 30 % of answers
+    # drift away from the baseline's at some token.
+    "quantized": msgspec.structs.replace(
+        _BASELINE,
+        name="quantized",
+        prefill_s_per_token=0.00015,
+        decode_s_per_token=0.0048,
+        decode_s_per_extra_seq=0.0003,
+        divergence=0.3,
+    ),
+    # No delays at all, for benchmarks of the gateway itself.
+    "fast": msgspec.structs.replace(
+        _BASELINE,
+        name="fast",
+        prefill_s_per_token=0.0,
+        decode_s_per_token=0.0,
+        decode_s_per_extra_seq=0.0,
+        overhead_s=0.0,
+        jitter=0.0,
+        max_num_seqs=65536,
+    ),
+}
+for _fault in FAULTS:
+    PROFILES[_fault] = msgspec.structs.replace(_BASELINE, name=_fault, fault=_fault)
+
+
+def get_profile(name: str, **overrides: Any) -> SimProfile:
+    """Return the named profile with `overrides` applied (the name itself stays unless given).
+
+    Raises `ValueError` naming the valid profiles (unknown name) or fields (unknown knob), or
+    saying which knob is out of range.
+    """
+    try:
+        base = PROFILES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown sim profile {name!r}; valid profiles: {', '.join(PROFILES)}"
+        ) from None
+    if not overrides:
+        return base
+    unknown = sorted(set(overrides) - set(SimProfile.__struct_fields__))
+    if unknown:
+        raise ValueError(
+            f"unknown SimProfile field(s) {', '.join(unknown)}; "
+            f"valid fields: {', '.join(SimProfile.__struct_fields__)}"
+        )
+    if "served_model_names" in overrides:
+        overrides["served_model_names"] = tuple(overrides["served_model_names"])
+    return msgspec.structs.replace(base, **overrides)
