@@ -1,0 +1,233 @@
+"""The generation routes: `POST /v1/chat/completions` and `POST /v1/completions`.
+
+Each request is decoded once, turned into a `Plan` by the pure engine, then played out: queue
+for a batch slot, sleep the prefill, then one decode step per token, writing one SSE event per
+token when streaming. The `reset-mid-stream` and `slow-drip` faults act here because they need
+the loop's timing. Nothing here logs; every outcome is a counter in `SimStats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from gateway.sim import wire
+from gateway.sim.engine import Plan, ToolSpec, render_chat, session_of_text
+from gateway.sim.faults import SSE_HEADERS, json_error, replace_answer, reset_connection
+from gateway.sim.state import ClientGone, SimState, pause
+
+_encode = msgspec.json.Encoder().encode
+_CHAT = msgspec.json.Decoder(wire.ChatRequest)
+_COMPLETION = msgspec.json.Decoder(wire.CompletionRequest)
+
+
+def served_model(st: SimState, requested: str | None) -> str | web.Response:
+    names = st.profile.served_model_names
+    if requested is None or requested == "":
+        return names[0]
+    if requested in names:
+        return requested
+    return json_error(404, f"The model `{requested}` does not exist.", "NotFoundError")
+
+
+def _check_length(st: SimState, plan: Plan, max_tokens: int | None) -> web.Response | None:
+    limit = st.profile.max_model_len
+    need = plan.prompt_tokens + (max_tokens or 0)
+    if need > limit or plan.prompt_tokens >= limit:
+        return json_error(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{need} tokens ({plan.prompt_tokens} in the messages, {max_tokens or 0} in the "
+            "completion). Please reduce the length of the messages or completion.",
+        )
+    return None
+
+
+Emit = Callable[[int], Awaitable[None]]
+
+
+async def _run(request: web.Request, st: SimState, plan: Plan, emit: Emit | None) -> bool:
+    """Queue for a slot, prefill, decode `plan.steps` tokens calling `emit(step)` for each.
+
+    Returns False when the client went away (counted) or the profile reset the connection.
+    """
+    profile, engine = st.profile, st.engine
+    drip = st.scaled(profile.slow_drip_s_per_chunk) if profile.fault == "slow-drip" else None
+    reset_at = 2 if profile.fault == "reset-mid-stream" and emit is not None else -1
+    done = 0
+    async with st.slots:
+        st.enter()
+        try:
+            prefill = engine.prefill_delay(plan.uncached_tokens) if drip is None else drip
+            await pause(request, prefill)
+            for step in range(plan.steps):
+                if step:
+                    others = st.stats.active - 1
+                    await pause(request, drip if drip is not None else engine.decode_delay(others))
+                if emit is not None:
+                    await emit(step)
+                done = step + 1
+                if step == reset_at:
+                    st.stats.faulted += 1
+                    await reset_connection(request)
+                    return False
+        except asyncio.CancelledError:
+            st.stats.aborted += 1
+            raise
+        except (ClientGone, ConnectionError):
+            st.stats.aborted += 1
+            return False
+        finally:
+            st.stats.active -= 1
+            engine.finish(plan, done)
+    st.stats.completed += 1
+    return True
+
+
+async def _respond(
+    request: web.Request,
+    st: SimState,
+    plan: Plan,
+    *,
+    chat: bool,
+    model: str,
+    stream: bool,
+    include_usage: bool,
+) -> web.StreamResponse:
+    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if not stream:
+        if not await _run(request, st, plan, None):
+            return web.Response()
+        build = wire.chat_completion if chat else wire.text_completion
+        body = build(plan, request_id, created, model, plan.steps)
+        if st.profile.fault != "reset-mid-stream":
+            return web.Response(body=body, content_type="application/json")
+        st.stats.faulted += 1
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(body[: len(body) // 2])
+        await reset_connection(request)
+        return resp
+
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    enc = wire.ChunkEncoder(chat=chat, request_id=request_id, created=created, model=model)
+    pieces, offset = plan.pieces, int(plan.tool_name is not None)
+    last = len(pieces) - 1 + offset  # step of the last piece
+    cut = None if plan.eos else "length"
+
+    async def emit(step: int) -> None:
+        if step == 0 and chat:
+            await resp.write(enc.role())
+        if step < offset:
+            await resp.write(enc.tool_call(plan))
+        elif step <= last:
+            finish = cut if step == last else None
+            piece = pieces[step - offset]
+            data = enc.tool_arguments(piece, finish) if offset else enc.token(piece, finish)
+            await resp.write(data)
+        else:
+            await resp.write(enc.end(plan.finish_reason))
+
+    if not await _run(request, st, plan, emit):
+        return resp
+    with contextlib.suppress(ConnectionError):
+        if include_usage:
+            await resp.write(enc.usage(plan, plan.steps))
+        await resp.write(wire.DONE)
+        await resp.write_eof()
+    return resp
+
+
+def _max_tokens(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)
+
+
+async def chat(
+    request: web.Request, st: SimState, body: bytes, entry: dict[str, Any]
+) -> web.StreamResponse:
+    if (faulted := await replace_answer(request, st)) is not None:
+        return faulted
+    try:
+        req = _CHAT.decode(body)
+    except msgspec.DecodeError as exc:
+        return json_error(400, f"Invalid request body: {exc}")
+    model = served_model(st, req.model)
+    if isinstance(model, web.Response):
+        return model
+    if not req.messages or req.n not in (None, 1):
+        return json_error(400, "messages must not be empty and n must be 1 in the simulator")
+    tools = [ToolSpec(t.function.name, t.function.parameters) for t in req.tools or ()]
+    choice, named = req.tool_choice, None
+    if isinstance(choice, wire.NamedToolChoice):
+        named, choice = choice.function.name, "required"
+        if named not in {t.name for t in tools}:
+            return json_error(400, f"tool_choice names `{named}`, which is not in tools")
+    tools_text = _encode([t.function for t in req.tools]).decode() if req.tools else None
+    messages = [(m.role, m.text()) for m in req.messages]
+    first_user = next((text for role, text in messages if role == "user"), messages[0][1])
+    session = request.headers.get("X-Session-ID") or req.user or session_of_text(first_user)
+    entry["session"] = session
+    max_tokens = _max_tokens(req.max_completion_tokens, req.max_tokens)
+    fmt = req.response_format.type if req.response_format else "text"
+    plan = st.engine.plan(
+        render_chat(messages, tools_text),
+        session=session,
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        seed=req.seed,
+        json_mode=fmt in ("json_object", "json_schema"),
+        tools=tools,
+        tool_choice=choice,
+        named_tool=named,
+    )
+    if (too_long := _check_length(st, plan, max_tokens)) is not None:
+        return too_long
+    usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await _respond(
+        request, st, plan, chat=True, model=model, stream=bool(req.stream), include_usage=usage
+    )
+
+
+async def completions(
+    request: web.Request, st: SimState, body: bytes, entry: dict[str, Any]
+) -> web.StreamResponse:
+    if (faulted := await replace_answer(request, st)) is not None:
+        return faulted
+    try:
+        req = _COMPLETION.decode(body)
+    except msgspec.DecodeError as exc:
+        return json_error(400, f"Invalid request body: {exc}")
+    model = served_model(st, req.model)
+    if isinstance(model, web.Response):
+        return model
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if not prompt or (all(isinstance(p, str) for p in prompt) and len(prompt) > 1):
+            return json_error(400, "the simulator takes one prompt per request")
+        prompt = " ".join(str(p) for p in prompt)  # token ids: one piece per id
+    if req.n not in (None, 1):
+        return json_error(400, "n must be 1 in the simulator")
+    session = request.headers.get("X-Session-ID") or req.user or session_of_text(prompt[:256])
+    entry["session"] = session
+    plan = st.engine.plan(
+        prompt,
+        session=session,
+        max_tokens=req.max_tokens,
+        temperature=req.temperature,
+        seed=req.seed,
+    )
+    if (too_long := _check_length(st, plan, req.max_tokens)) is not None:
+        return too_long
+    usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await _respond(
+        request, st, plan, chat=False, model=model, stream=bool(req.stream), include_usage=usage
+    )
