@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type information
 import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine

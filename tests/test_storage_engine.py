@@ -30,7 +30,7 @@ async def test_dialect_settings(db_engine: AsyncEngine) -> None:
             }
         else:
             name = (await conn.execute(text("SHOW application_name"))).scalar()
-            assert name == "canary-gateway" and db_engine.pool._pre_ping  # type: ignore[attr-defined]
+            assert name == "canary-gateway" and db_engine.pool._pre_ping
 
 
 async def test_reads_run_inside_the_transaction(db_engine: AsyncEngine) -> None:

@@ -242,9 +242,11 @@ async def test_brief_interruption_costs_nothing(
         for round_ in range(5):
             for i in range(40):
                 writer.put_observation(observation(round_ * 40 + i))
-            await wait_until(
-                lambda r=round_: writer.stats()["written_observations"] == 40 * (r + 1)
-            )
+
+            def reached(n: int = 40 * (round_ + 1)) -> bool:
+                return writer.stats()["written_observations"] == n
+
+            await wait_until(reached)
             if migrated_db_url.startswith("postgresql"):
                 assert await terminate_backends(migrated_db_url) >= 1
             else:

@@ -153,7 +153,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_registry_meta")),
     )
     # ### end Alembic commands ###
-    registry_meta = sa.table("registry_meta", sa.column("id"), sa.column("version"))
+    registry_meta = sa.table(
+        "registry_meta", sa.column("id", sa.Integer()), sa.column("version", sa.BigInteger())
+    )
     op.bulk_insert(registry_meta, [{"id": 1, "version": 0}])
 
 
