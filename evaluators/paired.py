@@ -86,10 +86,10 @@ def hodges_lehmann(x: F, alpha: float = 0.05, cap: int = 20_000) -> HL:
     if n < 10:
         return HL(est, float("nan"), float("nan"), float("nan"), n)
     z = stats.norm.isf(alpha / 2.0)
-    c = m / 2.0 - z * np.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
-    c = max(c, 1.0)
-    low = _walsh_quantile(xs, c)
-    high = _walsh_quantile(xs, m - c + 1.0)
+    # k-th smallest and k-th largest Walsh averages; rounding k down keeps coverage >= 1-α.
+    k = max(1, int(np.floor(m / 2.0 - z * np.sqrt(n * (n + 1) * (2 * n + 1) / 24.0))))
+    low = _walsh_quantile(xs, k)
+    high = _walsh_quantile(xs, m - k + 1.0)
     return HL(est, low, high, wilcoxon_p(x), n)
 
 
