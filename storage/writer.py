@@ -23,7 +23,7 @@ import contextlib
 import logging
 import random
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from sqlalchemy import select
@@ -134,11 +134,13 @@ class ObservationWriter:
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout_s)
         except TimeoutError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             logger.warning("observation writer: shutdown deadline passed; dropping the rest")
-        self._count_lost()
+        finally:  # also when close() itself is cancelled: never leave the task behind
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self._count_lost()
 
     def _count_lost(self) -> None:
         ex, obs = self._in_flight
@@ -175,26 +177,39 @@ class ObservationWriter:
                 if self._closing:
                     return
                 continue
-            await self._write_batch()
+            try:
+                await self._write_batch()
+            except Exception:
+                # A bug (say, a record that cannot be converted) must not end the drain task:
+                # the queue would fill and silently drop everything after it.
+                logger.exception("observation writer: batch failed; its records are dropped")
+                self._counts["rows_rejected"] += sum(self._in_flight)
+                self._in_flight = (0, 0)
 
     async def _take(self) -> tuple[list[Row], list[Row]]:
         room = self._batch_size
         ex_records = list(_pop(self._exchanges, room))
         obs_records = list(_pop(self._observations, room - len(ex_records)))
         self._in_flight = (len(ex_records), len(obs_records))
-        ex: list[Row] = []
-        obs: list[Row] = []
-        for n, record in enumerate(ex_records, 1):
-            ex.append(exchange_row(record))
+        ex = await self._convert(ex_records, exchange_row)
+        obs = await self._convert(obs_records, self._observation_row)
+        self._in_flight = (len(ex), len(obs))
+        return ex, obs
+
+    def _observation_row(self, record: ObservationRecord) -> Row:
+        return observation_row(record, store_text=self._store_text, max_chars=self._max_chars)
+
+    async def _convert(self, records: list[Any], convert: Callable[[Any], Row]) -> list[Row]:
+        rows: list[Row] = []
+        for n, record in enumerate(records, 1):
+            try:
+                rows.append(convert(record))
+            except Exception:  # a malformed record (wrong types) costs itself only
+                self._counts["rows_rejected"] += 1
+                logger.warning("observation writer: dropped a malformed %s", type(record).__name__)
             if not n % _CHUNK:
                 await asyncio.sleep(0)  # let the proxy run between chunks
-        for n, obs_record in enumerate(obs_records, 1):
-            obs.append(
-                observation_row(obs_record, store_text=self._store_text, max_chars=self._max_chars)
-            )
-            if not n % _CHUNK:
-                await asyncio.sleep(0)
-        return ex, obs
+        return rows
 
     async def _write_batch(self) -> None:
         ex, obs = await self._take()

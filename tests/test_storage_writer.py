@@ -205,6 +205,20 @@ async def test_refused_rows_are_dropped_alone(
     assert await count_rows(db_engine, "observations") == 49
 
 
+async def test_malformed_record_costs_only_itself(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """A record with wrong field types (records are not validated on construction) is dropped
+    and counted; the writer keeps running and writes its neighbours."""
+    writer = await writer_factory(store_text=False)
+    writer.put_observation(observation(1))
+    writer.put_observation(observation(2, tool_calls=123))  # not JSON text
+    writer.put_observation(observation(3))
+    await writer.close()
+    assert writer.stats()["rows_rejected"] == 1
+    assert await count_rows(db_engine, "observations") == 2
+
+
 async def test_recovers_after_outage(
     migrated_db_url: str, db_outage: Outage, writer_factory: WriterFactory
 ) -> None:
