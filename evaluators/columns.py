@@ -94,7 +94,8 @@ def _session_id(key: str | None) -> int:
         return 0
     try:
         value = int(key, 16)
-        value = (value ^ (value >> 64)) & 0xFFFF_FFFF_FFFF_FFFF  # fold a 128-bit hash
+        # Fold a 128-bit hash into 64 bits (multiplying the high half keeps "abab…" distinct).
+        value = (value ^ ((value >> 64) * 0x9E37_79B9_7F4A_7C15)) & 0xFFFF_FFFF_FFFF_FFFF
     except ValueError:
         value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
     return value or 1
@@ -189,7 +190,10 @@ class PairSetBuilder:
         arm.present[sl] = present
         arm.status[sl] = np.asarray([s or 0 for s in status], dtype=np.int16)
         error = np.fromiter(
-            (_error_code(e, s or 0) for e, s in zip(f["error_kind"], status, strict=True)),
+            (
+                0 if s is None else _error_code(e, s)
+                for e, s in zip(f["error_kind"], status, strict=True)
+            ),
             dtype=np.int8,
             count=len(status),
         )

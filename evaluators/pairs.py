@@ -3,7 +3,7 @@
 The only evaluator module that touches the database. One streaming query (a server-side cursor,
 read in partitions of `batch_size`) joins each exchange in the window to production's
 observation, the candidate's and the control's; rows go straight into the compact columns of a
-`PairSet` (about 150 bytes per pair), so memory stays flat whatever the number of rows.
+`PairSet` (about 200 bytes per pair), so memory stays flat whatever the number of rows.
 
 Texts are only fetched where they can matter: when two arms' output hashes differ (divergence,
 similarity) or the request asked for JSON. Equal hashes are an exact match without the text.

@@ -1,7 +1,7 @@
 """The evaluators' input types: one pair as Structs, and many pairs as compact columns.
 
 `Pair` / `ArmObs` are the readable row form (tests, simulations, small tools). `PairSet` is what
-every evaluator reads: numpy columns in arrival order, about 150 bytes per pair, so a million
+every evaluator reads: numpy columns in arrival order, about 200 bytes per pair, so a million
 pairs fit in memory without a million Python objects. Text never reaches a PairSet: the
 text-derived features (exact match, first divergence, similarity, JSON validity, tool-call
 equality) are computed while loading, by `evaluators.columns`.
