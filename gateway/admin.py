@@ -196,12 +196,12 @@ async def _promotion_result(ctx: AdminContext, rec: PromotionRecord) -> web.Resp
 
 
 def _refused(name: str, report: Report) -> ApiError:
-    why = "; ".join(f"{r.metric}: {r.reason}" for r in report.reasons[:6]) or "no reasons given"
+    summary = next((r.reason for r in report.reasons if r.metric == "verdict"), report.verdict)
     return ApiError(
         409,
         "promotion_refused",
         f"refusing to promote {name!r}: the verdict is {report.verdict!r}, not 'promote' "
-        f"({why}); force=true overrides",
+        f"({summary}); force=true promotes anyway",
         detail={"verdict": report.verdict, "reasons": msgspec.to_builtins(report.reasons)},
     )
 

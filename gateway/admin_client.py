@@ -42,6 +42,7 @@ class AdminClient:
     """`async with AdminClient(url, token) as c: await c.list_candidates()`."""
 
     def __init__(self, url: str, token: str | None, *, timeout_s: float = 60.0) -> None:
+        self.url = url
         self.base = admin_base(url)
         self._headers = {"Accept": "application/json"}
         if token:
@@ -77,8 +78,9 @@ class AdminClient:
                 raw = await resp.read()
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            reason = str(exc) or type(exc).__name__
-            raise AdminUnreachable(f"cannot reach the admin API at {self.base}: {reason}") from exc
+            raise AdminUnreachable(
+                f"cannot reach the admin API at {self.url}: {_why(exc, self._timeout.total)}"
+            ) from exc
         if status >= 400 and status not in ok:
             raise _error(status, raw)
         return status, raw
@@ -123,6 +125,14 @@ class AdminClient:
         path = f"/candidates/{quote(name, safe='')}/gate"
         status, raw = await self._call("GET", path, ok=(412, 425))
         return status, _decode(raw, dict[str, Any])
+
+
+def _why(exc: BaseException, timeout_s: float | None) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout_s:g} s"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return str(exc.os_error)
+    return str(exc) or type(exc).__name__
 
 
 def _decode(raw: bytes, type_: type[T]) -> T:

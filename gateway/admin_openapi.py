@@ -89,8 +89,14 @@ def _op(
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 description of the admin API (served at `/admin/openapi.json`)."""
     from evaluators.report import Report
+    from evaluators.settings import VerdictSettings
 
     _, components = msgspec.json.schema_components((*_COMPONENTS, Report), ref_template=_REF)
+    # The names a verdict override may use; their values' rules (ranges, delta <= critical)
+    # are VerdictSettings.validate's and are checked by the handler (422 on failure).
+    for body in ("CandidateCreate", "CandidatePatch"):
+        verdict = components[body]["properties"]["verdict"]
+        verdict["propertyNames"] = {"enum": sorted(VerdictSettings.__struct_fields__)}
     report = _json(_ref("Report"), "The report")
     endpoint = _json(_ref("EndpointView"), "The endpoint")
     promoted = _json(_ref("PromotionResult"), "Committed; the audit row and the new live")

@@ -20,13 +20,25 @@ from gateway.config import NAME_PATTERN, MiB
 from storage.records import Endpoint, PromotionRecord
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN, description="Endpoint name: " + NAME_PATTERN)]
-# http(s), a host without userinfo (credentials never travel inside a URL), an optional port in
-# 0..65535, then anything printable. The handler re-checks with config.check_http_url.
-URL_PATTERN = (
-    r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]+)"
-    r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?"
-    r"([/?#][^\s\x00-\x1f\x7f]*)?$"
+# http(s), a host without userinfo (credentials never travel inside a URL): a name, or an IPv6
+# literal in brackets; an optional port in 0..65535, then anything printable. Precise enough
+# that every string it admits passes config.check_http_url, which the handler runs as well.
+_H16 = "[0-9A-Fa-f]{1,4}"
+_IPV6 = "|".join(
+    (
+        f"({_H16}:){{7}}{_H16}",
+        f"({_H16}:){{1,7}}:",
+        f"({_H16}:){{1,6}}:{_H16}",
+        f"({_H16}:){{1,5}}(:{_H16}){{1,2}}",
+        f"({_H16}:){{1,4}}(:{_H16}){{1,3}}",
+        f"({_H16}:){{1,3}}(:{_H16}){{1,4}}",
+        f"({_H16}:){{1,2}}(:{_H16}){{1,5}}",
+        f"{_H16}:(:{_H16}){{1,6}}",
+        f":((:{_H16}){{1,7}}|:)",
+    )
 )
+_PORT = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
+URL_PATTERN = rf"^https?://(\[({_IPV6})\]|[A-Za-z0-9._~-]+)(:{_PORT})?([/?#][^\s\x00-\x1f\x7f]*)?$"
 Url = Annotated[
     str,
     Meta(max_length=2048, pattern=URL_PATTERN, description="Absolute http(s) URL, no userinfo"),
@@ -47,7 +59,7 @@ Rate = Annotated[float, Meta(ge=0.0, le=1.0)]
 Items = Annotated[int, Meta(ge=1, le=1_000_000)]
 Bytes = Annotated[int, Meta(ge=1, le=1 << 40)]
 Concurrency = Annotated[int, Meta(ge=1, le=4096)]
-Timeout = Annotated[float, Meta(gt=0.0, le=86_400.0)]
+Timeout = Annotated[float, Meta(ge=0.001, le=86_400.0)]
 Price = Annotated[float, Meta(ge=0.0, le=1_000_000.0)]
 Gpus = Annotated[int, Meta(ge=1, le=4096)]
 VerdictKey = Annotated[str, Meta(pattern=r"^[a-z][a-z0-9_]{0,63}$")]

@@ -131,7 +131,7 @@ def test_insecure_refused_on_public_listener(host: str | None) -> None:
         ({"buffer_max_items": 0}, "buffer_max_items", ">= 1"),
         ({"buffer_max_bytes": -5}, "buffer_max_bytes", ">= 1"),
         ({"concurrency": 0}, "concurrency", ">= 1"),
-        ({"timeout_s": 0}, "timeout_s", "> 0.0"),
+        ({"timeout_s": 0}, "timeout_s", ">= 0.001"),
         ({"gpus": 1.5}, "gpus", "got `float`"),
         ({"price_per_hour_usd": -1}, "price_per_hour_usd", ">= 0.0"),
         ({"sampling": "sometimes"}, "sampling", "enum"),

@@ -1,6 +1,8 @@
-"""A real admin API for tests: storage on a real database, a real Registry, the `/admin`
-sub-app mounted on an aiohttp app listening on 127.0.0.1:0. Imported by the admin and CLI
-tests; holds no tests itself.
+"""A real admin API for tests, two ways: `admin_server` mounts the `/admin` sub-app on a bare
+aiohttp app over real storage and a real Registry (fast, any database, fake counters);
+`real_gateway` runs the whole gateway (`gateway.runtime.running`: proxy, mirror, writer,
+registry, built-in simulator as live) on 127.0.0.1:0 with a SQLite file. Imported by the admin
+and CLI tests; holds no tests itself.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,8 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from evaluators.settings import VerdictSettings
 from gateway.admin import AdminContext, build_admin_app
+from gateway.config import GatewayConfig
 from gateway.hooks import LiveTarget
 from gateway.registry import Registry
+from gateway.runtime import Components, running
 from storage.engine import make_engine, upgrade
 from storage.records import Endpoint
 from tests.fixtures_net import Served, start_app
@@ -45,6 +50,20 @@ class AdminServer:
     @property
     def admin(self) -> str:
         return self.served.url + "/admin"
+
+
+@contextlib.asynccontextmanager
+async def real_gateway(tmp_path: Path, **overrides: Any) -> AsyncIterator[Components]:
+    """The complete gateway, admin tokens `ci` and `ops`, simulator as the live endpoint."""
+    settings: dict[str, Any] = {
+        "listen": "127.0.0.1:0",
+        "db_url": f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
+        "admin_token": f"ci:{TOKEN},ops:{OPS_TOKEN}",
+        "registry_poll_interval_s": 3600.0,
+        **overrides,
+    }
+    async with running(GatewayConfig(**settings)) as parts:
+        yield parts
 
 
 def auth(token: str = TOKEN) -> dict[str, str]:

@@ -89,12 +89,27 @@ def call_admin(args: argparse.Namespace, action: Action) -> int:
     except AdminAPIError as exc:
         hint = f" (set {TOKEN_ENV})" if exc.status == 401 and token is None else ""
         print(f"{prog}: error: {exc}{hint}", file=sys.stderr)
+        for line in _detail_lines(exc):
+            print(line, file=sys.stderr)
         return 2 if exc.status < 500 else 1
     if isinstance(out, int):
         return out
     if out is not None:
         print(out)
     return 0
+
+
+def _detail_lines(exc: Any) -> list[str]:
+    """A refused promote's reasons, one per line (the verdict line is already in the message)."""
+    detail = exc.error.detail if exc.error is not None else None
+    if not detail or not isinstance(detail.get("reasons"), list):
+        return []
+    lines = [
+        f"  {r.get('metric', '?'):<14}{r.get('status', ''):<14}{r.get('reason', '')}"
+        for r in detail["reasons"]
+        if isinstance(r, dict) and r.get("metric") != "verdict"
+    ]
+    return [*lines, "use --force to promote anyway (the audit log records it)"]
 
 
 def dump_json(obj: object) -> str:

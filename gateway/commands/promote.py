@@ -19,13 +19,20 @@ if TYPE_CHECKING:
 
 def _text(result: PromotionResult) -> str:
     p = result.promotion
-    was = f" (was {p.from_endpoint})" if p.from_endpoint else ""
-    how = "forced past verdict" if p.forced else "verdict"
-    return (
-        f"{p.action}: {p.to_endpoint} is now live{was}\n"
-        f"{how} {p.verdict or 'none'}; by {p.actor}; audit #{p.id}"
-        + (f"\nreason: {p.reason}" if p.reason else "")
-    )
+    if p.action == "promote":
+        lines = [f"promoted {p.to_endpoint}: it is now the live endpoint"]
+        if p.from_endpoint:
+            lines.append(f"{p.from_endpoint} is retired (`canary rollback` restores it)")
+        forced = " (forced)" if p.forced else ""
+        lines.append(f"verdict {p.verdict or 'unavailable'}{forced}; by {p.actor}; audit #{p.id}")
+    else:
+        lines = [f"rolled back: {p.to_endpoint} is the live endpoint again"]
+        if p.from_endpoint:
+            lines.append(f"{p.from_endpoint} is retired")
+        lines.append(f"by {p.actor}; audit #{p.id}")
+    if p.reason:
+        lines.append(f"reason: {p.reason}")
+    return "\n".join(lines)
 
 
 async def _promote(c: AdminClient, args: argparse.Namespace) -> str:
