@@ -246,7 +246,10 @@ def vllm_version(root: Path) -> str:
 async def start_engines(
     procs: Processes, engines: list[Engine], root: Path, workdir: Path, args: argparse.Namespace
 ) -> None:
-    binds = [b.strip() or None for b in args.bind.split(",")] if args.bind else []
+    bind_spec = args.bind
+    if bind_spec is None:
+        bind_spec = "0,1,1" if (os.cpu_count() or 1) >= 2 else "auto"
+    binds = [b.strip() or None for b in bind_spec.split(",")]
     for i, engine in enumerate(engines):
         bind = binds[i] if i < len(binds) else None
         engine.proc = procs.start(
@@ -626,6 +629,45 @@ def run_report(db_url: str, name: str, out_dir: Path) -> dict[str, Any]:
     return result
 
 
+async def stored_by_turn(db_url: str, name: str) -> dict[str, dict[int, dict[str, Any]]] | None:
+    """Per-turn medians of what the gateway stored, per arm, from its own pair loader."""
+    try:
+        import numpy as np
+
+        from evaluators.pairs import load_pairs
+        from storage.engine import make_engine
+    except ImportError as exc:
+        log(f"cannot load the stored pairs ({exc}); per-turn table from the report only")
+        return None
+    engine = make_engine(db_url)
+    try:
+        ps = await load_pairs(engine, name)
+    finally:
+        await engine.dispose()
+    n = ps.n
+    turn = ps.turn[:n].astype(int) + 1
+    tables: dict[str, dict[int, dict[str, Any]]] = {}
+    for arm in ("production", "candidate"):
+        cols = ps.arm(arm)
+        ok = cols.present[:n] & cols.ok[:n]
+        tables[arm] = {}
+        for t in sorted(set(turn.tolist())):
+            use = ok & (turn == t) & np.isfinite(cols.ttft[:n])
+            ttft_ms = (cols.ttft[:n][use] * 1000).tolist()
+            prompt = cols.prompt_tokens[:n][use]
+            cached = cols.cached_tokens[:n][use]
+            tables[arm][t] = {
+                "n": len(ttft_ms),
+                "ttft_ms_median": statistics.median(ttft_ms) if ttft_ms else None,
+                "ttft_ms_p90": pct(ttft_ms, 0.9) if ttft_ms else None,
+                "prompt_tokens_mean": float(np.nanmean(prompt)) if np.isfinite(prompt).any()
+                else None,
+                "cached_tokens_mean": float(np.nanmean(cached)) if np.isfinite(cached).any()
+                else None,
+            }  # fmt: skip
+    return tables
+
+
 def find_keys(obj: Any, pred: Any, path: str = "") -> Iterator[tuple[str, Any]]:
     """Walk a JSON document; yield (path, value) for every key matching `pred`."""
     if isinstance(obj, dict):
@@ -723,19 +765,30 @@ async def gateway_phase(
         copies=copies,
         results=[asdict(r) for r in results],
     )
+    stored = await stored_by_turn(db_url, CANDIDATE)
+    summary["gateway"]["stored_by_turn"] = stored
     report = await asyncio.to_thread(run_report, db_url, CANDIDATE, out_dir)
     summary["report"] = {k: v for k, v in report.items() if k != "text"}
     doc = report.get("json")
     if isinstance(doc, dict):
-        verdicts = list(find_keys(doc, lambda k: k.lower() in ("verdict", "decision")))
-        summary["verdict"] = next(
-            (v for _, v in verdicts if isinstance(v, str)),
-            verdicts[0][1] if verdicts else None,
+        summary["verdict"] = doc.get("verdict")
+        summary["reasons"] = doc.get("reasons")
+        summary["ttft_by_turn"] = doc.get("ttft_by_turn")
+    if stored:
+        print_turn_table(
+            "Stored by the gateway (TTFT ms as the gateway measured it; tokens are means):",
+            {"production(live)": stored["production"], "bi-kv": stored["candidate"]},
         )
     print_turn_table(
-        "Through the gateway, client-side TTFT of production (ms):",
-        {"live": summary["gateway"]["client_by_turn"]},
+        "Client-side, through the gateway (production's answers; ms):",
+        {"client": summary["gateway"]["client_by_turn"]},
     )
+    for name, side in engine_side.items():
+        print(
+            f"{name} engine over the run: {side['requests']:.0f} requests, prefix-cache hits "
+            f"{side['prefix_cache_hits_tokens']:.0f} of {side['prefix_cache_queries_tokens']:.0f} "
+            "prompt tokens"
+        )
 
 
 # --------------------------------------------------------------------------- main
@@ -865,9 +918,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kv-cache-mib", type=int, default=256, help="KV cache per engine (MiB)")
     ap.add_argument(
         "--bind",
-        default="",
-        help="VLLM_CPU_OMP_THREADS_BIND per engine, comma-separated in the order "
-        "live,bi-kv[,control] (e.g. '0,1'); empty: vLLM's default",
+        default=None,
+        help="VLLM_CPU_OMP_THREADS_BIND per engine (the cores its model runs on), comma-"
+        "separated in the order live,bi-kv[,control]; default with 2+ cores: '0,1,1' (live on "
+        "core 0, the mirrored arms on core 1, so a production request and its mirrored copy "
+        "do not queue behind each other); 'auto': vLLM's own choice (all on one core)",
     )
     ap.add_argument(
         "--enforce-eager",
