@@ -35,6 +35,7 @@ from gateway.upstream import (
     Watchdog,
     open_response,
     read_chunk,
+    request_body,
 )
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus those a proxy sets itself (Host, Content-Length,
@@ -289,7 +290,7 @@ class Proxy:
                 request.method,
                 self._url(request.raw_path),
                 headers=headers,
-                data=body or None,
+                data=request_body(body),
                 watchdog=wd,
             )
             status = upstream.status

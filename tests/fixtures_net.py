@@ -64,6 +64,7 @@ class Served:
 async def start_app(app: web.Application, **runner_kwargs: Any) -> Served:
     """Start `app` on 127.0.0.1:0 (no access log unless asked) and return its handle."""
     runner_kwargs.setdefault("access_log", None)
+    runner_kwargs.setdefault("shutdown_timeout", 1.0)
     runner = web.AppRunner(app, **runner_kwargs)
     await runner.setup()
     try:

@@ -87,7 +87,7 @@ async def test_sse_chunk_sequence_is_preserved(
     http: aiohttp.ClientSession,
 ) -> None:
     """Paced SSE events reach the client one by one, byte for byte, as the upstream sent them."""
-    up = await serve(scripted_app())
+    up = await serve(scripted_app(), handler_cancellation=True)
     gw = await gateway(up.url)
     direct = await fetch(http, "POST", up.url + "/sse?gap=0.05", data=b"{}")
     proxied = await fetch(http, "POST", gw.url + "/sse?gap=0.05", data=b"{}")
@@ -102,7 +102,7 @@ async def test_sse_events_are_not_buffered(
     http: aiohttp.ClientSession,
 ) -> None:
     """The first event arrives long before the upstream has finished the stream."""
-    up = await serve(scripted_app())
+    up = await serve(scripted_app(), handler_cancellation=True)
     gw = await gateway(up.url)
     loop = asyncio.get_running_loop()
     async with http.post(gw.url + "/sse?gap=0.3", data=b"{}") as resp:
@@ -122,7 +122,7 @@ async def test_plain_json_keeps_content_length_and_bytes(
     http: aiohttp.ClientSession,
 ) -> None:
     """A Content-Length answer stays a Content-Length answer with identical bytes."""
-    up = await serve(scripted_app())
+    up = await serve(scripted_app(), handler_cancellation=True)
     gw = await gateway(up.url)
     async with http.post(gw.url + "/json", data=b"{}") as resp:
         assert resp.headers["Content-Length"] == str(len(JSON_BODY))
@@ -136,7 +136,7 @@ async def test_compressed_body_passes_untouched(
     gateway: Callable[..., Awaitable[Any]],
 ) -> None:
     """A gzip answer is forwarded compressed, with its Content-Encoding, not decoded."""
-    up = await serve(scripted_app())
+    up = await serve(scripted_app(), handler_cancellation=True)
     gw = await gateway(up.url)
     async with (
         aiohttp.ClientSession(auto_decompress=False) as raw,
@@ -152,7 +152,7 @@ async def test_head_request(
     http: aiohttp.ClientSession,
 ) -> None:
     """HEAD is forwarded and answered with the upstream's headers and no body."""
-    up = await serve(scripted_app())
+    up = await serve(scripted_app(), handler_cancellation=True)
     gw = await gateway(up.url)
     direct = await fetch(http, "HEAD", up.url + "/json")
     proxied = await fetch(http, "HEAD", gw.url + "/json")
@@ -166,7 +166,7 @@ async def test_methods_paths_and_query_strings_are_forwarded(
     http: aiohttp.ClientSession,
 ) -> None:
     """Every method reaches the upstream with its raw path and query string unchanged."""
-    up = await serve(scripted_app())
+    up = await serve(scripted_app(), handler_cancellation=True)
     gw = await gateway(up.url)
     for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
         path = "/echo/a%2Fb/c?q=1&q=2&sp=%20x&empty="
