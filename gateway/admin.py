@@ -165,7 +165,10 @@ async def _evaluate(ctx: AdminContext, ep: Endpoint) -> Report:
 
     settings = ctx.verdict_settings.with_overrides(ep.verdict_overrides)
     async with ctx.report_slots:
-        return await evaluate(ctx.engine, ep.name, since=None, settings=settings)
+        try:
+            return await evaluate(ctx.engine, ep.name, since=None, settings=settings)
+        except LookupError as exc:  # removed while we were evaluating it
+            raise se.EndpointNotFound(ep.name) from exc
 
 
 def _report_json(report: Report) -> bytes:
@@ -258,8 +261,14 @@ async def status(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     snap = ctx.registry.snapshot
     counters = ctx.counters()
-    last = await q.list_promotions(ctx.engine, 1)
+    try:
+        await q.registry_version(ctx.engine)
+        last = await q.list_promotions(ctx.engine, 1)
+        storage_ok = True
+    except se.StorageError:  # status must answer during an outage: it says so instead
+        last, storage_ok = [], False
     body = s.StatusView(
+        storage_ok=storage_ok,
         registry_version=snap.version,
         live=s.view(snap.live),
         candidates=[s.detail(ep, counters.get(ep.name, {})) for ep in snap.candidates],

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway import admin_schema as s
 from storage import errors as se
+from storage.sql import is_transient
 
 log = logging.getLogger("canary.admin")
 
@@ -75,8 +76,10 @@ def map_exception(exc: Exception) -> ApiError:
         return ApiError(409, "conflict", str(exc), detail={"reason": exc.reason})
     if isinstance(exc, se.SchemaBehind):
         return ApiError(503, "storage_unavailable", str(exc))
-    if isinstance(exc, se.StorageUnavailable | OSError):
-        log.warning("admin: storage unavailable: %s", exc)
+    # Bodies are validated before storage sees them, so what storage still refuses is the
+    # database's state (down, read-only, full, refusing connections), not the request: 503.
+    if isinstance(exc, se.StorageError) or is_transient(exc):  # is_transient: evaluators' reads
+        log.warning("admin: storage failed: %s", exc)
         return ApiError(503, "storage_unavailable", "storage is unavailable, retry later")
     log.exception("admin: unexpected error")
     return ApiError(500, "internal_error", "internal error (see the gateway log)")

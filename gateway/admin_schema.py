@@ -254,8 +254,10 @@ class PromotionResult(msgspec.Struct, kw_only=True):
 
 
 class StatusView(msgspec.Struct, kw_only=True):
-    """`GET /admin/status`: this replica's view of the registry, mirror and writer."""
+    """`GET /admin/status`: this replica's view of the registry, mirror and writer. It answers
+    during a storage outage too, from the last loaded registry, with `storage_ok` false."""
 
+    storage_ok: bool
     registry_version: int
     live: EndpointView
     candidates: list[CandidateDetail]

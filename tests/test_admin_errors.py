@@ -13,6 +13,7 @@ import pytest
 from evaluators.settings import VerdictSettings
 from gateway.admin import AdminContext, build_admin_app
 from gateway.errors import ConfigError
+from tests.fixtures_db import Outage
 from tests.test_admin_harness import LIVE, OPS_TOKEN, TOKEN, admin_server, auth, call
 
 BODY = {"name": "int8", "url": "http://127.0.0.1:9001/"}
@@ -264,3 +265,19 @@ async def test_secrets_never_returned_or_logged(
     assert '"credentials_env":"INT8_API_KEY"' in seen[3]
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert secret not in logged and TOKEN not in logged
+
+
+async def test_storage_outage(db_url: str, db_outage: Outage) -> None:
+    """While the database refuses service, changes are 503 in the error shape (never a false
+    2xx) and `/status` still answers from the loaded registry; afterwards all works again."""
+    async with admin_server(db_url) as srv, aiohttp.ClientSession() as http:
+        async with db_outage(db_url, reads=True):
+            status, body = await call(http, "POST", srv.admin + "/candidates", json=BODY)
+            assert status == 503
+            assert_error(body, 503, "storage_unavailable")
+            status, body = await call(http, "GET", srv.admin + "/status")
+            assert status == 200
+            assert body["storage_ok"] is False and body["live"]["name"] == LIVE.name
+        assert (await call(http, "POST", srv.admin + "/candidates", json=BODY))[0] == 201
+        _, body = await call(http, "GET", srv.admin + "/status")
+        assert body["storage_ok"] is True
