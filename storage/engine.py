@@ -12,6 +12,7 @@ fixes it; only an empty SQLite file is upgraded implicitly. Nothing here logs or
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -89,7 +90,7 @@ def _sqlite_engine(db_url: str, busy_timeout_ms: int) -> AsyncEngine:
         try:
             cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             if not in_memory:
-                cur.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(cur, busy_timeout_ms / 1000)
                 # WAL + NORMAL: durable across application crashes, fsync at checkpoints only.
                 cur.execute("PRAGMA synchronous = NORMAL")
             cur.execute("PRAGMA foreign_keys = ON")
@@ -102,6 +103,24 @@ def _sqlite_engine(db_url: str, busy_timeout_ms: int) -> AsyncEngine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _enable_wal(cur: Any, budget_s: float) -> None:
+    """Switch the file to WAL (persistent, so only a new file really switches). SQLite answers
+    "locked" at once, without its busy handler, when several connections race to switch a new
+    file; retry briefly. The sleep blocks, but only in that race, at first start."""
+    cur.execute("PRAGMA journal_mode")
+    if str(cur.fetchone()[0]).lower() == "wal":
+        return
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except Exception as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 @contextlib.asynccontextmanager
