@@ -194,7 +194,9 @@ async def gate(request: web.Request) -> web.Response:
 
 async def _promotion_result(ctx: AdminContext, rec: PromotionRecord) -> web.Response:
     await _refresh(ctx)
-    live = await q.get_endpoint(ctx.engine, rec.to_endpoint)
+    live = ctx.registry.snapshot.live  # committed; a storage blip now must not turn it into 503
+    if live.name != rec.to_endpoint:  # the refresh failed or another change already landed
+        live = await q.get_endpoint(ctx.engine, rec.to_endpoint)
     return json_response(s.PromotionResult(promotion=s.promotion_view(rec), live=s.view(live)))
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.test_admin_harness import LIVE, admin_server, call
+from tests.test_admin_harness import LIVE, admin_server, auth, call
 
 BODY = {"name": "int8", "url": "http://127.0.0.1:9001/", "kind": "quantized"}
 
@@ -27,7 +27,9 @@ async def test_create_get_list(tmp_path: Path) -> None:
             "buffer_bytes": 2048,
             "custom_extra": 1,
         }
-        status, body = await call(http, "POST", srv.admin + "/candidates", json=BODY)
+        async with http.post(srv.admin + "/candidates", json=BODY, headers=auth()) as resp:
+            status, body = resp.status, await resp.json()
+            assert resp.headers["Location"] == "/admin/candidates/int8"
         assert status == 201
         assert body["name"] == "int8" and body["role"] == "candidate"
         assert body["sample_rate"] == 0.1 and body["buffer_max_items"] == 1024
