@@ -4,6 +4,7 @@ shape, and secrets never echoed, returned or logged."""
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from evaluators.settings import VerdictSettings
 from gateway.admin import AdminContext, build_admin_app
+from gateway.admin_auth import is_loopback
 from gateway.errors import ConfigError
 from tests.fixtures_db import Outage
 from tests.test_admin_harness import LIVE, OPS_TOKEN, TOKEN, admin_server, auth, call
@@ -281,3 +283,54 @@ async def test_storage_outage(db_url: str, db_outage: Outage) -> None:
         assert (await call(http, "POST", srv.admin + "/candidates", json=BODY))[0] == 201
         _, body = await call(http, "GET", srv.admin + "/status")
         assert body["storage_ok"] is True
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("::ffff:127.0.0.1", True),
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.0.2.7", False),
+        ("::ffff:192.0.2.7", False),
+        ("localhost.example", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_loopback_detection(host: str | None, loopback: bool) -> None:
+    """What counts as a loopback listener or peer for --insecure-admin."""
+    assert is_loopback(host) is loopback
+
+
+def _outward_ipv4() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
+        except OSError:
+            return None
+        addr: str = probe.getsockname()[0]
+    return None if is_loopback(addr) else addr
+
+
+async def test_insecure_refuses_non_loopback_peers(tmp_path: Path) -> None:
+    """Even if an insecure admin API were reachable from outside, a non-loopback peer gets 404."""
+    addr = _outward_ipv4()
+    if addr is None:
+        pytest.skip("this host has no non-loopback IPv4 address to connect from")
+    async with (
+        admin_server(sqlite_url(tmp_path), tokens={}, insecure=True, bind="0.0.0.0") as srv,
+        aiohttp.ClientSession() as http,
+    ):
+        outside = f"http://{addr}:{srv.served.port}/admin/candidates"
+        status, body = await call(http, "GET", outside, headers={})
+        assert status == 404
+        assert_error(body, 404, "not_found")
+        inside = f"http://127.0.0.1:{srv.served.port}/admin/candidates"
+        assert (await call(http, "GET", inside, headers={}))[0] == 200

@@ -52,6 +52,13 @@ class AdminServer:
         return self.served.url + "/admin"
 
 
+async def _start_on(app: web.Application, host: str) -> Served:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, 0).start()
+    return Served(runner)
+
+
 @contextlib.asynccontextmanager
 async def real_gateway(tmp_path: Path, **overrides: Any) -> AsyncIterator[Components]:
     """The complete gateway, admin tokens `ci` and `ops`, simulator as the live endpoint."""
@@ -77,6 +84,7 @@ async def admin_server(
     tokens: Mapping[str, str] | None = None,
     insecure: bool = False,
     listen_host: str = "127.0.0.1",
+    bind: str = "127.0.0.1",
 ) -> AsyncIterator[AdminServer]:
     """Migrate `db_url` (idempotent), seed the live endpoint, start the admin API."""
     await upgrade(db_url)
@@ -98,7 +106,7 @@ async def admin_server(
         )
         app = web.Application()
         app.add_subapp("/admin", build_admin_app(ctx))
-        served = await start_app(app)
+        served = await start_app(app) if bind == "127.0.0.1" else await _start_on(app, bind)
         server = AdminServer(served, engine, registry, counters, writer)
         try:
             yield server
