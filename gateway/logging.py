@@ -70,3 +70,5 @@ def setup_logging(
     root.setLevel(level.upper())
     # aiohttp's access log is off (no access_log on the runner); keep its other loggers quiet.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # Alembic narrates every plugin and revision at INFO; the gateway logs the outcome itself.
+    logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -232,3 +233,32 @@ async def running(config: GatewayConfig) -> AsyncIterator[Components]:
         )
         stack.push_async_callback(parts.gateway.close)
         yield parts
+
+
+async def serve_until_stopped(config: GatewayConfig, *, stop: asyncio.Event | None = None) -> None:
+    """What each `canary serve` process runs: the complete gateway until SIGTERM/SIGINT."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with running(config) as parts:
+            log.info(
+                "canary-gateway listening",
+                extra={
+                    "fields": {
+                        "url": parts.url,
+                        "live_url": parts.live.endpoint.url,
+                        "db": masked(config.db_url),
+                        "candidates": [c.name for c in parts.registry.snapshot.candidates],
+                        "replica": parts.replica,
+                        "pid": os.getpid(),
+                        "loop": type(loop).__module__,
+                    }
+                },
+            )
+            await stop.wait()
+            log.info("shutting down", extra={"fields": {"pid": os.getpid()}})
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -49,19 +49,19 @@ def run_loop(main: Coroutine[Any, Any, None]) -> None:
 def serve_forever(config: GatewayConfig) -> int:
     """Run `canary serve` with this config until SIGTERM/SIGINT; returns the exit code."""
     if config.workers == 1:
-        from gateway.app import run_gateway
+        from gateway.runtime import serve_until_stopped
 
-        run_loop(run_gateway(config))
+        run_loop(serve_until_stopped(config))
         return 0
     return _supervise(config)
 
 
 def _worker_main(config: GatewayConfig, index: int) -> None:
-    from gateway.app import run_gateway
     from gateway.logging import setup_logging
+    from gateway.runtime import serve_until_stopped
 
     setup_logging(config.log_format, config.log_level)
-    run_loop(run_gateway(config))
+    run_loop(serve_until_stopped(config))
 
 
 def _sim_main(conn: multiprocessing.connection.Connection) -> None:
