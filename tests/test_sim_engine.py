@@ -263,6 +263,13 @@ def test_session_kv_makes_later_turns_prefill_only_new_tokens() -> None:
     assert results["baseline"][2] == 0
 
 
+def test_session_kv_never_holds_a_prompt_longer_than_the_model_accepts() -> None:
+    """A prompt over max_model_len (which the server rejects) is not kept as session KV."""
+    engine = Engine(get_profile("bi-kv", max_model_len=64))
+    engine.plan(render_chat([("user", "word " * 100)]), session="big")
+    assert len(engine.sessions) == 0
+
+
 def test_prefix_cache_profile_reports_block_aligned_hits_and_recomputes_the_last_token() -> None:
     """A repeated prompt hits whole blocks, never the full prompt (the last token is computed)."""
     engine = Engine(get_profile("baseline", prefix_cache_blocks=64))

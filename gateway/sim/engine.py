@@ -397,7 +397,8 @@ class Engine:
             self.prefix_cache.insert(hashes)
         if self.profile.session_kv and plan.session is not None:
             cached = max(cached, self.sessions.match(plan.session, ids))
-            self.sessions.store(plan.session, list(ids))
+            if len(ids) <= self.profile.max_model_len:  # the server rejects longer prompts
+                self.sessions.store(plan.session, list(ids))
         # Like vLLM, the last prompt token is always computed to produce the first output.
         return max(0, min(cached, len(ids) - 1))
 
