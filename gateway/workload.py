@@ -59,7 +59,7 @@ class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
     system_prompt_words: int = 600
     user_words: int = 40
     tool_result_words: int = 160
-    tools_every: int = 2  # offer tools on every n-th turn (0: never)
+    tools_every: int = 1  # offer tools on every n-th turn (0: never); agents send them always
     json_every: int = 0  # ask for a JSON object on every n-th turn (0: never)
     temperature: float = 0.0
     stream: bool = True

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--sessions", type=int, default=64, help="conversations (default 64)")
+    parser.add_argument("--sessions", type=int, default=100, help="conversations (default 100)")
     parser.add_argument("--turns", type=int, default=6, help="turns per conversation (default 6)")
     parser.add_argument(
         "--concurrency", type=int, default=16, help="conversations in flight (default 16)"
