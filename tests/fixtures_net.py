@@ -1,7 +1,7 @@
 """Shared network fixtures: real servers on 127.0.0.1:0 and both event loops.
 
-- `both_loops` marker: an async test (or a module with `pytestmark = pytest.mark.both_loops`)
-  runs once on asyncio's default loop and once on uvloop (when installed).
+- `both_loops_policy`: assigned as `event_loop_policy` in a test module (with
+  `pytestmark = BOTH_LOOPS`), runs its async tests on asyncio's default loop and on uvloop.
 - `serve`: starts an aiohttp `web.Application` on 127.0.0.1:0 and returns a `Served` handle with
   its `url`; every server is closed at teardown.
 - `http`: a plain `aiohttp.ClientSession` closed at teardown.
@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -23,25 +23,25 @@ try:
 except ImportError:  # pragma: no cover - uvloop is optional at run time
     uvloop = None
 
-LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop
+POLICIES: dict[str, Callable[[], asyncio.AbstractEventLoopPolicy]] = {
+    "asyncio": asyncio.DefaultEventLoopPolicy
 }
 if uvloop is not None:
-    LOOP_FACTORIES["uvloop"] = uvloop.new_event_loop
+    POLICIES["uvloop"] = uvloop.EventLoopPolicy
+
+# pytest-asyncio deprecates overriding `event_loop_policy` in favour of a global loop-factory
+# hook; that hook re-parametrizes every async test in the suite (and breaks module-scoped async
+# fixtures elsewhere), so the opt-in, per-module override stays, with its warning silenced here.
+BOTH_LOOPS = pytest.mark.filterwarnings(
+    'ignore:Overriding the "event_loop_policy" fixture:pytest.PytestDeprecationWarning'
+)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "both_loops: run the async test on asyncio's default loop and on uvloop"
-    )
-
-
-def pytest_asyncio_loop_factories(
-    config: pytest.Config, item: pytest.Item
-) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    if item.get_closest_marker("both_loops") is not None:
-        return LOOP_FACTORIES
-    return {"asyncio": asyncio.new_event_loop}
+@pytest.fixture(scope="module", params=list(POLICIES))
+def both_loops_policy(request: pytest.FixtureRequest) -> asyncio.AbstractEventLoopPolicy:
+    """Opt-in in a test module with `event_loop_policy = fixtures_net.both_loops_policy` and
+    `pytestmark = fixtures_net.BOTH_LOOPS`: its async tests run on asyncio's loop and on uvloop."""
+    return POLICIES[request.param]()
 
 
 class Served:

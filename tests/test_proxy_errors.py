@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from gateway.sim.server import start_sim
+from tests import fixtures_net
 from tests.upstreams import (
     SSE_EVENTS,
     STATE,
@@ -20,7 +21,8 @@ from tests.upstreams import (
     scripted_app,
 )
 
-pytestmark = pytest.mark.both_loops
+pytestmark = fixtures_net.BOTH_LOOPS
+event_loop_policy = fixtures_net.both_loops_policy
 
 
 def assert_openai_error(body: bytes, code: str) -> None:

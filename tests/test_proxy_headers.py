@@ -7,11 +7,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-import pytest
 
+from tests import fixtures_net
 from tests.upstreams import decode, raw_upstream, scripted_app
 
-pytestmark = pytest.mark.both_loops
+pytestmark = fixtures_net.BOTH_LOOPS
+event_loop_policy = fixtures_net.both_loops_policy
 
 
 def header_map(seen: dict[str, Any]) -> dict[str, list[str]]:

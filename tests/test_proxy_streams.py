@@ -17,9 +17,11 @@ from multidict import CIMultiDictProxy
 from gateway.meter import MeterResult
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim
+from tests import fixtures_net
 from tests.upstreams import STATE, decode, free_port, scripted_app
 
-pytestmark = pytest.mark.both_loops
+pytestmark = fixtures_net.BOTH_LOOPS
+event_loop_policy = fixtures_net.both_loops_policy
 
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "Tell me a long story"}]}
 

@@ -12,9 +12,11 @@ import openai
 import pytest
 
 from gateway.sim.server import start_sim
+from tests import fixtures_net
 from tests.upstreams import GZIP_BODY, JSON_BODY, SSE_EVENTS, decode, scripted_app
 
-pytestmark = pytest.mark.both_loops
+pytestmark = fixtures_net.BOTH_LOOPS
+event_loop_policy = fixtures_net.both_loops_policy
 
 # Headers that legitimately differ between two answers or hops.
 VOLATILE = {"date", "x-request-id", "transfer-encoding", "connection", "keep-alive"}
@@ -201,3 +203,10 @@ async def test_openai_sdk_streaming_and_not(gateway: Callable[..., Awaitable[Any
                 assert [m.id for m in models.data] == ["sim-model"]
     assert results["gateway"] == results["direct"]
     assert results["gateway"][0]
+
+
+async def test_runs_on_the_parametrized_loop(event_loop_policy: Any) -> None:
+    """This module really runs on both loops: the running loop comes from the policy's module."""
+    loop_pkg = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    policy_pkg = type(event_loop_policy).__module__.split(".")[0]
+    assert loop_pkg == policy_pkg

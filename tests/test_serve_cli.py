@@ -81,7 +81,7 @@ async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, str]:
     )
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:
-        for _ in range(300):
+        for _ in range(1200):  # up to 60 s: spawning workers on a loaded 2-core machine
             try:
                 async with http.get(url + "/readyz") as resp:
                     if resp.status == 200:
@@ -90,8 +90,10 @@ async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, str]:
                 pass
             await asyncio.sleep(0.05)
     proc.kill()
+    assert proc.stderr is not None
+    err = await proc.stderr.read()
     await proc.wait()
-    raise AssertionError("canary serve did not become ready")
+    raise AssertionError(f"canary serve did not become ready: {err.decode()[-2000:]}")
 
 
 async def stop(proc: asyncio.subprocess.Process) -> tuple[int, str]:
