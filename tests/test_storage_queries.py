@@ -3,6 +3,9 @@ the mirror counters."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -157,6 +160,7 @@ async def test_unreachable_database_raises_storage_unavailable() -> None:
     """A database that cannot be reached surfaces as StorageUnavailable, not a driver error."""
     from storage.engine import make_engine
 
+    threads = threading.active_count()
     for url in (
         "postgresql+asyncpg://postgres@127.0.0.1:1/none",
         "sqlite+aiosqlite:////nonexistent-dir/x.db",
@@ -167,3 +171,9 @@ async def test_unreachable_database_raises_storage_unavailable() -> None:
                 await queries.registry_version(engine)
         finally:
             await engine.dispose()
+    # aiosqlite stops the worker thread of a failed connect without awaiting it; let it finish
+    # on this loop, or it completes a future on a closed loop after the test.
+    for _ in range(500):
+        if threading.active_count() <= threads:
+            break
+        await asyncio.sleep(0.01)
