@@ -64,7 +64,7 @@ def test_bad_workers_value_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "workers" in err
 
 
-async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, str]:
+async def start_serve(tmp: Path, *args: str) -> tuple[asyncio.subprocess.Process, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
     proc = await asyncio.create_subprocess_exec(
@@ -74,6 +74,8 @@ async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, str]:
         "serve",
         "--listen",
         f"127.0.0.1:{port}",
+        "--db",
+        f"sqlite+aiosqlite:///{tmp / 'canary.db'}",
         *args,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
@@ -103,9 +105,9 @@ async def stop(proc: asyncio.subprocess.Process) -> tuple[int, str]:
     return await asyncio.wait_for(proc.wait(), 30), err.decode()
 
 
-async def test_serve_with_builtin_simulator_and_json_logs() -> None:
+async def test_serve_with_builtin_simulator_and_json_logs(tmp_path: Path) -> None:
     """Without --live, serve proxies to a built-in simulator, logs JSON and exits 0 on SIGTERM."""
-    proc, url = await start_serve("--log-format", "json")
+    proc, url = await start_serve(tmp_path, "--log-format", "json")
     try:
         async with aiohttp.ClientSession() as http:
             payload = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -126,16 +128,17 @@ async def test_serve_with_builtin_simulator_and_json_logs() -> None:
     assert "canary-gateway listening" in messages and "shutting down" in messages
 
 
-async def test_two_workers_share_the_port_and_stop_together() -> None:
+async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
     """--workers 2 runs two processes on one port; SIGTERM to the parent stops them all."""
-    proc, url = await start_serve("--workers", "2")
+    proc, url = await start_serve(tmp_path, "--workers", "2")
     pids: set[int] = set()
     try:
-        for _ in range(200):
+        for _ in range(3000):  # workers come up one after the other; up to ~30 s
             async with aiohttp.ClientSession() as http, http.get(url + "/healthz") as resp:
                 pids.add((await resp.json())["pid"])
             if len(pids) == 2:
                 break
+            await asyncio.sleep(0.01)
     finally:
         code, err = await stop(proc)
     assert len(pids) == 2, err
