@@ -2,8 +2,12 @@
 
 One builder serves both sources: `evaluators.pairs` feeds it database rows batch by batch, and
 `pairset_from_pairs` feeds it `Pair` Structs (tests, simulations). Columns are preallocated and
-grown by doubling, so loading costs a few numpy conversions per batch, not an object per pair.
-Text is looked at here and nowhere else: it is reduced to per-pair features and then dropped.
+grown by doubling; each batch costs a few vectorized conversions, and Python-level work only
+for the few rows whose texts must be compared. Text is looked at here and nowhere else: it is
+reduced to per-pair features and dropped.
+
+Row layout: PAIR_FIELDS, then ARM_FIELDS for each of ARMS, then MATCH_FIELDS (whether the
+candidate's / control's output hash equals production's: 1, 0, or None when unknown).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from evaluators import text as textfn
 from evaluators.types import (
@@ -35,6 +40,7 @@ PAIR_FIELDS = (
     "json_requested",
     "tools_requested",
     "model",
+    "sampled",  # in the text-similarity sample (see `sample_suffixes`)
 )
 ARM_FIELDS = (
     "status",
@@ -51,19 +57,37 @@ ARM_FIELDS = (
     "prompt_tokens",
     "cached_tokens",
     "finish_reason",
-    "output_hash",
     "output_text",
     "text_truncated",
     "tool_calls",
 )
 ARMS = ("production", "candidate", "control")
-ROW_WIDTH = len(PAIR_FIELDS) + len(ARMS) * len(ARM_FIELDS)
+MATCH_FIELDS = ("candidate_match", "control_match")
+ROW_WIDTH = len(PAIR_FIELDS) + len(ARMS) * len(ARM_FIELDS) + len(MATCH_FIELDS)
+# Exchange ids end in random hex (UUIDv7): the similarity sample is the exchanges whose last two
+# characters are among the first k of these, k = ceil(256 × fraction).
+_SUFFIXES = tuple(f"{i:02x}" for i in range(256))
 
-_ERROR_INDEX = {name: i for i, name in enumerate(ERROR_KINDS)}
-_ERROR_INDEX.update({"http_other": _ERROR_INDEX["other"], "client_error": _ERROR_INDEX["other"]})
-_FINISH_INDEX = {name: i for i, name in enumerate(FINISH_REASONS)}
-_OTHER_ERROR = _ERROR_INDEX["other"]
-_OTHER_FINISH = _FINISH_INDEX["other"]
+B = NDArray[np.bool_]
+
+
+class _Codes(dict[Any, int]):
+    """A str -> code map that answers `default` for any other value (and -1 for None)."""
+
+    def __init__(self, names: Sequence[str], default: int, extra: dict[str, int]) -> None:
+        super().__init__({name: i for i, name in enumerate(names)} | extra | {None: -1})
+        self.default = default
+
+    def __missing__(self, key: object) -> int:
+        return self.default
+
+
+_OTHER_ERROR = ERROR_KINDS.index("other")
+_ERRORS = _Codes(
+    ERROR_KINDS, _OTHER_ERROR, {"http_other": _OTHER_ERROR, "client_error": _OTHER_ERROR}
+)
+_FINISH = _Codes(FINISH_REASONS, FINISH_REASONS.index("other"), {})
+_HTTP_4XX, _HTTP_5XX = ERROR_KINDS.index("http_4xx"), ERROR_KINDS.index("http_5xx")
 _FLOAT_COLUMNS = (
     ("queue_wait_s", "queue_wait"),
     ("ttft_s", "ttft"),
@@ -77,16 +101,20 @@ _FLOAT_COLUMNS = (
 )
 
 
-def _error_code(kind: str | None, status: int) -> int:
-    if kind is not None:
-        return _ERROR_INDEX.get(kind, _OTHER_ERROR)
-    if 200 <= status < 300:
-        return 0
-    if 400 <= status < 500:
-        return _ERROR_INDEX["http_4xx"]
-    if status >= 500:
-        return _ERROR_INDEX["http_5xx"]
-    return _OTHER_ERROR
+def sample_suffixes(fraction: float) -> tuple[str, ...] | None:
+    """Id suffixes selecting about `fraction` of exchanges for text similarity (None: all)."""
+    if fraction >= 1.0:
+        return None
+    return _SUFFIXES[: max(1, math.ceil(256 * fraction))]
+
+
+def in_sample(exchange_id: str, suffixes: tuple[str, ...] | None) -> bool:
+    return suffixes is None or exchange_id[-2:] in suffixes
+
+
+def sample_fraction(suffixes: tuple[str, ...] | None) -> float:
+    """The share of random hex ids the suffixes select."""
+    return 1.0 if suffixes is None else len(suffixes) / len(_SUFFIXES)
 
 
 def _session_id(key: str | None) -> int:
@@ -102,20 +130,20 @@ def _session_id(key: str | None) -> int:
 
 
 class PairSetBuilder:
-    """Accumulates rows of ROW_WIDTH fields (PAIR_FIELDS, then ARM_FIELDS per arm in ARMS)."""
+    """Accumulates rows of ROW_WIDTH fields (see the module docstring)."""
 
     def __init__(
         self,
         capacity: int,
         *,
         has_control: bool,
-        similarity_stride: int = 1,
+        similarity_fraction: float = 1.0,
         max_chars: int = 4000,
         lost_before: float = math.inf,
     ) -> None:
         self._set = PairSet.empty(max(capacity, 16))
         self._set.has_control = has_control
-        self._set.similarity_stride = max(1, similarity_stride)
+        self._set.similarity_fraction = min(1.0, similarity_fraction)
         self._max_chars = max_chars
         self._lost_before = lost_before
         self._models: dict[str | None, int] = {}
@@ -140,15 +168,12 @@ class PairSetBuilder:
         ps.received_at[sl] = np.asarray(get["received_at"], dtype=np.float64)
         ps.stream[sl] = np.asarray(get["stream"], dtype=bool)
         ps.temperature[sl] = np.asarray(get["temperature"], dtype=np.float32)
-        ps.session[sl] = np.fromiter(
-            (_session_id(s) for s in get["session_key"]), dtype=np.uint64, count=k
-        )
-        ps.turn[sl] = np.asarray([t or 0 for t in get["turn_index"]], dtype=np.int16)
+        ps.session[sl] = np.fromiter(map(_session_id, get["session_key"]), np.uint64, k)
+        ps.turn[sl] = np.nan_to_num(np.asarray(get["turn_index"], dtype=np.float64))
         ps.json_requested[sl] = np.asarray(get["json_requested"], dtype=bool)
         ps.tools_requested[sl] = np.asarray(get["tools_requested"], dtype=bool)
-        ps.model[sl] = np.fromiter(
-            (self._model_code(m) for m in get["model"]), dtype=np.int16, count=k
-        )
+        ps.model[sl] = np.fromiter(map(self._model_code, get["model"]), np.int16, k)
+        sampled = np.asarray(get["sampled"], dtype=bool)
         arm_cols: list[dict[str, tuple[Any, ...]]] = []
         for a, arm in enumerate(ARMS):
             offset = len(PAIR_FIELDS) + a * len(ARM_FIELDS)
@@ -159,11 +184,11 @@ class PairSetBuilder:
         late = ps.received_at[sl] >= self._lost_before
         ps.lost += int(np.count_nonzero(lost & ~late))
         ps.pending += int(np.count_nonzero(lost & late))
-        temp0 = ps.temperature[sl] == 0
-        tools = ps.tools_requested[sl]
-        self._compare(ps.vs_candidate, start, arm_cols[0], arm_cols[1], temp0, tools)
+        context = (ps.temperature[sl] == 0, ps.tools_requested[sl], sampled)
+        match_c, match_k = cols[-2], cols[-1]
+        self._compare(ps.vs_candidate, sl, ps.candidate, arm_cols[0], arm_cols[1], match_c, context)
         if ps.has_control:
-            self._compare(ps.vs_control, start, arm_cols[0], arm_cols[2], temp0, tools)
+            self._compare(ps.vs_control, sl, ps.control, arm_cols[0], arm_cols[2], match_k, context)
         ps.n = start + k
 
     def finish(self) -> PairSet:
@@ -179,40 +204,32 @@ class PairSetBuilder:
         return code
 
     def _fill_arm(
-        self,
-        arm: ArmColumns,
-        sl: slice,
-        f: dict[str, tuple[Any, ...]],
-        json_requested: np.ndarray[Any, np.dtype[np.bool_]],
+        self, arm: ArmColumns, sl: slice, f: dict[str, tuple[Any, ...]], json_requested: B
     ) -> None:
-        status = f["status"]
-        present = np.fromiter((s is not None for s in status), dtype=bool, count=len(status))
-        arm.present[sl] = present
-        arm.status[sl] = np.asarray([s or 0 for s in status], dtype=np.int16)
-        error = np.fromiter(
-            (
-                0 if s is None else _error_code(e, s)
-                for e, s in zip(f["error_kind"], status, strict=True)
-            ),
-            dtype=np.int8,
-            count=len(status),
+        k = sl.stop - sl.start
+        status = np.asarray(f["status"], dtype=np.float64)
+        present = np.isfinite(status)
+        status = np.nan_to_num(status)
+        kind = np.fromiter(map(_ERRORS.__getitem__, f["error_kind"]), np.int8, k)
+        by_status = np.select(
+            [(status >= 200) & (status < 300), (status >= 400) & (status < 500), status >= 500],
+            [0, _HTTP_4XX, _HTTP_5XX],
+            default=_OTHER_ERROR,
         )
+        error = np.where(~present, 0, np.where(kind >= 0, kind, by_status)).astype(np.int8)
+        arm.present[sl] = present
+        arm.status[sl] = status
         arm.error[sl] = error
-        arm.ok[sl] = present & (error == 0)
+        arm.ok[sl] = ok = present & (error == 0)
         arm.start[sl] = np.asarray(f["started_at"], dtype=np.float64)
         for src, dst in _FLOAT_COLUMNS:
             getattr(arm, dst)[sl] = np.asarray(f[src], dtype=np.float32)
-        arm.tokens_from_chunks[sl] = np.asarray(
-            [s == "chunks" for s in f["output_tokens_source"]], dtype=bool
-        )
-        arm.finish[sl] = np.fromiter(
-            (0 if r is None else _FINISH_INDEX.get(r, _OTHER_FINISH) for r in f["finish_reason"]),
-            dtype=np.int8,
-            count=len(status),
-        )
+        arm.tokens_from_chunks[sl] = np.asarray(f["output_tokens_source"], dtype=object) == "chunks"
+        finish = np.fromiter(map(_FINISH.__getitem__, f["finish_reason"]), np.int8, k)
+        arm.finish[sl] = np.maximum(finish, 0)
         valid = arm.json_valid[sl]
         texts, truncated = f["output_text"], f["text_truncated"]
-        for i in np.flatnonzero(json_requested & present & (error == 0)):
+        for i in np.flatnonzero(json_requested & ok):
             t = texts[i]
             if t is not None and not truncated[i]:
                 valid[i] = textfn.json_valid(t)
@@ -220,46 +237,45 @@ class PairSetBuilder:
     def _compare(
         self,
         out: Comparison,
-        start: int,
+        sl: slice,
+        other: ArmColumns,
         prod: dict[str, tuple[Any, ...]],
-        other: dict[str, tuple[Any, ...]],
-        temp0: np.ndarray[Any, np.dtype[np.bool_]],
-        tools: np.ndarray[Any, np.dtype[np.bool_]],
+        oth: dict[str, tuple[Any, ...]],
+        hash_match: tuple[Any, ...],
+        context: tuple[B, B, B],
     ) -> None:
-        stride, max_chars = self._set.similarity_stride, self._max_chars
-        p_ok = zip(prod["status"], prod["error_kind"], strict=True)
-        o_ok = zip(other["status"], other["error_kind"], strict=True)
-        for i, ((ps, pe), (os_, oe)) in enumerate(zip(p_ok, o_ok, strict=True)):
-            if os_ is None or pe is not None or oe is not None:
-                continue
-            if not (200 <= (ps or 0) < 300 and 200 <= os_ < 300):
-                continue
-            row = start + i
-            ph, oh = prod["output_hash"][i], other["output_hash"][i]
-            pt, ot = prod["output_text"][i], other["output_text"][i]
-            whole = not prod["text_truncated"][i] and not other["text_truncated"][i]
-            if ph is not None and oh is not None:
-                same: bool | None = ph == oh
-            elif pt is not None and ot is not None and whole:
-                same = pt == ot
-            else:
-                same = None
-            if same is not None:
-                out.match[row] = same
-            if same is False and temp0[i] and pt is not None and ot is not None:
-                pos = textfn.first_divergence(pt, ot)
-                if whole or pos < min(len(pt), len(ot)):
-                    out.divergence[row] = pos / max(1, len(pt))
-            if row % stride == 0:
-                if same:
-                    out.similarity[row] = 1.0
-                elif pt is not None and ot is not None:
-                    out.similarity[row] = textfn.similarity(pt, ot, max_chars)
-            pc, oc = prod["tool_calls"][i], other["tool_calls"][i]
-            if tools[i] or pc is not None or oc is not None:
-                eq = textfn.tool_calls_equal(pc, oc)
-                if eq is not None:
-                    out.tool_equal[row] = eq
+        """Agreement of one arm with production; Python only for rows that need the texts."""
+        temp0, tools, sampled = context
+        ok = self._set.production.ok[sl] & other.ok[sl]
+        match = np.asarray(hash_match, dtype=np.float64)
+        pt, ot = prod["output_text"], oth["output_text"]
+        cut = np.asarray(prod["text_truncated"], dtype=bool) | np.asarray(
+            oth["text_truncated"], dtype=bool
+        )
+        for i in np.flatnonzero(ok & np.isnan(match) & ~cut):
+            if pt[i] is not None and ot[i] is not None:
+                match[i] = pt[i] == ot[i]
+        out.match[sl] = np.where(ok & np.isfinite(match), match, -1)
+        divergence, similarity = out.divergence[sl], out.similarity[sl]
+        for i in np.flatnonzero(ok & (match == 0) & temp0):
+            a, b = pt[i], ot[i]
+            if a is not None and b is not None:
+                pos = textfn.first_divergence(a, b)
+                if not cut[i] or pos < min(len(a), len(b)):
+                    divergence[i] = pos / max(1, len(a))
+        similarity[ok & sampled & (match == 1)] = 1.0
+        for i in np.flatnonzero(ok & sampled & (match == 0)):
+            if pt[i] is not None and ot[i] is not None:
+                similarity[i] = textfn.similarity(pt[i], ot[i], self._max_chars)
+        pc, oc = prod["tool_calls"], oth["tool_calls"]
+        called = np.fromiter(
+            (a is not None or b is not None for a, b in zip(pc, oc, strict=True)), bool, len(pc)
+        )
+        tool_equal = out.tool_equal[sl]
+        for i in np.flatnonzero(ok & (tools | called)):
+            eq = textfn.tool_calls_equal(pc[i], oc[i])
+            if eq is not None:
+                tool_equal[i] = eq
 
 
 def _arm_row(obs: ArmObs | None) -> tuple[Any, ...]:
@@ -268,27 +284,40 @@ def _arm_row(obs: ArmObs | None) -> tuple[Any, ...]:
     return tuple(getattr(obs, name) for name in ARM_FIELDS)
 
 
-def pair_row(pair: Pair) -> tuple[Any, ...]:
+def _hash_match(prod: ArmObs, other: ArmObs | None) -> int | None:
+    if other is None or prod.output_hash is None or other.output_hash is None:
+        return None
+    return int(prod.output_hash == other.output_hash)
+
+
+def pair_row(pair: Pair, suffixes: tuple[str, ...] | None = None) -> tuple[Any, ...]:
     """The row layout of one Pair (what the database query yields for one exchange)."""
-    head = tuple(getattr(pair, name) for name in PAIR_FIELDS)
-    return head + _arm_row(pair.production) + _arm_row(pair.candidate) + _arm_row(pair.control)
+    head = tuple(getattr(pair, name) for name in PAIR_FIELDS[:-1])
+    head += (in_sample(pair.exchange_id, suffixes),)
+    arms = _arm_row(pair.production) + _arm_row(pair.candidate) + _arm_row(pair.control)
+    tail = (
+        _hash_match(pair.production, pair.candidate),
+        _hash_match(pair.production, pair.control),
+    )
+    return head + arms + tail
 
 
 def pairset_from_pairs(
     pairs: Iterable[Pair],
     *,
     has_control: bool | None = None,
-    similarity_stride: int = 1,
+    similarity_fraction: float = 1.0,
     max_chars: int = 4000,
 ) -> PairSet:
     """A PairSet from Pair Structs, in the order given (every missing candidate is lost)."""
-    rows = [pair_row(p) for p in pairs]
+    suffixes = sample_suffixes(similarity_fraction)
+    rows = [pair_row(p, suffixes) for p in pairs]
     if has_control is None:
-        has_control = any(row[-len(ARM_FIELDS)] is not None for row in rows)
+        has_control = any(row[len(PAIR_FIELDS) + 2 * len(ARM_FIELDS)] is not None for row in rows)
     builder = PairSetBuilder(
         len(rows),
         has_control=has_control,
-        similarity_stride=similarity_stride,
+        similarity_fraction=sample_fraction(suffixes),
         max_chars=max_chars,
     )
     builder.add(rows)

@@ -21,7 +21,7 @@ from evaluators.metric import (
     judge_mean,
 )
 from evaluators.settings import VerdictSettings
-from evaluators.throughput import Row, arm_load
+from evaluators.throughput import Row
 from storage.records import Endpoint
 
 CAVEAT = (
@@ -73,9 +73,9 @@ def cost(ctx: EvalContext) -> list[MetricResult]:
     return [judge_mean(spec, x, ctx, reference=ctx.reference, detail=detail)]
 
 
-def cost_table(ctx: EvalContext) -> dict[str, Row]:
+def cost_table(ctx: EvalContext, loads: dict[str, Row]) -> dict[str, Row]:
     """$/hour and $/1M output tokens at mirrored load, per arm (the live price for production
-    and, unless it has its own, for the control)."""
+    and, unless it has its own, for the control), from each arm's load row."""
     ps = ctx.pairs
     prices = {
         "production": hourly(ctx.live),
@@ -85,7 +85,7 @@ def cost_table(ctx: EvalContext) -> dict[str, Row]:
     arms = ["production", "candidate"] + (["control"] if ps.has_control else [])
     out: dict[str, Row] = {}
     for name in arms:
-        load = arm_load(ps.arm(name))
+        load = loads[name]
         price = prices[name]
         tps = load.get("output_tokens_per_s")
         per_m = None

@@ -32,6 +32,8 @@ B = NDArray[np.bool_]
 
 # Turn buckets of the by-turn table: 1, 2, 3, 4, and 5 or more.
 TURN_BUCKETS = 5
+# Descriptive tables (by turn, slices) compute Hodges–Lehmann on at most this many pairs.
+TABLE_HL_PAIRS = 5000
 
 
 def both_ok(ctx: EvalContext) -> tuple[ArmColumns, ArmColumns, B]:
@@ -242,7 +244,7 @@ def ttft_by_turn(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
         label = f"{bucket}+" if bucket == TURN_BUCKETS else str(bucket)
         row: dict[str, float | int | str | None] = {"turn": label, "n": len(x)}
         if len(x):
-            hl = hodges_lehmann(x, 0.05, ctx.settings.hl_max_pairs)
+            hl = hodges_lehmann(x, 0.05, min(TABLE_HL_PAIRS, ctx.settings.hl_max_pairs))
             row.update(
                 median_candidate_s=float(np.median(cand.ttft[use])),
                 median_reference_s=float(np.median(ref.ttft[use])),
@@ -293,7 +295,7 @@ def ttft_slices(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
         x, _ = log_ratio(cand.ttft, ref.ttft, ok & mask)
         if len(x) < 10:
             continue
-        hl = hodges_lehmann(x, 0.05, ctx.settings.hl_max_pairs)
+        hl = hodges_lehmann(x, 0.05, min(TABLE_HL_PAIRS, ctx.settings.hl_max_pairs))
         rows.append(
             {
                 "slice": dim,

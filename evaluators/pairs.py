@@ -11,7 +11,6 @@ similarity) or the request asked for JSON. Equal hashes are an exact match witho
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, case, func, literal, null, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from evaluators.columns import ARM_FIELDS, PAIR_FIELDS, PairSetBuilder
+from evaluators.columns import (
+    ARM_FIELDS,
+    PAIR_FIELDS,
+    PairSetBuilder,
+    sample_fraction,
+    sample_suffixes,
+)
 from evaluators.types import PairSet
 from storage import queries
 from storage.models import ExchangeRow, ObservationRow
@@ -96,13 +101,39 @@ async def count_pairs(
         return int((await conn.execute(stmt)).scalar_one())
 
 
-def _query(candidate: str, control: str | None, since: float | None, until: float | None) -> Any:
+def _query(
+    candidate: str,
+    control: str | None,
+    since: float | None,
+    until: float | None,
+    suffixes: tuple[str, ...] | None,
+) -> Any:
+    """The one streaming query: exchanges in arrival order with the three arms' fields.
+
+    Hash equality with production is computed in SQL (a small integer instead of three hash
+    strings per row); a text is fetched only where it will be read: JSON requested, or the
+    output differs from production's and the request is at temperature 0 (first divergence)
+    or in the similarity sample.
+    """
     e, c, cond = _candidate_rows(candidate, since, until)
     p = ObservationRow.__table__.alias("p")
     k = ObservationRow.__table__.alias("k") if control else None
+    if suffixes is None:
+        sampled: ColumnElement[bool] = literal(True)
+    else:
+        suffix = func.substr(e.c.id, func.length(e.c.id) - 1, 2)
+        sampled = suffix.in_(suffixes)
 
-    def differs(a: Any) -> ColumnElement[bool]:
-        return and_(
+    def match(a: Any) -> Any:
+        if a is None:
+            return null()
+        unknown = or_(a.c.output_hash.is_(None), p.c.output_hash.is_(None))
+        return case((unknown, null()), (a.c.output_hash == p.c.output_hash, 1), else_=0)
+
+    def needs_text(a: Any) -> ColumnElement[bool]:
+        if a is None:
+            return literal(False)
+        differs = and_(
             a.c.id.is_not(None),
             or_(
                 a.c.output_hash.is_(None),
@@ -110,28 +141,28 @@ def _query(candidate: str, control: str | None, since: float | None, until: floa
                 a.c.output_hash != p.c.output_hash,
             ),
         )
+        return or_(e.c.json_requested.is_(True), and_(differs, or_(e.c.temperature == 0, sampled)))
 
-    json_req = e.c.json_requested.is_(True)
-    need_c = or_(json_req, differs(c))
-    need_k = or_(json_req, differs(k)) if k is not None else literal(False)
-    need_p = or_(need_c, need_k)
+    need_c, need_k = needs_text(c), needs_text(k)
 
     def arm(a: Any, need: ColumnElement[bool]) -> list[Any]:
+        if a is None:
+            return [null()] * len(ARM_FIELDS)
         cols = []
         for name in ARM_FIELDS:
             col = a.c[name]
             cols.append(case((need, col), else_=null()) if name == "output_text" else col)
         return cols
 
-    head = [e.c[name] for name in PAIR_FIELDS]
-    k_cols = arm(k, need_k) if k is not None else [null()] * len(ARM_FIELDS)
+    head = [e.c[name] for name in PAIR_FIELDS[:-1]] + [sampled]
+    arms = arm(p, or_(need_c, need_k)) + arm(c, need_c) + arm(k, need_k)
     joined = e.join(p, and_(p.c.exchange_id == e.c.id, p.c.arm == "production")).outerjoin(
         c, and_(c.c.exchange_id == e.c.id, c.c.endpoint == candidate)
     )
     if k is not None:
         joined = joined.outerjoin(k, and_(k.c.exchange_id == e.c.id, k.c.endpoint == control))
     return (
-        select(*head, *arm(p, need_p), *arm(c, need_c), *k_cols)
+        select(*head, *arms, match(c), match(k))
         .select_from(joined)
         .where(*cond)
         .order_by(e.c.received_at, e.c.id)
@@ -147,7 +178,7 @@ async def load_pairs(
     batch_size: int = 5000,
     progress: Callable[[int], None] | None = None,
     control: str | bool | None = True,
-    similarity_max_pairs: int = 20_000,
+    similarity_max_pairs: int = 10_000,
     max_chars: int = 4000,
 ) -> PairSet:
     """Aligned pairs of `candidate` received in [since, until), in arrival order.
@@ -168,14 +199,15 @@ async def load_pairs(
     now = time.time()
     lost_before = (until if until is not None else now) - cand.timeout_s
     total = await count_pairs(engine, candidate, since=since, until=until)
+    suffixes = sample_suffixes(similarity_max_pairs / max(1, total))
     builder = PairSetBuilder(
         total,
         has_control=control_name is not None,
-        similarity_stride=max(1, math.ceil(total / max(1, similarity_max_pairs))),
+        similarity_fraction=sample_fraction(suffixes),
         max_chars=max_chars,
         lost_before=lost_before,
     )
-    stmt = _query(candidate, control_name, since, until)
+    stmt = _query(candidate, control_name, since, until, suffixes)
     async with engine.connect() as conn:
         result = await conn.stream(stmt.execution_options(yield_per=batch_size))
         async for part in result.partitions(batch_size):

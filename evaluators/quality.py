@@ -171,13 +171,13 @@ def similarity(ctx: EvalContext) -> list[MetricResult]:
         "hl_low": hl.low if np.isfinite(hl.low) else None,
         "hl_high": hl.high if np.isfinite(hl.high) else None,
         "wilcoxon_p": hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
-        "sample_stride": ps.similarity_stride,
+        "sample_fraction": ps.similarity_fraction,
     }
     res = judge_bounded(spec, d, ctx, reference=reference, detail=detail)
     if not has_floor:
         res.notes.append(NO_CONTROL + " (1.0 = identical): diagnostic only")
-    if ps.similarity_stride > 1:
-        res.notes.append(f"computed on every {ps.similarity_stride}th pair")
+    if ps.similarity_fraction < 1:
+        res.notes.append(f"computed on a {ps.similarity_fraction:.1%} sample of exchanges")
     return [res]
 
 

@@ -175,8 +175,8 @@ def build_report(
     if "ttft" in metrics:
         metrics["ttft"].slices = latency.ttft_slices(ctx)
     load = throughput.arms_load(pairs)
-    for arm, row in cost.cost_table(ctx).items():
-        load.setdefault(arm, {}).update(row)
+    for arm, row in cost.cost_table(ctx, load).items():
+        load[arm].update(row)
     return Report(
         schema_version=SCHEMA_VERSION,
         candidate=candidate.name,

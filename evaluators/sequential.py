@@ -143,20 +143,24 @@ class BoundedStat:
         else:
             self.mean = csum[..., self._looks - 1] / self.t
 
+    def _log_factors(self, m: float, side: Side, t: int | None = None) -> F:
+        """log(1 + λ_i (m - d_i)) (side below) or log(1 + λ_i (d_i - m)) for the first t pairs."""
+        sl = slice(None, t)
+        mu, var, d = self._mu_prev[..., sl], self._var_prev[..., sl], self._d[..., sl]
+        if side == "below":
+            gap, z = m - mu, m - d
+            cap = _BET_CAP / (1.0 - m) if m < 1.0 else np.inf
+        else:
+            gap, z = mu - m, d - m
+            cap = _BET_CAP / (1.0 + m) if m > -1.0 else np.inf
+        lam = np.clip(gap / (var + gap * gap), 0.0, cap)
+        return np.log1p(lam * z)
+
     def log_wealth(self, m: float, side: Side) -> F:
         """log of the betting wealth against the null "mean >= m" (below) / "<= m" (above)."""
-        if side == "below":
-            gap = m - self._mu_prev
-            cap = _BET_CAP / (1.0 - m) if m < 1.0 else np.inf
-            z = m - self._d
-        else:
-            gap = self._mu_prev - m
-            cap = _BET_CAP / (1.0 + m) if m > -1.0 else np.inf
-            z = self._d - m
-        lam = np.clip(gap / (self._var_prev + gap * gap), 0.0, cap)
         if self._d.shape[-1] == 0:
             return np.zeros((*self._d.shape[:-1], len(self._looks)))
-        return np.cumsum(np.log1p(lam * z), axis=-1)[..., self._looks - 1]
+        return np.cumsum(self._log_factors(m, side), axis=-1)[..., self._looks - 1]
 
     def p(self, m: float, side: Side) -> F:
         """Always-valid p-value: 1 / wealth (Ville's inequality), capped at 1."""
@@ -182,8 +186,10 @@ def _root(
     if not np.isfinite(start):
         return end
 
+    t = int(stat.t[look])
+
     def f(m: float) -> float:
-        return float(stat.log_wealth(m, side)[look]) - target
+        return float(np.sum(stat._log_factors(m, side, t))) - target
 
     edge = end - 1e-9 if end > start else end + 1e-9
     if f(edge) < 0:

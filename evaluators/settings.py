@@ -64,8 +64,8 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     min_coverage: float = 0.9  # fraction of sampled copies actually observed
 
     # Bounds on work for very large reports (documented in the report when they bite).
-    hl_max_pairs: int = 50_000  # Hodges–Lehmann / Wilcoxon on a systematic subsample
-    similarity_max_pairs: int = 20_000  # text similarity on a systematic subsample
+    hl_max_pairs: int = 10_000  # Hodges–Lehmann / Wilcoxon on a systematic subsample
+    similarity_max_pairs: int = 10_000  # text similarity on a sample of about this many
     similarity_max_chars: int = 4_000
     bootstrap_draws: int = 400
     bootstrap_max_units: int = 20_000

@@ -151,7 +151,7 @@ class Comparison:
 
     match: I8  # exact match of the output (by hash, else text)
     divergence: F32  # first differing character / production length, when they differ
-    similarity: F32  # n-gram F1 on a systematic subsample, NaN elsewhere
+    similarity: F32  # n-gram F1 on the similarity sample, NaN elsewhere
     tool_equal: I8  # tool calls equal (names and parsed arguments)
 
     @classmethod
@@ -190,7 +190,7 @@ class PairSet:
     has_control: bool = False
     lost: int = 0
     pending: int = 0
-    similarity_stride: int = 1
+    similarity_fraction: float = 1.0  # share of exchanges in the text-similarity sample
 
     @classmethod
     def empty(cls, n: int) -> PairSet:

@@ -145,6 +145,8 @@ def judge(
         verdict = VERDICTS[int(verdict_code)]
         for r, code in zip(judged, status, strict=True):
             r.status = STATUSES[int(code)]
+            if r.status != "undecided":
+                r.more_pairs = None  # only an open question has "pairs still needed"
             r.reason = reason_line(r, s, planned)
     else:
         verdict = "hold"

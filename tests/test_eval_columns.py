@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from evaluators.columns import PairSetBuilder, pair_row, pairset_from_pairs
@@ -74,13 +75,16 @@ def test_exact_match_by_hash_then_text() -> None:
     assert np.isnan(m.divergence[0]) and np.isclose(m.divergence[2], 2 / 3)
 
 
-def test_similarity_on_every_kth_pair_only() -> None:
-    """Similarity is computed on a systematic subsample, matches included (unbiased)."""
-    pairs = [pair(i, ok("a b c", "h"), ok("a b c", "h" if i % 2 else "g")) for i in range(10)]
-    ps = pairset_from_pairs(pairs, similarity_stride=3)
+def test_similarity_on_the_id_sample_only() -> None:
+    """Similarity is computed on the exchanges whose id ends in a sampled suffix, matches
+    included (so the sample is unbiased); the fraction sampled is recorded."""
+    pairs = [pair(i, ok("a b c", "h"), ok("a b d", "h" if i % 2 else "g")) for i in range(40)]
+    pairs = [msgspec.structs.replace(p, exchange_id=f"x{i:02x}") for i, p in enumerate(pairs)]
+    ps = pairset_from_pairs(pairs, similarity_fraction=0.05)  # suffixes 00..0c: 13 of 256
     sim = ps.vs_candidate.similarity
-    assert np.flatnonzero(np.isfinite(sim)).tolist() == [0, 3, 6, 9]
-    assert ps.similarity_stride == 3
+    assert np.flatnonzero(np.isfinite(sim)).tolist() == list(range(13))
+    assert sim[1] == 1.0 and sim[0] < 1.0
+    assert ps.similarity_fraction == 13 / 256
 
 
 def test_json_and_tool_features() -> None:
