@@ -158,8 +158,7 @@ def test_accounting_holds_under_overload(run: Run[None]) -> None:
         server = await sim("hang")
         sink = InMemorySink()
         ep = Endpoint(name="h", url=server.url, sample_rate=1.0, buffer_max_items=20, timeout_s=0.2)
-        # A lenient lag threshold: this test is about overflow, a GC pause must not shed instead.
-        mirror = make_mirror([ep], sink, drain_timeout_s=0.1, mirror_shed_loop_lag_ms=2000)
+        mirror = make_mirror([ep], sink, drain_timeout_s=0.1)
         await mirror.start()
         try:
             for i in range(400):
@@ -196,7 +195,6 @@ def test_memory_stays_inside_the_global_budget(run: Run[None]) -> None:
             sink,
             mirror_memory_budget_bytes=1 << 20,
             drain_timeout_s=0.0,
-            mirror_shed_loop_lag_ms=2000,
         )
         await mirror.start()
         try:
@@ -223,7 +221,11 @@ def test_loop_lag_sheds_new_copies(run: Run[None]) -> None:
 
     async def scenario() -> None:
         sink = InMemorySink()
-        mirror = make_mirror([Endpoint(name="a", url="http://127.0.0.1:9", sample_rate=1.0)], sink)
+        mirror = make_mirror(
+            [Endpoint(name="a", url="http://127.0.0.1:9", sample_rate=1.0)],
+            sink,
+            mirror_shed_loop_lag_ms=20.0,
+        )
         await mirror.start()
         try:
             for _ in range(50):

@@ -103,6 +103,8 @@ def prometheus_lines(
     budget_used: int,
     budget_limit: int,
     shedding: bool,
+    shed_episodes: int = 0,
+    max_lag_s: float = 0.0,
 ) -> Iterator[str]:
     """Prometheus text exposition lines for the mirror (HELP/TYPE included)."""
     yield "# HELP canary_mirror_copies_total Mirror copies by candidate and outcome."
@@ -128,6 +130,12 @@ def prometheus_lines(
     yield "# HELP canary_mirror_shedding 1 while new copies are shed because the loop lags."
     yield "# TYPE canary_mirror_shedding gauge"
     yield f"canary_mirror_shedding {int(shedding)}"
+    yield "# HELP canary_mirror_shed_episodes_total Times shedding switched on."
+    yield "# TYPE canary_mirror_shed_episodes_total counter"
+    yield f"canary_mirror_shed_episodes_total {shed_episodes}"
+    yield "# HELP canary_mirror_loop_lag_max_seconds Largest event-loop lag measured so far."
+    yield "# TYPE canary_mirror_loop_lag_max_seconds gauge"
+    yield f"canary_mirror_loop_lag_max_seconds {max_lag_s:.6f}"
 
 
 def _per_lane(

@@ -16,19 +16,29 @@ __all__ = ["LoopLagGuard"]
 class LoopLagGuard:
     """Measures event-loop lag in the background; `shedding` is what the hot path reads."""
 
-    __slots__ = ("_task", "interval_s", "last_lag_s", "shedding", "sheds", "threshold_s")
+    __slots__ = (
+        "_task",
+        "interval_s",
+        "last_lag_s",
+        "max_lag_s",
+        "shedding",
+        "sheds",
+        "threshold_s",
+    )
 
     def __init__(self, threshold_ms: float, interval_s: float = 0.01) -> None:
         self.threshold_s = threshold_ms / 1000.0
         self.interval_s = interval_s
         self.shedding = False
         self.last_lag_s = 0.0
+        self.max_lag_s = 0.0
         self.sheds = 0  # how many times shedding switched on
         self._task: asyncio.Task[None] | None = None
 
     def observe(self, lag_s: float) -> None:
         """Record one lag measurement (pure; the task calls it, tests may too)."""
         self.last_lag_s = lag_s
+        self.max_lag_s = max(self.max_lag_s, lag_s)
         over = lag_s > self.threshold_s
         if over and not self.shedding:
             self.sheds += 1

@@ -319,4 +319,6 @@ class Mirror:
             self.budget.used,
             self.budget.limit,
             self.guard.shedding,
+            self.guard.sheds,
+            self.guard.max_lag_s,
         )
