@@ -143,6 +143,16 @@ async def _seed_live(
     return seed, sim
 
 
+async def prepare_storage(config: GatewayConfig) -> None:
+    """Check (and on a new SQLite file, create) the schema once, before `--workers N` processes
+    start, so they never race to migrate and a schema error stops the supervisor with exit 2."""
+    engine = make_engine(config.db_url)
+    try:
+        await _check_schema(engine, config.db_url)
+    finally:
+        await engine.dispose()
+
+
 def _customize(parts: Components) -> list[AppCustomizer]:
     config = parts.config
 

@@ -12,11 +12,14 @@ The supervisor must never serve traffic itself and never leave a child running w
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Coroutine
@@ -32,6 +35,7 @@ log = logging.getLogger("canary.supervisor")
 # A worker dying more often than this is a crash loop: the supervisor stops everything.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -56,7 +60,18 @@ def serve_forever(config: GatewayConfig) -> int:
     return _supervise(config)
 
 
-def _worker_main(config: GatewayConfig, index: int) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGTERM this child when the supervisor dies (Linux), so a supervisor
+    killed with SIGKILL or by the OOM killer never leaves workers holding the port."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _worker_main(config: GatewayConfig, index: int, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
     from gateway.logging import setup_logging
     from gateway.runtime import serve_until_stopped
 
@@ -64,7 +79,9 @@ def _worker_main(config: GatewayConfig, index: int) -> None:
     run_loop(serve_until_stopped(config))
 
 
-def _sim_main(conn: multiprocessing.connection.Connection) -> None:
+def _sim_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
+
     async def main() -> None:
         from gateway.sim.server import start_sim
 
@@ -106,7 +123,7 @@ def _supervise(config: GatewayConfig) -> int:
     try:
         if config.live_url is None:
             parent_end, child_end = ctx.Pipe(duplex=False)
-            sim = ctx.Process(target=_sim_main, args=(child_end,), name="canary-sim")
+            sim = ctx.Process(target=_sim_main, args=(child_end, os.getpid()), name="canary-sim")
             sim.start()
             if not parent_end.poll(30.0):
                 log.error("the built-in engine simulator did not start")
@@ -117,6 +134,9 @@ def _supervise(config: GatewayConfig) -> int:
                 extra={"fields": {"live_url": url, "profile": "baseline", "pid": sim.pid}},
             )
             config = msgspec.structs.replace(config, live_url=url)
+        from gateway.runtime import prepare_storage
+
+        run_loop(prepare_storage(config))
         host, port = split_host_port(config.listen)
         if port == 0:
             reserved = _reserve_port(host)
@@ -125,7 +145,9 @@ def _supervise(config: GatewayConfig) -> int:
 
         def spawn(index: int) -> BaseProcess:
             proc = ctx.Process(
-                target=_worker_main, args=(config, index), name=f"canary-worker-{index}"
+                target=_worker_main,
+                args=(config, index, os.getpid()),
+                name=f"canary-worker-{index}",
             )
             proc.start()
             return proc

@@ -147,3 +147,22 @@ async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> N
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+async def test_workers_exit_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    """A supervisor killed with SIGKILL leaves no worker behind holding the port."""
+    proc, url = await start_serve(tmp_path, "--workers", "2")
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url + "/healthz") as resp:
+            worker = (await resp.json())["pid"]
+    finally:
+        proc.kill()
+        await proc.wait()
+    for _ in range(300):  # the kernel signals the workers; their drain takes a moment
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.1)
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)
