@@ -81,6 +81,7 @@ class ObservationWriter:
         self._engine = engine
         self._batch_size = max(1, batch_size)
         self._flush_interval_s = flush_interval_s
+        # Bounds the memory a database outage can cost; beyond it records are dropped, counted.
         self._queue_max = queue_max
         self._store_text = store_text
         self._max_chars = store_text_max_chars
