@@ -346,4 +346,6 @@ def test_prometheus_lines() -> None:
     assert 'canary_mirror_copies_total{candidate="a",outcome="sampled"} 1' in lines
     assert 'canary_mirror_pending{candidate="a"} 1' in lines
     assert 'canary_mirror_skipped_total{reason="unparseable"} 0' in lines
+    assert 'canary_mirror_dropped_on_stop_total{candidate="a"} 0' in lines
+    assert not any('outcome="dropped_on_stop"' in line for line in lines)
     assert any(line.startswith("canary_mirror_memory_bytes ") for line in lines)

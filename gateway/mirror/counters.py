@@ -111,8 +111,12 @@ def prometheus_lines(
     yield "# TYPE canary_mirror_copies_total counter"
     for name, c in lanes.items():
         prefix = f'canary_mirror_copies_total{{candidate="{_esc(name)}",outcome="'
-        for outcome in (*IDENTITY_FIELDS, "dropped_on_stop"):
+        for outcome in IDENTITY_FIELDS:
             yield f'{prefix}{outcome}"}} {c[outcome]}'
+    # A subset of dropped_overflow, so not an outcome label (sums by outcome would count it twice).
+    yield "# HELP canary_mirror_dropped_on_stop_total Queued copies dropped at removal or shutdown."
+    yield "# TYPE canary_mirror_dropped_on_stop_total counter"
+    yield from _per_lane("canary_mirror_dropped_on_stop_total", "dropped_on_stop", lanes.items())
     for key, metric, help_text in _GAUGES:
         yield f"# HELP {metric} {help_text}"
         yield f"# TYPE {metric} gauge"
