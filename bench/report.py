@@ -50,8 +50,12 @@ CHUNK = 50_000
 
 
 def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    """Resident anonymous memory (the heap: what this process allocated, not cached files)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def peak_mb() -> float:
@@ -290,9 +294,9 @@ def main() -> int:
         print(f"  {label:<15} {wall:6.1f} s  {cpu:6.1f} s  {n / wall:>12,.0f}")
     print(f"  PairSet         {r['pairset_mb']:7.1f} MiB")
     print(
-        f"  RSS             {r['rss_before_mb']:7.0f} MiB before, "
+        f"  anonymous RSS   {r['rss_before_mb']:7.0f} MiB before, "
         f"{r['rss_stream_min_mb']:.0f}-{r['rss_stream_max_mb']:.0f} MiB while streaming "
-        f"(10-100 %), peak {r['peak_rss_mb']:.0f} MiB"
+        f"(10-100 % of rows); peak RSS {r['peak_rss_mb']:.0f} MiB"
     )
     return 0
 

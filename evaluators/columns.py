@@ -192,8 +192,8 @@ class PairSetBuilder:
         ps.n = start + k
 
     def finish(self) -> PairSet:
-        """The PairSet, trimmed to the rows added."""
-        ps = self._set.resized(self._set.n)
+        """The PairSet, trimmed to the rows added (no copy when the capacity was exact)."""
+        ps = self._set if self._set.capacity == self._set.n else self._set.resized(self._set.n)
         ps.models = [m or "" for m, _ in sorted(self._models.items(), key=lambda kv: kv[1])]
         return ps
 

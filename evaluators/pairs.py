@@ -11,6 +11,7 @@ similarity) or the request asked for JSON. Equal hashes are an exact match witho
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -210,8 +211,14 @@ async def load_pairs(
     stmt = _query(candidate, control_name, since, until, suffixes)
     async with engine.connect() as conn:
         result = await conn.stream(stmt.execution_options(yield_per=batch_size))
-        async for part in result.partitions(batch_size):
-            builder.add(part)
-            if progress is not None:
-                progress(len(part))
+        # The next batch is fetched while this one is converted: the driver's thread (aiosqlite)
+        # or socket (asyncpg) works while numpy does. At most one batch waits: memory stays flat.
+        async with asyncio.TaskGroup() as tasks:
+            ahead = tasks.create_task(result.fetchmany(batch_size))
+            while part := await ahead:
+                ahead = tasks.create_task(result.fetchmany(batch_size))
+                await asyncio.sleep(0)  # let the fetch reach the driver before converting
+                builder.add(part)
+                if progress is not None:
+                    progress(len(part))
     return builder.finish()

@@ -36,11 +36,9 @@ def _ticks(lo: float, hi: float, log: bool) -> list[float]:
         a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
         out = [10.0**e * m for e in range(a, b + 1) for m in (1, 2, 5)]
         return [t for t in out if lo <= t <= hi] or [lo, hi]
-    step = 10 ** math.floor(math.log10(max(hi - lo, 1e-12)))
-    for m in (1, 2, 5, 10):
-        if (hi - lo) / (step * m) <= 6:
-            step *= m
-            break
+    span = max(hi - lo, 1e-12)
+    base = 10 ** math.floor(math.log10(span / 5))
+    step = next(base * m for m in (1, 2, 5, 10) if span / (base * m) <= 6)
     first = math.ceil(lo / step) * step
     return [first + i * step for i in range(int((hi - first) / step) + 1)]
 
