@@ -34,9 +34,13 @@ def _num(v: object, spec: str = ",.0f") -> str:
 
 
 def _interval(r: MetricResult) -> str:
-    if r.ci_low is None and r.ci_high is None:
+    if (r.ci_low is None and r.ci_high is None) or r.status == "insufficient":
         return "–"
     return f"[{fmt(r, r.ci_low)}, {fmt(r, r.ci_high)}]"
+
+
+def _estimate(r: MetricResult) -> str:
+    return "–" if r.status == "insufficient" else fmt(r, r.estimate)
 
 
 def _table(header: Sequence[str], rows: list[list[str]], align: str) -> list[str]:
@@ -59,7 +63,7 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
     """(title, header, rows, alignment) of every table, shared by text and markdown."""
     out: list[tuple[str, list[str], list[list[str]], str]] = []
     rows = [
-        [r.label, _ROLE[r.role], fmt(r, r.estimate), _interval(r), f"{r.n:,}", r.status]
+        [r.label, _ROLE[r.role], _estimate(r), _interval(r), f"{r.n:,}", r.status]
         for r in report.metrics.values()
     ]
     header = ["metric", "role", "estimate", "interval", "n", "status"]

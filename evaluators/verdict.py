@@ -200,13 +200,11 @@ def reason_line(r: MetricResult, s: VerdictSettings, planned: bool) -> str:
     """One line: the estimate with its interval and n, and what it means for the verdict."""
     if r.status == "n/a":
         return r.reason or "no data"
-    if r.status == "insufficient" and r.estimate is None:
-        return r.reason or f"insufficient data: n={r.n:,}"
+    if r.status == "insufficient":  # no number that would look precise
+        return r.reason or f"insufficient data: n={r.n:,} < {s.min_metric_pairs} pairs"
     head = f"{fmt(r, r.estimate)} [{fmt(r, r.ci_low)}, {fmt(r, r.ci_high)}] n={r.n:,}"
     more = f"; ≈{r.more_pairs:,} more pairs" if r.more_pairs else ""
     match r.status:
-        case "insufficient":
-            return f"{head}: insufficient data (< {s.min_metric_pairs} pairs)"
         case "critical":
             return f"{head}: beyond the critical margin {fmt_margin(r, r.critical_margin)}"
         case "beyond":
