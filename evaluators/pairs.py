@@ -181,6 +181,7 @@ async def load_pairs(
     control: str | bool | None = True,
     similarity_max_pairs: int = 10_000,
     max_chars: int = 4000,
+    expected_rows: int | None = None,
 ) -> PairSet:
     """Aligned pairs of `candidate` received in [since, until), in arrival order.
 
@@ -191,7 +192,8 @@ async def load_pairs(
     `until` to now. `control`: True finds the control (kind "control"), a name uses that one,
     False/None uses none. `progress` is called with the number of rows of each batch.
     Exchanges without a candidate observation younger than the candidate's timeout are
-    "pending", older ones "lost". LookupError when the candidate does not exist.
+    "pending", older ones "lost". `expected_rows` (from `count_pairs`) saves a second count.
+    LookupError when the candidate does not exist.
     """
     cand, _live, found = await load_endpoints(engine, candidate)
     control_name = (found.name if found else None) if control is True else (control or None)
@@ -199,7 +201,9 @@ async def load_pairs(
         since = cand.created_at or None
     now = time.time()
     lost_before = (until if until is not None else now) - cand.timeout_s
-    total = await count_pairs(engine, candidate, since=since, until=until)
+    total = expected_rows
+    if total is None:
+        total = await count_pairs(engine, candidate, since=since, until=until)
     suffixes = sample_suffixes(similarity_max_pairs / max(1, total))
     builder = PairSetBuilder(
         total,

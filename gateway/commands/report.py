@@ -53,7 +53,10 @@ def parse_time(value: str, *, now: float | None = None) -> float:
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
+    from gateway.commands.candidates import subparser
+
+    p = subparser(
+        sub,
         "report",
         help="the promotion report of a candidate: verdict, reasons, metrics",
         description=(
@@ -64,13 +67,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "self-contained page with plots. Exit codes: 0 report written, 2 bad input, "
             "1 the database failed."
         ),
-        epilog=(
-            "examples:\n"
-            "  canary report int8\n"
-            "  canary report bi-kv --since 2h --format html --out bi-kv.html\n"
-            "  canary report int8 --db postgresql+asyncpg://canary@db/canary --format json"
+        examples=(
+            "canary report int8",
+            "canary report bi-kv --since 2h --format html --out bi-kv.html",
+            "canary report int8 --db postgresql+asyncpg://canary@db/canary --format json",
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("name", help="the candidate")
     p.add_argument("--db", metavar="URL", help="database URL (default: db_url from the config)")
@@ -140,6 +141,7 @@ async def _report(url: str, args: argparse.Namespace, settings: VerdictSettings)
                 control=control.name if control else False,
                 similarity_max_pairs=settings.similarity_max_pairs,
                 max_chars=settings.similarity_max_chars,
+                expected_rows=total,
             )
         finally:
             if bar:
