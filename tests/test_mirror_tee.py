@@ -151,6 +151,19 @@ def test_duplicate_bodies_are_deduplicated() -> None:
     assert c["deduplicated"] == 1 and c["pending"] == 1 and identity_holds(c)
 
 
+def test_session_mode_deduplicates_within_a_conversation_only() -> None:
+    """Two conversations opening with the same turn both reach a session-mode candidate."""
+    sink = InMemorySink()
+    ep = Endpoint(name="kv", url="http://x:1", sample_rate=1.0, sampling="session")
+    mirror = make_mirror([ep], sink)
+    body = chat("the same opening question")
+    assert send(mirror, body, "r1", headers(X_Session_ID="s1")) is not None
+    assert send(mirror, body, "r2", headers(X_Session_ID="s2")) is not None
+    assert send(mirror, body, "r3", headers(X_Session_ID="s2")) is None  # a resend in s2
+    c = mirror.counters()["kv"]
+    assert c["deduplicated"] == 1 and c["pending"] == 2 and identity_holds(c)
+
+
 def test_accounting_holds_under_overload(run: Run[None]) -> None:
     """A hung candidate flooded past its buffer keeps both identities at every await point."""
 

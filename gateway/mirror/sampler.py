@@ -1,10 +1,12 @@
 """Deterministic sampling of production requests for candidates (pure: no IO, no asyncio).
 
-A request is mirrored to candidate `c` iff `xxh3_64(salt(c) + key) / 2**64 < c.sample_rate`,
-so every gateway replica decides the same way without talking to the others. The salt is the
-candidate's name followed by `:` (a character names cannot contain, so `salt + key` is
-unambiguous); different candidates therefore draw independent samples, and renaming a candidate
-re-draws its sample.
+A request is mirrored to candidate `c` iff `xxh3_64(SALT + key) / 2**64 < c.sample_rate`,
+so every gateway replica decides the same way without talking to the others. Every candidate
+shares the one salt, so samples are nested: candidates at the same rate receive exactly the same
+requests (a `control` at the candidate's rate answers every request the candidate answers, so
+each pair has its reference), and a candidate at a lower rate receives a subset of one at a
+higher rate. Independent salts would leave a control and a candidate at rate r overlapping on
+only r² of the traffic.
 
 The key is the request id in `request` mode, and the session in `session` mode: the session
 header (`X-Session-ID` by default), else the OpenAI `user` field, else a hash of (model, system
@@ -25,12 +27,12 @@ import xxhash
 
 __all__ = [
     "MIRRORED_ROUTES",
+    "SALT",
     "RequestView",
     "hash_key",
     "is_sampled",
     "mirrored_route",
     "parse_request",
-    "salt_for",
     "session_key",
     "threshold_for",
     "turn_index",
@@ -99,9 +101,7 @@ def parse_request(body: bytes) -> RequestView | None:
         return None
 
 
-def salt_for(name: str) -> bytes:
-    """The candidate's sampling salt (see the module docstring for why `:`)."""
-    return name.encode() + b":"
+SALT: Final = b"canary-gateway/sample:"
 
 
 def threshold_for(sample_rate: float) -> float:

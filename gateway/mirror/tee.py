@@ -34,12 +34,12 @@ from gateway.mirror.loopguard import LoopLagGuard
 from gateway.mirror.observe import observation
 from gateway.mirror.ring import MemoryBudget
 from gateway.mirror.sampler import (
+    SALT,
     RequestView,
     hash_key,
     is_sampled,
     mirrored_route,
     parse_request,
-    salt_for,
     session_key,
     threshold_for,
     turn_index,
@@ -56,7 +56,7 @@ class _Offer:
 
     def __init__(self, lane: Lane) -> None:
         self.lane = lane
-        self.salt = salt_for(lane.name)
+        self.salt = SALT
         self.threshold = threshold_for(lane.endpoint.sample_rate)
         self.session_mode = lane.session_mode
 
@@ -253,13 +253,21 @@ class Mirror:
         if skey is None:
             skey = session_key(view, header_value)
         copy = Copy(uuid7(), path_qs, headers, body)
+        session_digest: bytes | None = None
         targets: list[str] = []
         for offer in chosen:
             lane = offer.lane
             lane.counters.sampled += 1
             if shedding:
                 lane.counters.shed_overload += 1
-            elif lane.offer(copy, digest, skey if offer.session_mode else None, now):
+            elif offer.session_mode:
+                # Dedup within a conversation only: two sessions opening with the same turn
+                # must both reach the candidate, or the second's later turns arrive orphaned.
+                if session_digest is None:
+                    session_digest = xxhash.xxh3_128_digest(skey + b"\0" + digest)
+                if lane.offer(copy, session_digest, skey, now):
+                    targets.append(lane.name)
+            elif lane.offer(copy, digest, None, now):
                 targets.append(lane.name)
         if not targets:
             return None
