@@ -45,7 +45,6 @@ PAIR_FIELDS = (
 ARM_FIELDS = (
     "status",
     "error_kind",
-    "started_at",
     "queue_wait_s",
     "ttft_s",
     "tpot_s",
@@ -221,7 +220,6 @@ class PairSetBuilder:
         arm.status[sl] = status
         arm.error[sl] = error
         arm.ok[sl] = ok = present & (error == 0)
-        arm.start[sl] = np.asarray(f["started_at"], dtype=np.float64)
         for src, dst in _FLOAT_COLUMNS:
             getattr(arm, dst)[sl] = np.asarray(f[src], dtype=np.float32)
         arm.tokens_from_chunks[sl] = np.asarray(f["output_tokens_source"], dtype=object) == "chunks"
@@ -278,10 +276,15 @@ class PairSetBuilder:
                 tool_equal[i] = eq
 
 
-def _arm_row(obs: ArmObs | None) -> tuple[Any, ...]:
+# With a control, production is never the latency reference, and these of its fields are not
+# loaded (evaluators.pairs sends NULL for them; the in-memory path drops them the same way).
+PRODUCTION_UNUSED_WITH_CONTROL = ("queue_wait_s", "itl_p50_s", "itl_p99_s", "cached_tokens")
+
+
+def _arm_row(obs: ArmObs | None, unused: tuple[str, ...] = ()) -> tuple[Any, ...]:
     if obs is None:
         return (None,) * len(ARM_FIELDS)
-    return tuple(getattr(obs, name) for name in ARM_FIELDS)
+    return tuple(None if name in unused else getattr(obs, name) for name in ARM_FIELDS)
 
 
 def _hash_match(prod: ArmObs, other: ArmObs | None) -> int | None:
@@ -290,11 +293,15 @@ def _hash_match(prod: ArmObs, other: ArmObs | None) -> int | None:
     return int(prod.output_hash == other.output_hash)
 
 
-def pair_row(pair: Pair, suffixes: tuple[str, ...] | None = None) -> tuple[Any, ...]:
+def pair_row(
+    pair: Pair, suffixes: tuple[str, ...] | None = None, *, has_control: bool = False
+) -> tuple[Any, ...]:
     """The row layout of one Pair (what the database query yields for one exchange)."""
     head = tuple(getattr(pair, name) for name in PAIR_FIELDS[:-1])
     head += (in_sample(pair.exchange_id, suffixes),)
-    arms = _arm_row(pair.production) + _arm_row(pair.candidate) + _arm_row(pair.control)
+    unused = PRODUCTION_UNUSED_WITH_CONTROL if has_control else ()
+    arms = _arm_row(pair.production, unused) + _arm_row(pair.candidate)
+    arms += _arm_row(pair.control)
     tail = (
         _hash_match(pair.production, pair.candidate),
         _hash_match(pair.production, pair.control),
@@ -311,9 +318,10 @@ def pairset_from_pairs(
 ) -> PairSet:
     """A PairSet from Pair Structs, in the order given (every missing candidate is lost)."""
     suffixes = sample_suffixes(similarity_fraction)
-    rows = [pair_row(p, suffixes) for p in pairs]
+    pairs = list(pairs)
     if has_control is None:
-        has_control = any(row[len(PAIR_FIELDS) + 2 * len(ARM_FIELDS)] is not None for row in rows)
+        has_control = any(p.control is not None for p in pairs)
+    rows = [pair_row(p, suffixes, has_control=has_control) for p in pairs]
     builder = PairSetBuilder(
         len(rows),
         has_control=has_control,

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from evaluators.columns import (
     ARM_FIELDS,
     PAIR_FIELDS,
+    PRODUCTION_UNUSED_WITH_CONTROL,
     PairSetBuilder,
     sample_fraction,
     sample_suffixes,
@@ -146,17 +147,22 @@ def _query(
 
     need_c, need_k = needs_text(c), needs_text(k)
 
-    def arm(a: Any, need: ColumnElement[bool]) -> list[Any]:
+    def arm(a: Any, need: ColumnElement[bool], unused: tuple[str, ...] = ()) -> list[Any]:
         if a is None:
             return [null()] * len(ARM_FIELDS)
         cols = []
         for name in ARM_FIELDS:
             col = a.c[name]
-            cols.append(case((need, col), else_=null()) if name == "output_text" else col)
+            if name in unused:
+                col = null()  # a NULL costs the driver almost nothing; a number does not
+            elif name in ("output_text", "text_truncated"):
+                col = case((need, col), else_=null())
+            cols.append(col)
         return cols
 
     head = [e.c[name] for name in PAIR_FIELDS[:-1]] + [sampled]
-    arms = arm(p, or_(need_c, need_k)) + arm(c, need_c) + arm(k, need_k)
+    p_unused = PRODUCTION_UNUSED_WITH_CONTROL if k is not None else ()
+    arms = arm(p, or_(need_c, need_k), p_unused) + arm(c, need_c) + arm(k, need_k)
     joined = e.join(p, and_(p.c.exchange_id == e.c.id, p.c.arm == "production")).outerjoin(
         c, and_(c.c.exchange_id == e.c.id, c.c.endpoint == candidate)
     )

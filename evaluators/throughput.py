@@ -12,7 +12,7 @@ import numpy as np
 
 from evaluators.latency import both_ok, hl_detail, log_ratio
 from evaluators.metric import EvalContext, MetricResult, MetricSpec, empty_result, judge_mean
-from evaluators.types import ArmColumns, PairSet
+from evaluators.types import PairSet
 
 Row = dict[str, float | int | str | list[float] | None]
 # Percentiles of each arm's latency CDF kept in the report (dense in the tail).
@@ -44,16 +44,18 @@ def decode_speed(ctx: EvalContext) -> list[MetricResult]:
     return [judge_mean(spec, x, ctx, reference=ctx.reference, detail=detail)]
 
 
-def arm_load(arm: ArmColumns) -> Row:
-    """Load and speed of one arm over the window."""
+def arm_load(pairs: PairSet, name: str) -> Row:
+    """Load and speed of one arm over the window (the exchanges' window: copies are sent to
+    candidates within their queue wait, so every arm sees the same span)."""
+    arm = pairs.arm(name)
     present = arm.present
     n = int(np.count_nonzero(present))
     row: Row = {"requests": n, "ok": int(np.count_nonzero(arm.ok))}
     if n == 0:
         return row
-    start = arm.start[present]
+    start = pairs.received_at[present]
     e2e = np.nan_to_num(arm.e2e[present].astype(np.float64), nan=0.0)
-    span = float(np.nanmax(start + e2e) - np.nanmin(start)) if np.any(np.isfinite(start)) else 0.0
+    span = float(np.max(start + e2e) - np.min(start))
     tokens = float(np.nansum(arm.tokens[arm.ok]))
     tpot = arm.tpot[arm.ok]
     tpot = tpot[np.isfinite(tpot) & (tpot > 0)]
@@ -79,4 +81,4 @@ def arm_load(arm: ArmColumns) -> Row:
 def arms_load(pairs: PairSet) -> dict[str, Row]:
     """The load table: one row per arm present in the PairSet."""
     arms = ["production", "candidate"] + (["control"] if pairs.has_control else [])
-    return {name: arm_load(pairs.arm(name)) for name in arms}
+    return {name: arm_load(pairs, name) for name in arms}

@@ -104,7 +104,6 @@ class ArmColumns:
     ok: B
     status: I16
     error: I8
-    start: F64  # epoch seconds the request was sent
     queue_wait: F32
     ttft: F32
     tpot: F32
@@ -125,7 +124,6 @@ class ArmColumns:
             ok=np.zeros(n, dtype=bool),
             status=np.zeros(n, dtype=np.int16),
             error=_i8(n, 0),
-            start=np.full(n, np.nan),
             queue_wait=_f32(n),
             ttft=_f32(n),
             tpot=_f32(n),
