@@ -121,25 +121,35 @@ async def _check_schema(engine: AsyncEngine, db_url: str) -> None:
 
 
 async def _seed_live(
-    config: GatewayConfig, engine: AsyncEngine
+    config: GatewayConfig, engine: AsyncEngine, simulator_url: str | None
 ) -> tuple[Endpoint, SimServer | None]:
-    """The live endpoint to seed, starting the built-in simulator when no live URL is set.
+    """The live endpoint to seed; starts the built-in simulator when no live URL is set (unless
+    a supervisor already started one and passed `simulator_url`).
 
-    A stored simulator live endpoint is pointed at this run's simulator (its port changes on
-    every start); a real stored live endpoint (set by `--live` or a promotion) is left alone.
+    A stored live endpoint of kind "simulator" is a placeholder from an earlier zero-setup run:
+    it is pointed at this run's live endpoint (the simulator's new port, or the `--live` URL now
+    given). A real stored live endpoint (from `--live` or a promotion) is left alone.
     """
+    sim: SimServer | None = None
     if config.live_url is not None:
-        return config.live_endpoint(config.live_url), None
-    sim = await start_sim("baseline", host="127.0.0.1", port=0)
-    log.info(
-        "no live endpoint configured: started the built-in engine simulator",
-        extra={"fields": {"live_url": sim.url, "profile": "baseline"}},
-    )
-    seed = msgspec.structs.replace(config.live_endpoint(sim.url), kind=SIMULATOR_KIND)
-    with contextlib.suppress(storage_errors.EndpointNotFound):
-        stored = await queries.get_endpoint(engine, seed.name)
-        if stored.role == "live" and stored.kind == SIMULATOR_KIND and stored.url != sim.url:
-            await queries.update_endpoint(engine, seed.name, {"url": sim.url})
+        seed = config.live_endpoint(config.live_url)
+    else:
+        if simulator_url is None:
+            sim = await start_sim("baseline", host="127.0.0.1", port=0)
+            simulator_url = sim.url
+            log.info(
+                "no live endpoint configured: started the built-in engine simulator",
+                extra={"fields": {"live_url": sim.url, "profile": "baseline"}},
+            )
+        seed = msgspec.structs.replace(config.live_endpoint(simulator_url), kind=SIMULATOR_KIND)
+    _version, endpoints = await queries.load_endpoints(engine)
+    stored = next((e for e in endpoints if e.role == "live"), None)
+    if stored is not None and stored.kind == SIMULATOR_KIND and stored.url != seed.url:
+        await queries.update_endpoint(engine, stored.name, {"url": seed.url, "kind": seed.kind})
+        log.info(
+            "pointed the stored simulator live endpoint at this run's live endpoint",
+            extra={"fields": {"name": stored.name, "url": seed.url}},
+        )
     return seed, sim
 
 
@@ -170,12 +180,17 @@ def _customize(parts: Components) -> list[AppCustomizer]:
         app.add_subapp("/admin", build_admin_app(ctx))
 
         async def storage_ready() -> tuple[bool, str]:
+            # Reported, never gating: a database outage must not take every replica out of a
+            # load balancer, because the proxy serves on (observations queue, then drop).
+            depth = parts.writer.stats().get("queue_depth", 0)
             try:
                 async with asyncio.timeout(2.0), parts.engine.connect() as conn:
                     await conn.execute(text("SELECT 1"))
-            except Exception as exc:  # any failure means "not ready", with its name
-                return False, f"{masked(config.db_url)}: {type(exc).__name__}"
-            depth = parts.writer.stats().get("queue_depth", 0)
+            except Exception as exc:  # any failure: report its name, stay ready
+                return True, (
+                    f"{masked(config.db_url)} unreachable ({type(exc).__name__}); "
+                    f"proxy unaffected, writer queue {depth}"
+                )
             return True, f"{masked(config.db_url)} reachable, writer queue {depth}"
 
         app[READY_CHECKS]["storage"] = storage_ready
@@ -188,13 +203,21 @@ def _verdict_settings(config: GatewayConfig) -> VerdictSettings:
 
 
 @contextlib.asynccontextmanager
-async def running(config: GatewayConfig) -> AsyncIterator[Components]:
-    """Start a complete gateway on `config.listen`; stop it, in order, on exit."""
+async def running(
+    config: GatewayConfig, *, simulator_url: str | None = None
+) -> AsyncIterator[Components]:
+    """Start a complete gateway on `config.listen`; stop it, in order, on exit.
+
+    `simulator_url`: the built-in simulator a `--workers` supervisor started for all workers
+    (only when `config.live_url` is unset)."""
     engine = make_engine(config.db_url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(engine.dispose)
         await _check_schema(engine, config.db_url)
-        seed, sim = await _seed_live(config, engine)
+        try:
+            seed, sim = await _seed_live(config, engine, simulator_url)
+        except storage_errors.StorageError as exc:
+            raise UsageError(f"storage {masked(config.db_url)}: {exc}") from exc
         if sim is not None:
             stack.push_async_callback(sim.close)
         replica = replica_name(config)
@@ -245,14 +268,19 @@ async def running(config: GatewayConfig) -> AsyncIterator[Components]:
         yield parts
 
 
-async def serve_until_stopped(config: GatewayConfig, *, stop: asyncio.Event | None = None) -> None:
+async def serve_until_stopped(
+    config: GatewayConfig,
+    *,
+    simulator_url: str | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
     """What each `canary serve` process runs: the complete gateway until SIGTERM/SIGINT."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with running(config) as parts:
+        async with running(config, simulator_url=simulator_url) as parts:
             log.info(
                 "canary-gateway listening",
                 extra={

@@ -70,13 +70,15 @@ def _die_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _worker_main(config: GatewayConfig, index: int, parent_pid: int) -> None:
+def _worker_main(
+    config: GatewayConfig, index: int, parent_pid: int, simulator_url: str | None
+) -> None:
     _die_with_parent(parent_pid)
     from gateway.logging import setup_logging
     from gateway.runtime import serve_until_stopped
 
     setup_logging(config.log_format, config.log_level)
-    run_loop(serve_until_stopped(config))
+    run_loop(serve_until_stopped(config, simulator_url=simulator_url))
 
 
 def _sim_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> None:
@@ -109,6 +111,7 @@ def _supervise(config: GatewayConfig) -> int:
     ctx = multiprocessing.get_context("spawn")
     children: list[BaseProcess] = []
     sim: BaseProcess | None = None
+    simulator_url: str | None = None
     reserved: socket.socket | None = None
     stopping = False
 
@@ -133,7 +136,7 @@ def _supervise(config: GatewayConfig) -> int:
                 "no live endpoint configured: started the built-in engine simulator",
                 extra={"fields": {"live_url": url, "profile": "baseline", "pid": sim.pid}},
             )
-            config = msgspec.structs.replace(config, live_url=url)
+            simulator_url = url
         from gateway.runtime import prepare_storage
 
         run_loop(prepare_storage(config))
@@ -146,7 +149,7 @@ def _supervise(config: GatewayConfig) -> int:
         def spawn(index: int) -> BaseProcess:
             proc = ctx.Process(
                 target=_worker_main,
-                args=(config, index, os.getpid()),
+                args=(config, index, os.getpid(), simulator_url),
                 name=f"canary-worker-{index}",
             )
             proc.start()
@@ -198,7 +201,9 @@ def _supervise(config: GatewayConfig) -> int:
 
 def _join_all(children: list[BaseProcess], config: GatewayConfig) -> bool:
     """Wait for every child (drain time plus a margin), kill stragglers; True if all exited 0."""
-    deadline = time.monotonic() + config.drain_timeout_s + 5.0
+    # A worker's shutdown waits up to drain_timeout_s three times: in-flight production
+    # requests, the mirror's drain and the writer's final flush.
+    deadline = time.monotonic() + 3 * config.drain_timeout_s + 5.0
     clean = True
     for child in children:
         child.join(max(deadline - time.monotonic(), 0.1))
