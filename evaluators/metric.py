@@ -12,7 +12,7 @@ Scales: a "ratio" metric's statistic is a mean log-ratio (margins are ratios, 1.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 import msgspec
@@ -144,6 +144,13 @@ class EvalContext:
     live: Endpoint | None = None
     control: Endpoint | None = None
     planned_look: bool = False
+    # Group code per pair when turns of a session are in the sample (computed once).
+    session_groups: NDArray[np.int64] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        ps = self.pairs
+        if self.candidate.sampling == "session" or np.any(ps.session[: ps.n]):
+            object.__setattr__(self, "session_groups", _groups(ps.session[: ps.n]))
 
     @property
     def has_control(self) -> bool:
@@ -153,13 +160,6 @@ class EvalContext:
     def reference(self) -> str:
         """The fair reference arm for latency, errors and throughput."""
         return "control" if self.has_control else "production"
-
-    @property
-    def session_groups(self) -> NDArray[np.int64] | None:
-        """Group code per pair when sampling was by session (else None)."""
-        if self.candidate.sampling != "session" and not np.any(self.pairs.session):
-            return None
-        return _groups(self.pairs.session)
 
 
 def _groups(session: NDArray[np.uint64]) -> NDArray[np.int64]:
