@@ -223,12 +223,13 @@ async def load_pairs(
         result = await conn.stream(stmt.execution_options(yield_per=batch_size))
         # The next batch is fetched while this one is converted: the driver's thread (aiosqlite)
         # or socket (asyncpg) works while numpy does. At most one batch waits: memory stays flat.
+        # Converting runs in a worker thread so a report read inside a running gateway (admin
+        # API) never holds its event loop for a whole batch.
         async with asyncio.TaskGroup() as tasks:
             ahead = tasks.create_task(result.fetchmany(batch_size))
             while part := await ahead:
                 ahead = tasks.create_task(result.fetchmany(batch_size))
-                await asyncio.sleep(0)  # let the fetch reach the driver before converting
-                builder.add(part)
+                await asyncio.to_thread(builder.add, part)
                 if progress is not None:
                     progress(len(part))
     return builder.finish()

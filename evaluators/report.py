@@ -7,6 +7,7 @@ stable, documented schema (evaluators/SCHEMA.md; bump SCHEMA_VERSION on any brea
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Literal
 
@@ -219,7 +220,10 @@ async def evaluate(
         max_chars=settings.similarity_max_chars,
     )
     accounting = await store.load_accounting(engine, candidate_name)
-    return build_report(
+    # The statistics are CPU work: run them off the event loop, so a report requested from a
+    # running gateway (admin API, rollout gate) never stalls the proxy for its whole duration.
+    return await asyncio.to_thread(
+        build_report,
         ps,
         candidate=cand,
         live=live,

@@ -108,7 +108,7 @@ def test_without_control_the_report_says_so() -> None:
     """Without a control: production is the reference and the caveats say what that costs."""
     r = report(synthetic.Scenario(control=None), 300)
     assert r.pairs.reference == "production" and r.pairs.control is None
-    assert any("no control candidate" in c for c in r.caveats)
+    assert any("no control candidate" in c and "different load" in c for c in r.caveats)
     assert any("noise floor is assumed to be 0" in n for n in r.metrics["exact_match"].notes)
 
 
