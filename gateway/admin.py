@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway import admin_schema as s
 from gateway.admin_auth import INSECURE_ACTOR, TokenChecker, admin_mode, is_loopback
-from gateway.admin_http import ACTOR, ApiError, boundary, decode, json_response
+from gateway.admin_http import ACTOR, ApiError, boundary, decode, json_response, read_body
 from gateway.config import check_http_url
 from storage import errors as se
 from storage import queries as q
@@ -160,13 +160,25 @@ async def delete_candidate(request: web.Request) -> web.Response:
 # --- reports, gate, promote, rollback ---------------------------------------------------------
 
 
-async def _evaluate(ctx: AdminContext, ep: Endpoint) -> Report:
+def _final_look(request: web.Request) -> bool:
+    """`?final=true`: this is the planned final look (a guardrail beyond its margin rejects)."""
+    value = request.query.get("final", "false").lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ApiError(422, "invalid_request", "final must be true or false", field="final")
+
+
+async def _evaluate(ctx: AdminContext, ep: Endpoint, *, final: bool = False) -> Report:
     from evaluators.report import evaluate
 
     settings = ctx.verdict_settings.with_overrides(ep.verdict_overrides)
     async with ctx.report_slots:
         try:
-            return await evaluate(ctx.engine, ep.name, since=None, settings=settings)
+            return await evaluate(
+                ctx.engine, ep.name, since=None, settings=settings, planned_look=final
+            )
         except LookupError as exc:  # removed while we were evaluating it
             raise se.EndpointNotFound(ep.name) from exc
 
@@ -179,15 +191,21 @@ def _report_json(report: Report) -> bytes:
 
 async def get_report(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
+    final = _final_look(request)
     ep = await q.get_endpoint(ctx.engine, request.match_info["name"])
-    report = await _evaluate(ctx, ep)
+    report = await _evaluate(ctx, ep, final=final)
     return web.Response(body=_report_json(report), content_type="application/json")
 
 
 async def gate(request: web.Request) -> web.Response:
+    """GET, or POST as rollout webhooks send it (Flagger: the body describes the canary and
+    is not needed here, so it is read, bounded, and ignored)."""
     ctx = request.app[CTX]
+    final = _final_look(request)
+    if request.method == "POST":
+        await read_body(request)
     ep = await q.get_endpoint(ctx.engine, request.match_info["name"])
-    report = await _evaluate(ctx, ep)
+    report = await _evaluate(ctx, ep, final=final)
     status = _GATE_STATUS.get(report.verdict, 425)
     return web.Response(body=_report_json(report), status=status, content_type="application/json")
 
@@ -320,6 +338,7 @@ def build_admin_app(ctx: AdminContext) -> web.Application:
     r.add_post("/candidates/{name}/promote", promote)
     r.add_get("/candidates/{name}/report", get_report)
     r.add_get("/candidates/{name}/gate", gate)
+    r.add_post("/candidates/{name}/gate", gate)
     r.add_post("/rollback", rollback)
     r.add_get("/status", status)
     r.add_get("/openapi.json", openapi_json, name="openapi")

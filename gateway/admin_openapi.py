@@ -86,6 +86,21 @@ def _op(
     return op
 
 
+def _final(op: dict[str, Any]) -> dict[str, Any]:
+    """Add the `final` query parameter (the planned final look) to a report operation."""
+    op.setdefault("parameters", []).append(
+        {
+            "name": "final",
+            "in": "query",
+            "required": False,
+            "description": "This is the planned final look: a guardrail beyond its margin "
+            "rejects (Holm), and tail quantiles are bootstrapped.",
+            "schema": {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no"]},
+        }
+    )
+    return op
+
+
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 description of the admin API (served at `/admin/openapi.json`)."""
     from evaluators.report import Report
@@ -98,6 +113,15 @@ def openapi_document() -> dict[str, Any]:
         verdict = components[body]["properties"]["verdict"]
         verdict["propertyNames"] = {"enum": sorted(VerdictSettings.__struct_fields__)}
     report = _json(_ref("Report"), "The report")
+    gate_args = (
+        "Rollout gate: 200 promote, 412 reject, 425 hold (body: the report). POST accepts "
+        "and ignores a webhook's JSON body.",
+        {
+            200: _json(_ref("Report"), "Verdict is promote"),
+            412: _json(_ref("Report"), "Verdict is reject"),
+            425: _json(_ref("Report"), "Verdict is hold: not enough evidence yet"),
+        },
+    )
     endpoint = _json(_ref("EndpointView"), "The endpoint")
     promoted = _json(_ref("PromotionResult"), "Committed; the audit row and the new live")
     return {
@@ -166,25 +190,20 @@ def openapi_document() -> dict[str, Any]:
                 ),
             },
             "/candidates/{name}/report": {
-                "get": _op(
-                    "getReport",
-                    "The promotion report",
-                    {200: report},
-                    (),
-                    name_param=True,
+                "get": _final(
+                    _op(
+                        "getReport",
+                        "The promotion report",
+                        {200: report},
+                        (422,),
+                        name_param=True,
+                    )
                 ),
             },
             "/candidates/{name}/gate": {
-                "get": _op(
-                    "gateCandidate",
-                    "Rollout gate: 200 promote, 412 reject, 425 hold (body: the report)",
-                    {
-                        200: _json(_ref("Report"), "Verdict is promote"),
-                        412: _json(_ref("Report"), "Verdict is reject"),
-                        425: _json(_ref("Report"), "Verdict is hold: not enough evidence yet"),
-                    },
-                    (),
-                    name_param=True,
+                "get": _final(_op("gateCandidate", *gate_args, (422,), name_param=True)),
+                "post": _final(
+                    _op("gateCandidateWebhook", *gate_args, (413, 422), name_param=True)
                 ),
             },
             "/rollback": {

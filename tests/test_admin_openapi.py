@@ -32,7 +32,7 @@ values = ["int8", "prod", "live"]
 
 # The gate answers 412 (reject) and 425 (hold) to perfectly valid requests, by design.
 [[operations]]
-include-operation-id = "gateCandidate"
+include-operation-id-regex = "^gateCandidate(Webhook)?$"
 checks.positive_data_acceptance.expected-statuses = ["200", "404", "412", "425"]
 
 # Verdict overrides have cross-field rules (latency_delta <= latency_critical, ...) that JSON

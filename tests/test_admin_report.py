@@ -107,6 +107,22 @@ async def test_report_and_gate(tmp_path: Path) -> None:
             assert status == 404 and body["error"]["type"] == "not_found"
 
 
+async def test_gate_as_a_webhook_and_at_the_final_look(tmp_path: Path) -> None:
+    """The gate takes a webhook's POST (its body ignored) and `?final=true` marks the planned
+    final look in the report; a malformed `final` is a 422 naming the parameter."""
+    async with admin_server(sqlite_url(tmp_path)) as srv, aiohttp.ClientSession() as http:
+        await setup(srv, http)
+        webhook = {"name": "podinfo", "namespace": "test", "phase": "Progressing"}
+        url = f"{srv.admin}/candidates/good/gate?final=true"
+        status, body = await call(http, "POST", url, json=webhook)
+        assert (status, body["verdict"]) == (200, "promote")
+        assert body["pairs"]["planned_look"] is True
+        status, body = await call(http, "GET", f"{srv.admin}/candidates/bad/report")
+        assert body["pairs"]["planned_look"] is False
+        status, body = await call(http, "GET", f"{srv.admin}/candidates/good/gate?final=maybe")
+        assert status == 422 and body["error"]["field"] == "final"
+
+
 async def test_promote_follows_the_verdict(tmp_path: Path) -> None:
     """Without force, reject and hold are refused with 409 naming the verdict and its reasons
     (nothing changes); promote is accepted and its report is kept in the audit row."""
