@@ -111,6 +111,21 @@ class _CountersFlusher:
                 await task
 
 
+def _registry_lines(registry: Registry) -> list[str]:
+    stats = registry.stats()
+    return [
+        "# HELP canary_registry_version Control-plane version this replica applies.",
+        "# TYPE canary_registry_version gauge",
+        f"canary_registry_version {stats['version']}",
+        "# HELP canary_registry_reloads_total Snapshots loaded from storage.",
+        "# TYPE canary_registry_reloads_total counter",
+        f"canary_registry_reloads_total {stats['reloads']}",
+        "# HELP canary_registry_poll_errors_total Registry polls that failed (old snapshot kept).",
+        "# TYPE canary_registry_poll_errors_total counter",
+        f"canary_registry_poll_errors_total {stats['poll_errors']}",
+    ]
+
+
 async def _check_schema(engine: AsyncEngine, db_url: str) -> None:
     try:
         await ensure_schema(engine, db_url)
@@ -257,6 +272,7 @@ async def running(
         stack.push_async_callback(flusher.close)
         metrics.add_collector(mirror.prometheus_lines)
         metrics.add_collector(writer.prometheus_lines)
+        metrics.add_collector(lambda: _registry_lines(registry))
         parts.gateway = await start_gateway(
             config,
             live=live,
