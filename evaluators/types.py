@@ -10,7 +10,7 @@ equality) are computed while loading, by `evaluators.columns`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -88,6 +88,12 @@ class Pair(msgspec.Struct, kw_only=True):
     model: str | None = None
 
 
+def _zeros(n: int, dtype: type[np.generic] | type[bool]) -> NDArray[Any]:
+    # np.full, not np.zeros: calloc'd pages would be committed only as rows arrive, so memory
+    # would creep up while loading; filled now, it is all taken up front and stays flat.
+    return np.full(n, 0, dtype=dtype)
+
+
 def _f32(n: int) -> F32:
     return np.full(n, np.nan, dtype=np.float32)
 
@@ -120,9 +126,9 @@ class ArmColumns:
     @classmethod
     def empty(cls, n: int) -> ArmColumns:
         return cls(
-            present=np.zeros(n, dtype=bool),
-            ok=np.zeros(n, dtype=bool),
-            status=np.zeros(n, dtype=np.int16),
+            present=_zeros(n, bool),
+            ok=_zeros(n, bool),
+            status=_zeros(n, np.int16),
             error=_i8(n, 0),
             queue_wait=_f32(n),
             ttft=_f32(n),
@@ -131,7 +137,7 @@ class ArmColumns:
             itl_p50=_f32(n),
             itl_p99=_f32(n),
             tokens=_f32(n),
-            tokens_from_chunks=np.zeros(n, dtype=bool),
+            tokens_from_chunks=_zeros(n, bool),
             prompt_tokens=_f32(n),
             cached_tokens=_f32(n),
             finish=_i8(n, 0),
@@ -195,13 +201,13 @@ class PairSet:
         return cls(
             n=0,
             received_at=np.full(n, np.nan),
-            turn=np.zeros(n, dtype=np.int16),
+            turn=_zeros(n, np.int16),
             temperature=_f32(n),
-            stream=np.zeros(n, dtype=bool),
-            json_requested=np.zeros(n, dtype=bool),
-            tools_requested=np.zeros(n, dtype=bool),
-            session=np.zeros(n, dtype=np.uint64),
-            model=np.zeros(n, dtype=np.int16),
+            stream=_zeros(n, bool),
+            json_requested=_zeros(n, bool),
+            tools_requested=_zeros(n, bool),
+            session=_zeros(n, np.uint64),
+            model=_zeros(n, np.int16),
             production=ArmColumns.empty(n),
             candidate=ArmColumns.empty(n),
             control=ArmColumns.empty(n),
