@@ -120,7 +120,7 @@ async def gateway(
     base = {"drain_timeout_s": 0.3, "mirror_shed_loop_lag_ms": 2000.0}
     cfg = GatewayConfig(listen="127.0.0.1:0", **{**base, **settings})
     live = LiveTarget(cfg.live_endpoint(live_url))
-    mirror = Mirror(cfg, live, sink, "iso")
+    mirror = Mirror(cfg, live, sink, "iso", shed_cpu_busy=None)
     mirror.apply(candidates)
     gw = await start_gateway(
         cfg,

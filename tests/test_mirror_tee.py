@@ -14,6 +14,7 @@ from aiohttp import web
 
 from gateway.meter import MeterResult
 from gateway.mirror.counters import identity_holds
+from gateway.mirror.loopguard import LoopLagGuard
 from gateway.mirror.sinks import InMemorySink
 from gateway.mirror.tee import Mirror
 from storage.records import Endpoint
@@ -362,3 +363,47 @@ def test_prometheus_lines() -> None:
     assert 'canary_mirror_dropped_on_stop_total{candidate="a"} 0' in lines
     assert not any('outcome="dropped_on_stop"' in line for line in lines)
     assert any(line.startswith("canary_mirror_memory_bytes ") for line in lines)
+
+
+def test_guard_sheds_on_cpu_saturation_and_lag() -> None:
+    """The guard sheds while either the loop lags or the CPU is saturated, and counts episodes."""
+    guard = LoopLagGuard(20.0, cpu_busy=0.9)
+    guard.observe(0.001)
+    guard.observe_cpu(0.5, 1.0)
+    assert not guard.shedding
+    guard.observe_cpu(0.95, 1.0)
+    assert guard.shedding and guard.sheds == 1
+    guard.observe(0.001)  # an on-time tick does not clear a CPU-saturated window
+    assert guard.shedding
+    guard.observe_cpu(0.3, 1.0)
+    assert not guard.shedding
+    guard.observe(0.05)
+    assert guard.shedding and guard.sheds == 2 and guard.max_lag_s == 0.05
+    off = LoopLagGuard(20.0, cpu_busy=None)
+    off.observe_cpu(1.0, 1.0)
+    assert not off.shedding
+
+
+def test_busy_loop_sheds_copies(run: Run[None]) -> None:
+    """A loop kept busy without lagging (a saturated core) sheds copies through the CPU signal."""
+
+    async def scenario() -> None:
+        sink = InMemorySink()
+        ep = Endpoint(name="a", url="http://127.0.0.1:9", sample_rate=1.0)
+        mirror = make_mirror([ep], sink, cpu_busy=0.5)
+        mirror.guard.cpu_window_s = 0.05
+        await mirror.start()
+        try:
+            async with asyncio.timeout(10):
+                while not mirror.guard.shedding:
+                    end = time.process_time() + 0.005
+                    while time.process_time() < end:  # short bursts: busy, but never 20 ms late
+                        pass
+                    await asyncio.sleep(0)
+            assert mirror.guard.max_lag_s < 2.0
+            assert send(mirror, chat("busy"), "r1") is None
+            assert mirror.counters()["a"]["shed_overload"] == 1
+        finally:
+            await mirror.close()
+
+    run(scenario())

@@ -105,6 +105,7 @@ def prometheus_lines(
     shedding: bool,
     shed_episodes: int = 0,
     max_lag_s: float = 0.0,
+    cpu_busy: float = 0.0,
 ) -> Iterator[str]:
     """Prometheus text exposition lines for the mirror (HELP/TYPE included)."""
     yield "# HELP canary_mirror_copies_total Mirror copies by candidate and outcome."
@@ -140,6 +141,9 @@ def prometheus_lines(
     yield "# HELP canary_mirror_loop_lag_max_seconds Largest event-loop lag measured so far."
     yield "# TYPE canary_mirror_loop_lag_max_seconds gauge"
     yield f"canary_mirror_loop_lag_max_seconds {max_lag_s:.6f}"
+    yield "# HELP canary_mirror_cpu_busy Share of one core this process used, last window."
+    yield "# TYPE canary_mirror_cpu_busy gauge"
+    yield f"canary_mirror_cpu_busy {cpu_busy:.3f}"
 
 
 def _per_lane(

@@ -82,6 +82,7 @@ class Mirror:
         replica: str,
         *,
         lag_interval_s: float = 0.01,
+        shed_cpu_busy: float | None = 0.9,
     ) -> None:
         self._config = config
         self._live = live
@@ -89,7 +90,10 @@ class Mirror:
         self._replica = replica
         self._session_header = config.session_header
         self.budget = MemoryBudget(config.mirror_memory_budget_bytes)
-        self.guard = LoopLagGuard(config.mirror_shed_loop_lag_ms, lag_interval_s)
+        # Copies may use spare CPU only: above this share of a core they are shed (None: off).
+        self.guard = LoopLagGuard(
+            config.mirror_shed_loop_lag_ms, lag_interval_s, cpu_busy=shed_cpu_busy
+        )
         self.process = MirrorCounters()
         self._lanes: dict[str, Lane] = {}
         self._offers: tuple[_Offer, ...] = ()
@@ -329,4 +333,5 @@ class Mirror:
             self.guard.shedding,
             self.guard.sheds,
             self.guard.max_lag_s,
+            self.guard.busy,
         )
