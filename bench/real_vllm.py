@@ -94,11 +94,24 @@ class Proc:
 class Processes:
     """Owns every child process; each gets its own process group so it can be stopped whole."""
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0, engine_nice: int | None = None) -> None:
         self.procs: list[Proc] = []
+        self.nice = nice
+        self.engine_nice = nice if engine_nice is None else engine_nice
 
-    def start(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str]) -> Proc:
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: dict[str, str],
+        *,
+        engine: bool = False,
+    ) -> Proc:
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        nice = self.engine_nice if engine else self.nice
+        if nice:
+            argv = ["nice", "-n", str(nice), *argv]
         with log_path.open("ab") as out:
             popen = subprocess.Popen(
                 list(argv),
@@ -222,8 +235,48 @@ def vllm_argv(root: Path, engine: Engine, args: argparse.Namespace) -> list[str]
     return argv
 
 
-def vllm_env(bind: str | None) -> dict[str, str]:
+# vLLM's shared-memory message queue keeps a reader busy-polling (sched_yield) for 1 s after
+# every read, so each engine burns about a core for a second after each request. With two or
+# three engines on two shared cores that spinning, not the model, decides the timings. This hook,
+# loaded by every Python process of an engine (PYTHONPATH), lowers that window for both arms alike.
+_SPIN_HOOK = """\
+import importlib.abc, importlib.util, sys
+
+_NAME = "vllm.distributed.device_communicators.shm_broadcast"
+_SPIN_S = {spin_s!r}
+
+
+class _CapSpin(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != _NAME:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.SpinCondition.__init__.__defaults__ = (_SPIN_S,)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _CapSpin())
+"""
+
+
+def write_spin_hook(workdir: Path, spin_s: float) -> Path:
+    hook_dir = workdir / "vllm-hook"
+    hook_dir.mkdir(exist_ok=True)
+    (hook_dir / "sitecustomize.py").write_text(_SPIN_HOOK.format(spin_s=spin_s))
+    return hook_dir
+
+
+def vllm_env(bind: str | None, hook_dir: Path | None) -> dict[str, str]:
     env = dict(os.environ)
+    if hook_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook_dir), env.get("PYTHONPATH")]))
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
@@ -232,7 +285,11 @@ def vllm_env(bind: str | None) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
     )
     env.pop("VIRTUAL_ENV", None)
-    if bind:
+    if bind == "float":
+        # One unpinned model thread: the OS runs it on whichever core is free.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        env["OMP_NUM_THREADS"] = "1"
+    elif bind:
         env["VLLM_CPU_OMP_THREADS_BIND"] = bind
     return env
 
@@ -246,17 +303,18 @@ def vllm_version(root: Path) -> str:
 async def start_engines(
     procs: Processes, engines: list[Engine], root: Path, workdir: Path, args: argparse.Namespace
 ) -> None:
-    bind_spec = args.bind
-    if bind_spec is None:
-        bind_spec = "0,1,1" if (os.cpu_count() or 1) >= 2 else "auto"
-    binds = [b.strip() or None for b in bind_spec.split(",")]
+    if args.bind is None:
+        args.bind = ",".join("float" for _ in engines)
+    binds = [b.strip() or None for b in args.bind.split(",")]
+    hook_dir = write_spin_hook(workdir, args.spin_s) if args.spin_s >= 0 else None
     for i, engine in enumerate(engines):
         bind = binds[i] if i < len(binds) else None
         engine.proc = procs.start(
             f"vllm-{engine.name}",
             vllm_argv(root, engine, args),
             workdir / f"vllm-{engine.name}.log",
-            vllm_env(bind),
+            vllm_env(bind, hook_dir),
+            engine=True,
         )
     async with aiohttp.ClientSession() as http:
         for engine in engines:
@@ -522,10 +580,15 @@ def gateway_available() -> tuple[bool, str]:
 
 
 async def register_candidate(
-    http: aiohttp.ClientSession, gw_url: str, name: str, kind: str, url: str
+    http: aiohttp.ClientSession,
+    gw_url: str,
+    name: str,
+    kind: str,
+    url: str,
+    verdict: dict[str, float],
 ) -> str:
     """Register through POST /admin/candidates; fall back to `canary candidates add`."""
-    body = {
+    body: dict[str, Any] = {
         "name": name,
         "url": url,
         "kind": kind,
@@ -534,6 +597,8 @@ async def register_candidate(
         "concurrency": 4,
         "timeout_s": 120.0,
     }
+    if verdict:
+        body["verdict"] = verdict
     async with http.post(gw_url + "/admin/candidates", json=body) as resp:
         text = await resp.text()
         if resp.status in (200, 201):
@@ -541,6 +606,8 @@ async def register_candidate(
         first_error = f"POST /admin/candidates -> {resp.status}: {text[:300]}"
     argv = [str(canary_bin()), "candidates", "add", name, url, "--admin-url", gw_url,
             "--kind", kind, "--sample-rate", "1.0", "--sampling", "session"]  # fmt: skip
+    for key, value in verdict.items():
+        argv += ["--verdict", f"{key}={value}"]
     out = await asyncio.to_thread(run_cmd, argv, 60.0)
     if out.returncode == 0:
         return f"`canary candidates add` (after {first_error})"
@@ -642,6 +709,9 @@ async def stored_by_turn(db_url: str, name: str) -> dict[str, dict[int, dict[str
     engine = make_engine(db_url)
     try:
         ps = await load_pairs(engine, name)
+    except Exception as exc:  # a bench must still print the report when this table fails
+        log(f"cannot load the stored pairs ({type(exc).__name__}: {exc})")
+        return None
     finally:
         await engine.dispose()
     n = ps.n
@@ -719,7 +789,8 @@ async def gateway_phase(
         if CONTROL in engines:
             arms.append((CONTROL, "control", engines[CONTROL]))
         for name, kind, engine in arms:
-            how = await register_candidate(http, gw_url, name, kind, engine.url)
+            overrides = args.verdict if name == CANDIDATE else {}
+            how = await register_candidate(http, gw_url, name, kind, engine.url, overrides)
             log(f"registered {name} ({kind}, session sampling, 100 %): {how}")
         await asyncio.sleep(args.settle_s)
         before = {name: await engine_counters(http, eng.url) for name, _, eng in arms}
@@ -765,9 +836,9 @@ async def gateway_phase(
         copies=copies,
         results=[asdict(r) for r in results],
     )
+    report = await asyncio.to_thread(run_report, db_url, CANDIDATE, out_dir)
     stored = await stored_by_turn(db_url, CANDIDATE)
     summary["gateway"]["stored_by_turn"] = stored
-    report = await asyncio.to_thread(run_report, db_url, CANDIDATE, out_dir)
     summary["report"] = {k: v for k, v in report.items() if k != "text"}
     doc = report.get("json")
     if isinstance(doc, dict):
@@ -860,6 +931,9 @@ async def main_async(
             "think_ms",
             "direct_sessions",
             "seed",
+            "bind",
+            "verdict",
+            "spin_s",
         )
     }
     if args.direct_sessions > 0:
@@ -868,6 +942,16 @@ async def main_async(
         await gateway_phase(procs, engines, workdir, out_dir, args, summary)
     elif not args.direct_only:
         summary["gateway_skipped"] = why
+
+
+def verdict_override(text: str) -> tuple[str, float]:
+    key, sep, value = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return key.strip(), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KEY=NUMBER, got {text!r}") from None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -919,10 +1003,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--bind",
         default=None,
-        help="VLLM_CPU_OMP_THREADS_BIND per engine (the cores its model runs on), comma-"
-        "separated in the order live,bi-kv[,control]; default with 2+ cores: '0,1,1' (live on "
-        "core 0, the mirrored arms on core 1, so a production request and its mirrored copy "
-        "do not queue behind each other); 'auto': vLLM's own choice (all on one core)",
+        help="where each engine's model thread runs, comma-separated in the order "
+        "live,bi-kv[,control]: 'float' (default: one unpinned thread, the OS picks a free core, "
+        "so a production request and its mirrored copy run side by side and see the same "
+        "machine), a core list such as '0' or '1' (VLLM_CPU_OMP_THREADS_BIND), or 'auto' "
+        "(vLLM's choice: on 2 cores every engine pins to core 0)",
+    )
+    ap.add_argument(
+        "--spin-s",
+        type=float,
+        default=0.01,
+        help="cap on how long an idle vLLM process busy-polls its message queue after a read "
+        "(vLLM's own: 1 s, a core per engine for a second after each request); negative: "
+        "leave vLLM as it is",
     )
     ap.add_argument(
         "--enforce-eager",
@@ -942,6 +1035,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=300.0,
         help="longest wait for the mirror to answer every copy",
     )
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="niceness of this script, the engines and the gateway (e.g. -10 as root, so that "
+        "other work on a small shared machine adds less scheduling noise to the timings)",
+    )
+    ap.add_argument(
+        "--engine-nice",
+        type=int,
+        default=None,
+        help="niceness of the engines (default: --nice); above --nice, the gateway's clock and "
+        "event loop are not starved when all engines compute at once",
+    )
+    ap.add_argument(
+        "--verdict",
+        type=verdict_override,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="verdict setting override for bi-kv, sent with its registration (repeatable), "
+        "e.g. error_delta=0.01; default: none (the gateway's defaults)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--out",
@@ -951,7 +1067,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--keep", action="store_true", help="keep the temporary work folder (SQLite DB, logs)"
     )
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.verdict = dict(args.verdict)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -976,7 +1094,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if meta.exists():
         summary["model"] = json.loads(meta.read_text())
     log(f"vLLM/torch: {summary['vllm_torch']}; model: {summary.get('model')}; work dir {workdir}")
-    procs = Processes()
+    procs = Processes(nice=args.nice, engine_nice=args.engine_nice)
+    if args.nice or args.engine_nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+        except PermissionError:
+            log("a negative --nice needs root (or CAP_SYS_NICE): running at the default priority")
+            procs.nice = procs.engine_nice = 0
+    summary["nice"] = {"script_and_gateway": procs.nice, "engines": procs.engine_nice}
+    summary["loadavg_start"] = os.getloadavg()
 
     def on_term(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -996,6 +1122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         procs.stop_all()
         summary["elapsed_s"] = time.monotonic() - t_start
+        summary["loadavg_end"] = os.getloadavg()
         for name in [p.name for p in workdir.glob("*.log")]:
             shutil.copy(workdir / name, out_dir / name)
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
