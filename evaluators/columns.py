@@ -155,6 +155,8 @@ class PairSetBuilder:
         """Append a batch of rows."""
         if not rows:
             return
+        if len(rows[0]) != ROW_WIDTH:
+            raise ValueError(f"a row has {len(rows[0])} fields, the layout {ROW_WIDTH}")
         ps = self._set
         start, k = ps.n, len(rows)
         if start + k > ps.capacity:
