@@ -5,7 +5,8 @@ A small owned task sleeps `interval_s` and measures how late it wakes up. Two si
 as `shed_overload` instead of queueing them:
 
 - loop lag above `mirror_shed_loop_lag_ms` (one late wake-up; one on-time wake-up clears it);
-- the process busy on the CPU for more than `cpu_busy` of the last `cpu_window_s` of wall time.
+- the event-loop thread busy on the CPU for more than `cpu_busy` of the last `cpu_window_s` of
+  wall time (its own thread's CPU time: a storage writer's thread does not count).
 
 The second exists because a saturated loop need not lag: a closed loop of clients keeps every
 iteration short while the core is 100 % busy, and then each copy's HTTP exchange and meter are
@@ -99,13 +100,13 @@ class LoopLagGuard:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         interval = self.interval_s
-        self._window_start, self._window_cpu = loop.time(), time.process_time()
+        self._window_start, self._window_cpu = loop.time(), time.thread_time()
         while True:
             expected = loop.time() + interval
             await asyncio.sleep(interval)
             now = loop.time()
             self.observe(max(0.0, now - expected))
             if now - self._window_start >= self.cpu_window_s:
-                cpu = time.process_time()
+                cpu = time.thread_time()
                 self.observe_cpu(cpu - self._window_cpu, now - self._window_start)
                 self._window_start, self._window_cpu = now, cpu
