@@ -5,7 +5,7 @@
 - `counters` — the accounting counters and their Prometheus lines (pure)
 - `observe` — metered responses to storage records (pure)
 - `dispatcher` — one candidate's lane: ring, workers, own HTTP session
-- `loopguard` — sheds new copies while the event loop lags
+- `loopguard` — sheds new copies while the event loop lags or saturates its core
 - `tee` — `Mirror`, the `RequestTee` the proxy calls; `sinks` — an in-memory `ObservationSink`
 
 Importing this package imports none of its modules, so the pure ones stay free of aiohttp.
