@@ -128,11 +128,11 @@ async def _serve_gateway(
         mirror_memory_budget_bytes=budget,
         drain_timeout_s=0.5,
         mirror_shed_loop_lag_ms=lag_ms,
+        # --lag-ms >= 1e6 means "guard off": neither loop lag nor CPU saturation sheds copies.
+        mirror_shed_cpu_busy=0.0 if lag_ms >= 1e6 else 0.9,
     )
     target = LiveTarget(cfg.live_endpoint(live))
-    # --lag-ms >= 1e6 means "guard off": neither loop lag nor CPU saturation sheds copies.
-    cpu_busy = None if lag_ms >= 1e6 else 0.9
-    mirror = Mirror(cfg, target, _CountingSink(), "bench", shed_cpu_busy=cpu_busy)
+    mirror = Mirror(cfg, target, _CountingSink(), "bench")
     mirror.apply(
         [
             Endpoint(name=name, url=url, sample_rate=rate, timeout_s=300.0)

@@ -108,6 +108,9 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # --- mirror
     mirror_memory_budget_bytes: PosInt = 256 * MiB
     mirror_shed_loop_lag_ms: PosFloat = 20.0
+    # Share of one core the event-loop thread may use before new copies are shed (0 = never):
+    # a saturated loop need not lag, and copies must only use spare CPU.
+    mirror_shed_cpu_busy: Rate = 0.9
     dedup_window_s: NonNegFloat = 60.0
     drain_timeout_s: NonNegFloat = 10.0
 

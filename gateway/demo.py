@@ -46,10 +46,11 @@ live_url = "{live_url}"
 db_url = "sqlite+aiosqlite:///{db_path}"
 insecure_admin = true
 log_format = "json"
-# Five processes share this machine's cores, so scheduling delays show up as event-loop lag;
-# production here is a simulator, so the demo lets the loop guard tolerate more before
-# shedding copies (in a real deployment keep the default 20 ms).
+# Five processes share this machine's cores, so scheduling delays show up as event-loop lag
+# and the gateway may use a whole core; production here is a simulator, so the demo's loop
+# guard tolerates more lag and no CPU limit (in a real deployment keep the defaults).
 mirror_shed_loop_lag_ms = 250.0
+mirror_shed_cpu_busy = 0.0
 registry_poll_interval_s = 1.0
 counters_flush_interval_s = 1.0
 live_price_per_hour_usd = 2.0

@@ -49,9 +49,10 @@ async def _scenario(tmp: Path) -> dict[str, Any]:
                 "listen": "127.0.0.1:0",
                 "live_url": sims["live"].url,
                 "db_url": f"sqlite+aiosqlite:///{tmp / 'canary.db'}",
-                # The simulators share this test's event loop, so loop lag measures them too;
-                # a lenient threshold keeps the guard from shedding the copies under test.
+                # The simulators share this test's event loop, so loop lag and CPU measure them
+                # too; a lenient guard keeps it from shedding the copies under test.
                 "mirror_shed_loop_lag_ms": 500.0,
+                "mirror_shed_cpu_busy": 0.0,
                 "verdict": {"error_delta": 0.01},
                 "candidates": [
                     {

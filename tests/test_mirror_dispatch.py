@@ -62,15 +62,22 @@ def chat(*user_turns: str, stream: bool = False, model: str = "sim-model") -> by
 def make_mirror(
     candidates: Sequence[Endpoint],
     sink: InMemorySink,
-    cpu_busy: float | None = None,
+    cpu_busy: float = 0.0,
     **settings: Any,
 ) -> Mirror:
     # A lenient loop-lag threshold and no CPU signal unless a test sets them: on a busy host a
     # scheduling pause or a tight test loop must not shed the copies a test is about (the guard
     # has its own tests).
-    cfg = GatewayConfig(**{"drain_timeout_s": 2.0, "mirror_shed_loop_lag_ms": 2000.0, **settings})
+    cfg = GatewayConfig(
+        **{
+            "drain_timeout_s": 2.0,
+            "mirror_shed_loop_lag_ms": 2000.0,
+            "mirror_shed_cpu_busy": cpu_busy,
+            **settings,
+        }
+    )
     live = LiveTarget(cfg.live_endpoint("http://127.0.0.1:9"))
-    mirror = Mirror(cfg, live, sink, "test", shed_cpu_busy=cpu_busy)
+    mirror = Mirror(cfg, live, sink, "test")
     mirror.apply(candidates)
     return mirror
 

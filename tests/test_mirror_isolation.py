@@ -117,10 +117,10 @@ async def gateway(
     live_url: str, candidates: list[Endpoint], sink: InMemorySink, **settings: Any
 ) -> AsyncIterator[tuple[str, Mirror]]:
     # Lenient loop-lag threshold: on a busy host, shedding would hide the faults under test.
-    base = {"drain_timeout_s": 0.3, "mirror_shed_loop_lag_ms": 2000.0}
+    base = {"drain_timeout_s": 0.3, "mirror_shed_loop_lag_ms": 2000.0, "mirror_shed_cpu_busy": 0.0}
     cfg = GatewayConfig(listen="127.0.0.1:0", **{**base, **settings})
     live = LiveTarget(cfg.live_endpoint(live_url))
-    mirror = Mirror(cfg, live, sink, "iso", shed_cpu_busy=None)
+    mirror = Mirror(cfg, live, sink, "iso")
     mirror.apply(candidates)
     gw = await start_gateway(
         cfg,

@@ -82,7 +82,6 @@ class Mirror:
         replica: str,
         *,
         lag_interval_s: float = 0.01,
-        shed_cpu_busy: float | None = 0.9,
     ) -> None:
         self._config = config
         self._live = live
@@ -92,7 +91,9 @@ class Mirror:
         self.budget = MemoryBudget(config.mirror_memory_budget_bytes)
         # Copies may use spare CPU only: above this share of a core they are shed (None: off).
         self.guard = LoopLagGuard(
-            config.mirror_shed_loop_lag_ms, lag_interval_s, cpu_busy=shed_cpu_busy
+            config.mirror_shed_loop_lag_ms,
+            lag_interval_s,
+            cpu_busy=config.mirror_shed_cpu_busy or None,
         )
         self.process = MirrorCounters()
         self._lanes: dict[str, Lane] = {}
