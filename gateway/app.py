@@ -114,6 +114,7 @@ def build_app(
         app[UPSTREAM_SESSION] = proxy.session = session
         yield
         proxy.session = None
+        proxy.sweeper.close()
         await session.close()
 
     app.cleanup_ctx.append(upstream_ctx)

@@ -30,10 +30,10 @@ from gateway.hooks import LiveTarget, RequestTee
 from gateway.meter import MeterResult, ResponseMeter
 from gateway.metrics import Registry
 from gateway.upstream import (
+    DeadlineSweeper,
     UpstreamError,
     UpstreamTimeoutError,
     UpstreamTimeouts,
-    Watchdog,
     open_response,
     read_chunk,
     request_body,
@@ -202,6 +202,7 @@ class Proxy:
             idle_s=config.idle_timeout_s,
             total_s=config.total_timeout_s,
         )
+        self.sweeper = DeadlineSweeper(self.timeouts)
         self._too_large = error_body(
             f"request body exceeds the gateway's limit of {self.max_body} bytes",
             "invalid_request_error",
@@ -299,7 +300,7 @@ class Proxy:
         session = self.session
         assert session is not None, "the proxy's client session is not started"
         t0 = perf_counter()
-        wd = Watchdog(self.timeouts, t0)
+        wd = self.sweeper.watch(t0)
         upstream: aiohttp.ClientResponse | None = None
         meter: ResponseMeter | None = None
         out: web.StreamResponse | None = None

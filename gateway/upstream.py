@@ -2,8 +2,9 @@
 
 `make_client_session` builds a keep-alive `aiohttp.ClientSession` that changes nothing it sends
 or receives (no auto headers, no decompression, no cookie jar, no redirects are followed by the
-callers). `Watchdog` enforces the time-to-first-byte, idle-between-chunks and total deadlines of
-one exchange with a single timer (no per-chunk timer churn); `open_response` and `read_chunk`
+callers). `Watchdog` holds the time-to-first-byte, idle-between-chunks and total deadlines of
+one exchange; one `DeadlineSweeper` timer enforces those of every exchange in flight (no timer
+per request, none per chunk); `open_response` and `read_chunk`
 map every failure to one typed `UpstreamError`. The proxy uses one session for the live endpoint;
 the mirror dispatcher builds its own with the same factory.
 
@@ -140,31 +141,76 @@ def request_body(body: bytes) -> bytes | SlicedBody | None:
     return SlicedBody(body) if len(body) > SLICE_ABOVE else body
 
 
-class Watchdog:
-    """The TTFB, idle and total deadlines of one exchange, on one timer.
+class DeadlineSweeper:
+    """One timer for the TTFB, idle and total deadlines of every exchange in flight.
 
-    Hot-path cost is an attribute store per chunk (`touch`). The timer wakes only at the nearest
-    possible deadline, re-arms itself if activity moved it, and on expiry cancels the owning task;
-    `expired` then names the phase, and `check_cancel` turns that cancellation into a typed error.
+    A per-exchange timer costs two timer handles per request (armed, then re-armed when the
+    headers arrive) plus their cancellation; here an exchange costs a set insertion and removal.
+    While any `Watchdog` is registered, one timer ticks every `resolution_s` and cancels the task
+    of each exchange past a deadline: a deadline fires at most one tick late. The tick stops by
+    itself when nothing is registered.
     """
 
-    __slots__ = ("_handle", "_loop", "_t0", "_task", "_timeouts", "body", "expired", "last")
+    __slots__ = ("_handle", "_loop", "_watched", "resolution_s", "timeouts")
 
-    def __init__(self, timeouts: UpstreamTimeouts, t0: float | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
+    def __init__(self, timeouts: UpstreamTimeouts) -> None:
+        self.timeouts = timeouts
+        # A tenth of the shortest deadline, at most 100 ms: precise enough for deadlines counted
+        # in seconds, ten wake-ups a second while requests are in flight.
+        enabled = [t for t in (timeouts.ttfb_s, timeouts.idle_s, timeouts.total_s) if t > 0]
+        self.resolution_s = min([0.1, *(t / 10 for t in enabled)])
+        self._watched: set[Watchdog] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    def watch(self, t0: float) -> Watchdog:
+        """A watchdog for the current task's exchange, started at `t0` (perf_counter)."""
+        wd = Watchdog(self, t0)
+        self._watched.add(wd)
+        if self._handle is None:
+            loop = self._loop = asyncio.get_running_loop()
+            self._handle = loop.call_later(self.resolution_s, self._tick)
+        return wd
+
+    def _tick(self) -> None:
+        now = perf_counter()
+        for wd in [wd for wd in self._watched if wd.overdue(now)]:
+            wd.expire()
+        if self._watched and self._loop is not None:
+            self._handle = self._loop.call_later(self.resolution_s, self._tick)
+        else:
+            self._handle = None
+
+    def close(self) -> None:
+        """Stop the tick (at shutdown); watchdogs still registered never expire."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._watched.clear()
+
+
+class Watchdog:
+    """The TTFB, idle and total deadlines of one exchange, checked by its `DeadlineSweeper`.
+
+    Hot-path cost is an attribute store per chunk (`last`). Past a deadline the sweeper cancels
+    the owning task; `expired` then names the phase, and `check_cancel` turns that cancellation
+    into a typed error.
+    """
+
+    __slots__ = ("_sweeper", "_t0", "_task", "body", "expired", "last")
+
+    def __init__(self, sweeper: DeadlineSweeper, t0: float) -> None:
         task = asyncio.current_task()
         assert task is not None, "Watchdog must be created inside a task"
         self._task = task
-        self._timeouts = timeouts
-        self._t0 = perf_counter() if t0 is None else t0
-        self.last = self._t0
+        self._sweeper = sweeper
+        self._t0 = t0
+        self.last = t0
         self.body = False  # False while waiting for headers, True once the body is flowing
         self.expired: str | None = None
-        self._handle: asyncio.TimerHandle | None = None
-        self._arm(self._t0)
 
     def _next_deadline(self) -> tuple[float, str]:
-        t = self._timeouts
+        t = self._sweeper.timeouts
         best, phase = float("inf"), ""
         if t.total_s:
             best, phase = self._t0 + t.total_s, "total"
@@ -175,40 +221,24 @@ class Watchdog:
             best, phase = self._t0 + t.ttfb_s, "ttfb"
         return best, phase
 
-    def _arm(self, now: float) -> None:
-        deadline, _ = self._next_deadline()
-        if deadline != float("inf"):
-            self._handle = self._loop.call_later(max(deadline - now, 0.0), self._fire)
+    def overdue(self, now: float) -> bool:
+        return self.expired is None and now >= self._next_deadline()[0]
 
-    def _fire(self) -> None:
-        self._handle = None
-        if self.expired is not None:
-            return
-        now = perf_counter()
-        deadline, phase = self._next_deadline()
-        if now >= deadline:
-            self.expired = phase
-            self._task.cancel(f"upstream {phase} timeout")
-        else:
-            self._arm(now)
+    def expire(self) -> None:
+        """Cancel the owning task for the earliest deadline passed (called by the sweeper)."""
+        self.expired = phase = self._next_deadline()[1]
+        self._task.cancel(f"upstream {phase} timeout")
 
     def headers_received(self, now: float) -> None:
-        """Switch from the TTFB deadline to the idle deadline (re-arms the timer once)."""
+        """Switch from the TTFB deadline to the idle deadline."""
         self.body = True
         self.last = now
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        if self.expired is None:
-            self._arm(now)
 
     def touch(self, now: float) -> None:
         self.last = now
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self._sweeper._watched.discard(self)
 
     def check_cancel(self) -> None:
         """Inside `except CancelledError`: raise the timeout if this watchdog caused it.
