@@ -1,6 +1,7 @@
 """Proxy overhead benchmark: canary-gateway vs direct, nginx and a minimal aiohttp pass-through.
 
     .venv/bin/python bench/overhead.py [--duration 10] [--rates 200,1000] [--profile]
+    .venv/bin/python bench/overhead.py --cpu-only [--cpu-rounds 6] [--cpu-duration 4]
 
 Every server and every load generator runs in its own process on 127.0.0.1:
   upstreams  nginx `return 200` with a fixed JSON body (plain requests); the engine simulator with
@@ -13,6 +14,11 @@ Every server and every load generator runs in its own process on 127.0.0.1:
              latency measured from the scheduled send time, so no coordinated omission); an
              asyncio SSE client (events/s with 64 concurrent streams; per-chunk added delay)
 It prints a markdown report on stdout. It is a benchmark, not a test: it asserts nothing.
+
+On a shared machine, throughput measures the neighbours as much as the proxy. The CPU A/B section
+(`--cpu-only` runs just it) is the honest number there: gateway and pass-through are loaded in
+alternation, round after round, with the same wrk, and each proxy's CPU time (utime + stime from
+/proc) is divided by the requests wrk counted; the report gives the median of the rounds.
 """
 
 from __future__ import annotations
@@ -301,17 +307,63 @@ async def _sim(port: int) -> None:
     await runner.cleanup()
 
 
-def wrk(url: str, duration: float, conns: int = 64) -> tuple[float, float]:
-    """Closed-loop saturation: requests/s and median latency (ms)."""
+def wrk(url: str, duration: float, conns: int = 64) -> tuple[float, float, int]:
+    """Closed-loop saturation: requests/s, median latency (ms) and requests completed."""
     out = subprocess.run(
         ["wrk", "-t1", f"-c{conns}", f"-d{int(duration)}s", "--latency", url],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    done = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     m = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
     scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}
     p50 = float(m.group(1)) * scale[m.group(2)] if m else float("nan")
-    return rps, p50
+    return rps, p50, done
+
+
+def cpu_ab(
+    targets: dict[str, tuple[str, int]], rounds: int, duration: float, conns: int = 32
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Per target, CPU µs per request and req/s of each round; targets alternate order."""
+    out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in targets}
+    names = list(targets)
+    for url, _ in targets.values():
+        wrk(url, 1, conns)  # warm pools and caches
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            url, pid = targets[name]
+            before = cpu_seconds(pid)
+            rps, _, done = wrk(url, duration, conns)
+            out[name][0].append((cpu_seconds(pid) - before) / max(done, 1) * 1e6)
+            out[name][1].append(rps)
+    return out
+
+
+def median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def cpu_ab_lines(res: dict[str, tuple[list[float], list[float]]], conns: int) -> list[str]:
+    rounds = len(next(iter(res.values()))[0])
+    lines = [
+        f"### CPU per request, interleaved A/B (wrk -t1 -c{conns}, {rounds} rounds, median)",
+        "",
+        "| proxy | CPU µs/request | rounds (µs) | req/s |",
+        "|---|---|---|---|",
+    ]
+    for name, (cpu, rps) in res.items():
+        each = ", ".join(f"{c:.0f}" for c in cpu)
+        lines.append(f"| {name} | {median(cpu):.0f} | {each} | {median(rps):,.0f} |")
+    gw, pt = res["canary-gateway, 1 worker"], res["minimal aiohttp pass-through"]
+    lines += [
+        "",
+        f"- gateway / pass-through CPU per request: {median(gw[0]) / median(pt[0]):.2f}x; "
+        f"req/s: {median(gw[1]) / median(pt[1]):.2f}x; per round CPU ratios: "
+        + ", ".join(f"{g / p:.2f}" for g, p in zip(gw[0], pt[0], strict=True)),
+    ]
+    return lines
 
 
 @contextmanager
@@ -354,6 +406,9 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--rates", default="200,1000")
     ap.add_argument("--profile", action="store_true", help="py-spy the gateway at saturation")
+    ap.add_argument("--cpu-rounds", type=int, default=4, help="rounds of the CPU A/B")
+    ap.add_argument("--cpu-duration", type=float, default=4.0, help="seconds per A/B cell")
+    ap.add_argument("--cpu-only", action="store_true", help="run only the CPU A/B")
     args = ap.parse_args()
     for tool in ("wrk", "nginx"):
         if shutil.which(tool) is None:
@@ -368,7 +423,8 @@ def main() -> int:
                 tmp=tmp, sim=sim, up=up, proxy_fixed=np_fixed, proxy_sim=np_sim, body=JSON_BODY
             )
         )
-        procs.start(PY, __file__, "_sim", str(sim), port=sim)
+        if not args.cpu_only:
+            procs.start(PY, __file__, "_sim", str(sim), port=sim)
         procs.start(
             "nginx", "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "err.log"),
             "-g", "daemon off;", port=up,
@@ -377,8 +433,18 @@ def main() -> int:
         fixed = f"http://127.0.0.1:{up}"
         simurl = f"http://127.0.0.1:{sim}"
         gw1, gw1_pid = gateway(procs, tmp, fixed)
-        gw_sim, _ = gateway(procs, tmp, simurl)
         pt1, pt1_pid = passthrough(procs, tmp, fixed)
+        path = "/v1/completions"
+        ab = {
+            "canary-gateway, 1 worker": (gw1 + path, gw1_pid),
+            "minimal aiohttp pass-through": (pt1 + path, pt1_pid),
+        }
+        if args.cpu_only:
+            res = cpu_ab(ab, args.cpu_rounds, args.cpu_duration)
+            print(f"Machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
+            print("\n".join(cpu_ab_lines(res, 32)))
+            return 0
+        gw_sim, _ = gateway(procs, tmp, simurl)
         pt_sim, _ = passthrough(procs, tmp, simurl)
         pids = {gw1: gw1_pid, pt1: pt1_pid}
         plain = {
@@ -393,7 +459,6 @@ def main() -> int:
             "nginx reverse proxy": f"http://127.0.0.1:{np_sim}",
             "minimal aiohttp pass-through": pt_sim,
         }
-        path = "/v1/completions"
         rates = [float(r) for r in args.rates.split(",")]
         lines = [
             f"Machine: {os.cpu_count()} cores, load average before the run "
@@ -429,14 +494,14 @@ def main() -> int:
         for name, url in plain.items():
             pid = pids.get(url)
             before = cpu_seconds(pid) if pid else 0.0
-            rps, p50 = wrk(url + path, args.duration)
+            rps, p50, _ = wrk(url + path, args.duration)
             if pid:
                 cpu[name] = (cpu_seconds(pid) - before) / (rps * args.duration) * 1e6
             sat[name] = rps
             cell = f"{cpu[name]:.0f}" if name in cpu else "-"
             lines.append(f"| {name} | {rps:,.0f} | {p50:.2f} | {cell} |")
         gw2, _ = gateway(procs, tmp, fixed, "--workers", "2")
-        rps2, p50_2 = wrk(gw2 + path, args.duration, conns=128)
+        rps2, p50_2, _ = wrk(gw2 + path, args.duration, conns=128)
         lines.append(f"| canary-gateway, --workers 2 | {rps2:,.0f} | {p50_2:.2f} |")
         one = sat["canary-gateway, 1 worker"]
         lines += [
@@ -448,6 +513,8 @@ def main() -> int:
             f"- gateway / nginx reverse proxy: {one / sat['nginx reverse proxy']:.2f}x",
             f"- --workers 2 / 1 worker: {rps2 / one:.2f}x",
         ]
+        if args.cpu_rounds:
+            lines += ["", *cpu_ab_lines(cpu_ab(ab, args.cpu_rounds, args.cpu_duration), 32)]
         lines += ["", "### SSE events/s, 64 concurrent streams (simulator, fast profile)", ""]
         lines += ["| target | events/s | vs direct |", "|---|---|---|"]
         direct_ev = 0.0
