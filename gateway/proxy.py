@@ -102,8 +102,18 @@ def _connection_tokens(headers: CIMultiDictProxy[str]) -> frozenset[str]:
     )
 
 
-def _is_hop(lower: str, named: frozenset[str], skip: frozenset[str]) -> bool:
-    return lower in skip or lower.startswith("proxy-") or lower in named
+def _copy_end_to_end(
+    src: CIMultiDictProxy[str], skip: frozenset[str], out: CIMultiDict[str]
+) -> None:
+    """Add to `out` every header of `src` that is not hop-by-hop (`skip`, `Proxy-*`, or named
+    in `Connection`). Inlined loop: this runs for every header of every request and answer."""
+    named = _connection_tokens(src) if "Connection" in src else None
+    add = out.add
+    for key, value in src.items():
+        lower = key.lower()
+        if lower in skip or lower.startswith("proxy-") or (named and lower in named):
+            continue
+        add(key, value)
 
 
 def _result(meter: ResponseMeter | None, now: float, status: int) -> MeterResult:
@@ -248,11 +258,8 @@ class Proxy:
         self, request: web.Request, rid: str | None
     ) -> tuple[CIMultiDict[str], str]:
         src = request.headers
-        named = _connection_tokens(src) if "Connection" in src else frozenset()
         out: CIMultiDict[str] = CIMultiDict()
-        for key, value in src.items():
-            if not _is_hop(key.lower(), named, _REQUEST_SKIP):
-                out.add(key, value)
+        _copy_end_to_end(src, _REQUEST_SKIP, out)
         remote = request.remote or ""
         xff = src.get("X-Forwarded-For")
         out["X-Forwarded-For"] = f"{xff}, {remote}" if xff else remote
@@ -262,17 +269,6 @@ class Proxy:
             rid = request_id()
             out[XRID] = rid
         return out, rid
-
-    @staticmethod
-    def _response_headers(upstream: CIMultiDictProxy[str], rid: str) -> CIMultiDict[str]:
-        named = _connection_tokens(upstream) if "Connection" in upstream else frozenset()
-        out: CIMultiDict[str] = CIMultiDict()
-        for key, value in upstream.items():
-            if not _is_hop(key.lower(), named, _RESPONSE_SKIP):
-                out.add(key, value)
-        if XRID not in out:
-            out[XRID] = rid
-        return out
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         metrics = self.metrics
@@ -323,7 +319,10 @@ class Proxy:
                 meter = ResponseMeter(t0, is_sse=is_sse, text_max_chars=self.text_max)
             cls = web.StreamResponse if is_sse else _CoalescedResponse
             out = cls(status=status, reason=upstream.reason)
-            out.headers.extend(self._response_headers(up_headers, rid))
+            out_headers = out.headers  # built in place: no intermediate multidict
+            _copy_end_to_end(up_headers, _RESPONSE_SKIP, out_headers)
+            if XRID not in out_headers:
+                out_headers[XRID] = rid
             await out.prepare(request)
             while chunk := await read_chunk(upstream, wd):
                 now = perf_counter()
