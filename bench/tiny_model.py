@@ -74,8 +74,8 @@ def corpus_lines() -> list[str]:
 
 def build_tokenizer(lines: list[str], vocab_size: int) -> Any:
     """Train a byte-level BPE tokenizer and wrap it as a ``PreTrainedTokenizerFast``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # type: ignore[import-not-found, unused-ignore]
+    from transformers import PreTrainedTokenizerFast  # type: ignore[import-not-found, unused-ignore]
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -131,7 +131,7 @@ def train(
     seed: int = 0,
 ) -> None:
     """A few AdamW steps of next-token prediction on random windows of the corpus."""
-    import torch
+    import torch  # type: ignore[import-not-found, unused-ignore]
 
     rng = random.Random(seed)
     data = torch.tensor(training_ids(tokenizer, lines), dtype=torch.long)
@@ -163,8 +163,8 @@ def build(
     dtype: str = "float32",
 ) -> int:
     """Build the model and tokenizer into ``out_dir``; return the parameter count."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import torch  # type: ignore[import-not-found, unused-ignore]
+    from transformers import LlamaConfig, LlamaForCausalLM  # type: ignore[import-not-found, unused-ignore]
 
     if hidden % heads or hidden // heads < 32:
         raise ValueError(f"head_dim = {hidden}/{heads} must be a whole number >= 32 for vLLM CPU")
