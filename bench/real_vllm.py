@@ -1161,7 +1161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_term(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, on_term)
+    # Also SIGINT: a shell that starts this in the background may hand it SIGINT ignored.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_term)
     t_start = time.monotonic()
     code = 0
     try:
@@ -1174,12 +1176,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary["error"] = str(exc)
         code = 1
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not skip the cleanup
+            signal.signal(sig, signal.SIG_IGN)
         procs.stop_all()
         summary["elapsed_s"] = time.monotonic() - t_start
         summary["loadavg_end"] = os.getloadavg()
-        for name in [p.name for p in workdir.glob("*.log")]:
-            shutil.copy(workdir / name, out_dir / name)
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for name in [p.name for p in workdir.glob("*.log")]:
+                shutil.copy(workdir / name, out_dir / name)
+            text = json.dumps(summary, indent=2, default=str) + "\n"
+            (out_dir / "summary.json").write_text(text)
+        except OSError as exc:
+            log(f"could not save the outputs in {out_dir}: {exc}")
         if args.keep:
             log(f"kept {workdir} (SQLite DB and logs)")
         else:
