@@ -209,24 +209,20 @@ def list_text(eps: Sequence[EndpointView]) -> str:
 
 # --- actions ----------------------------------------------------------------------------------
 
-_FIELDS = (
-    "kind",
-    "sample_rate",
-    "sampling",
-    "buffer_max_items",
-    "buffer_max_bytes",
-    "concurrency",
-    "timeout_s",
-    "model",
-    "forward_auth",
-    "credentials_env",
-    "price_per_hour_usd",
-    "gpus",
-)
+# The fields `candidates add` takes as flags: every mutable field but those with their own
+# commands or arguments (url is positional; state: pause/resume; role: promote/rollback;
+# verdict overrides: the admin API).
+_FLAG_EXCLUDED = frozenset({"role", "url", "state", "verdict"})
+
+
+def _add_fields() -> tuple[str, ...]:
+    from gateway.admin_schema import MUTABLE_FIELDS
+
+    return tuple(f for f in MUTABLE_FIELDS if f not in _FLAG_EXCLUDED)
 
 
 def _body(args: argparse.Namespace) -> dict[str, Any]:
-    body = {f: v for f in _FIELDS if (v := getattr(args, f)) is not None}
+    body = {f: v for f in _add_fields() if (v := getattr(args, f)) is not None}
     for extra in ("url", "role"):
         if getattr(args, extra, None) is not None:
             body[extra] = getattr(args, extra)
