@@ -5,8 +5,8 @@
 compose onto the returned app before it starts: append to `app.cleanup_ctx` (mirror, registry,
 storage writer), `app.add_subapp("/admin", ...)` (a more specific prefix wins over the catch-all
 whatever the order), and append async readiness checks to `app[READY_CHECKS]`.
-`start_gateway` runs one on a socket (tests, benchmarks); `run_gateway` is what `canary serve`
-runs in each worker process until SIGTERM/SIGINT.
+`start_gateway` runs one on a socket; `gateway.runtime` composes the complete gateway (storage,
+registry, mirror, admin) around it, and is what `canary serve` runs in each worker process.
 
 This module must never do per-request work itself: requests go straight to `Proxy.handle`.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -213,37 +212,3 @@ async def start_gateway(
             await sim.close()
         raise
     return RunningGateway(runner, sim)
-
-
-async def run_gateway(
-    config: GatewayConfig,
-    *,
-    customize: Sequence[AppCustomizer] = (),
-    stop: asyncio.Event | None = None,
-) -> None:
-    """Serve until SIGTERM/SIGINT (or `stop` is set), then shut down gracefully."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        gateway = await start_gateway(config, customize=customize)
-        try:
-            log.info(
-                "canary-gateway listening",
-                extra={
-                    "fields": {
-                        "url": gateway.url,
-                        "live_url": gateway.app[LIVE].endpoint.url,
-                        "pid": os.getpid(),
-                        "loop": type(loop).__module__,
-                    }
-                },
-            )
-            await stop.wait()
-            log.info("shutting down", extra={"fields": {"pid": os.getpid()}})
-        finally:
-            await gateway.close()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
