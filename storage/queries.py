@@ -220,17 +220,33 @@ async def upsert_counters(
             await conn.execute(stmt, rows)
 
 
-async def sum_counters(engine: AsyncEngine) -> dict[str, dict[str, int]]:
-    """Each candidate's counters summed over every replica that reported them."""
+# Point-in-time values, not totals: a replica that died without its final flush would report
+# its last ones forever (a copy "pending" for ever inflates coverage), so they count only while
+# the replica keeps reporting. Cumulative counters always count.
+GAUGES = frozenset({"pending", "inflight", "buffer_items", "buffer_bytes"})
+GAUGE_MAX_AGE_S = 60.0
+
+
+async def sum_counters(
+    engine: AsyncEngine, *, now: float | None = None
+) -> dict[str, dict[str, int]]:
+    """Each candidate's counters summed over every replica that reported them; gauges only from
+    replicas that reported within GAUGE_MAX_AGE_S (a stale gauge counts as 0: conservative)."""
     with translated("reading mirror counters"):
         async with engine.connect() as conn:
-            stmt = select(MIRROR_COUNTERS.c.endpoint, MIRROR_COUNTERS.c.counters)
+            stmt = select(
+                MIRROR_COUNTERS.c.endpoint,
+                MIRROR_COUNTERS.c.counters,
+                MIRROR_COUNTERS.c.updated_at,
+            )
             rows = (await conn.execute(stmt)).all()
+    fresh_after = (time.time() if now is None else now) - GAUGE_MAX_AGE_S
     totals: dict[str, dict[str, int]] = {}
-    for endpoint, raw in rows:
+    for endpoint, raw, updated_at in rows:
         into = totals.setdefault(endpoint, {})
+        stale = updated_at < fresh_after
         for key, value in msgspec.json.decode(raw, type=dict[str, int]).items():
-            into[key] = into.get(key, 0) + value
+            into[key] = into.get(key, 0) + (0 if stale and key in GAUGES else value)
     return totals
 
 

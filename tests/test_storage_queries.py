@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -18,6 +19,7 @@ from storage.errors import (
     StorageUnavailable,
 )
 from storage.records import Endpoint
+from storage.sql import MIRROR_COUNTERS
 
 LIVE = Endpoint(name="prod", url="http://127.0.0.1:9000", role="live", kind="live")
 
@@ -154,6 +156,28 @@ async def test_counters_upsert_and_sum(db_engine: AsyncEngine) -> None:
     await queries.upsert_counters(db_engine, "r3", {})
     assert await queries.sum_counters(db_engine) == {"a": {"sampled": 6, "sent": 5}, "b": {}}
     assert await queries.registry_version(db_engine) == 0
+
+
+async def test_stale_replicas_gauges_count_as_zero(db_engine: AsyncEngine) -> None:
+    """A replica that stopped reporting keeps its totals in the sum but not its gauges."""
+    counters = {"a": {"sampled": 4, "sent": 3, "pending": 1}}
+    await queries.upsert_counters(db_engine, "gone", counters)
+    await queries.upsert_counters(db_engine, "alive", counters)
+    now = time.time()
+    assert await queries.sum_counters(db_engine, now=now) == {
+        "a": {"sampled": 8, "sent": 6, "pending": 2}
+    }
+    later = now + queries.GAUGE_MAX_AGE_S + 1
+    await queries.upsert_counters(db_engine, "alive", counters)  # still reporting...
+    async with db_engine.begin() as conn:  # ...as of `later`; "gone" last reported at `now`
+        await conn.execute(
+            MIRROR_COUNTERS.update()
+            .where(MIRROR_COUNTERS.c.replica == "alive")
+            .values(updated_at=later)
+        )
+    assert await queries.sum_counters(db_engine, now=later) == {
+        "a": {"sampled": 8, "sent": 6, "pending": 1}
+    }
 
 
 async def test_unreachable_database_raises_storage_unavailable() -> None:
