@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import os
 import shutil
 import signal
 import socket
@@ -28,6 +30,7 @@ import msgspec
 
 from gateway.errors import CanaryError
 from gateway.progress import Progress
+from gateway.workers import die_with_parent
 from gateway.workload import WorkloadSpec, run_workload
 
 # name, simulator profile, extra `canary sim` flags, candidate kind (None: production)
@@ -120,6 +123,7 @@ class _Processes:
             stdout=log,
             stderr=log,
             start_new_session=True,  # Ctrl-C reaches the demo, which stops its children itself
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),  # ... or the kernel does
         )
         log.close()
         self.children.append((name, proc))
@@ -175,6 +179,10 @@ async def _workdir(keep: bool) -> AsyncIterator[Path]:
 async def run_demo(opts: DemoOptions) -> int:
     """Run the demo; returns the process exit code."""
     started = time.monotonic()
+    # SIGTERM cancels the demo like Ctrl-C does, so the `finally` below stops every child.
+    main = asyncio.current_task()
+    assert main is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
     async with _workdir(opts.keep) as work:
         procs = _Processes(work)
         try:

@@ -60,9 +60,9 @@ def serve_forever(config: GatewayConfig) -> int:
     return _supervise(config)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGTERM this child when the supervisor dies (Linux), so a supervisor
-    killed with SIGKILL or by the OOM killer never leaves workers holding the port."""
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGTERM this child when its parent dies (Linux), so a supervisor (or the
+    demo) killed with SIGKILL or by the OOM killer never leaves children holding ports."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -73,7 +73,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def _worker_main(
     config: GatewayConfig, index: int, parent_pid: int, simulator_url: str | None
 ) -> None:
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     from gateway.logging import setup_logging
     from gateway.runtime import serve_until_stopped
 
@@ -82,7 +82,7 @@ def _worker_main(
 
 
 def _sim_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> None:
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
 
     async def main() -> None:
         from gateway.sim.server import start_sim

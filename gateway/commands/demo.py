@@ -75,4 +75,9 @@ def run(args: argparse.Namespace) -> int:
         out_dir=args.out_dir,
         seed=args.seed,
     )
-    return asyncio.run(run_demo(opts))
+    try:
+        return asyncio.run(run_demo(opts))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        # Ctrl-C or SIGTERM: run_demo has already stopped every process it started.
+        print("canary demo: interrupted; every process it started has been stopped", flush=True)
+        return 130
