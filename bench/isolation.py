@@ -116,12 +116,12 @@ class _CountingSink:
 async def _serve_gateway(
     live: str, candidates: Sequence[str], rate: float, budget: int, lag_ms: float
 ) -> None:
-    from gateway.app import start_gateway
-    from gateway.config import GatewayConfig
-    from gateway.hooks import LiveTarget
-    from gateway.metrics import Registry
+    from domain.endpoint import Endpoint
     from gateway.mirror.tee import Mirror
-    from storage.records import Endpoint
+    from gateway.process.config import GatewayConfig
+    from gateway.server.app import start_gateway
+    from gateway.server.hooks import LiveTarget
+    from gateway.server.metrics import Registry
 
     cfg = GatewayConfig(
         listen="127.0.0.1:0",

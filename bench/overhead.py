@@ -157,7 +157,7 @@ class Procs:
 def gateway(procs: Procs, tmp: Path, live: str, *extra: str) -> tuple[str, int]:
     port = free_port()
     proc = procs.start(
-        PY, "-m", "gateway.cli", "serve", "--live", live, "--listen", f"127.0.0.1:{port}",
+        PY, "-m", "gateway.cli.main", "serve", "--live", live, "--listen", f"127.0.0.1:{port}",
         "--db", f"sqlite+aiosqlite:///{tmp}/gw-{port}.db", *extra,
     )  # fmt: skip
     wait_port(port)

@@ -737,7 +737,7 @@ async def stored_by_turn(db_url: str, name: str) -> dict[str, dict[int, dict[str
     try:
         import numpy as np
 
-        from evaluators.pairs import load_pairs
+        from evaluators.pairs.load import load_pairs
         from storage.engine import make_engine
     except ImportError as exc:
         log(f"cannot load the stored pairs ({exc}); per-turn table from the report only")

@@ -2,7 +2,8 @@
 """Benchmark: `canary report` over a million stored pairs (a benchmark, not a test).
 
 Builds (once, cached by --db path) a SQLite database with the real schema holding N exchanges,
-each observed by production, a candidate and a control, then times `evaluators.pairs.load_pairs`
+each observed by production, a candidate and a control, then times
+`evaluators.pairs.load.load_pairs`
 and `build_report` separately and prints a table: pairs/s, wall time, peak RSS, and the RSS
 sampled while the rows stream in (it must stay flat: the rows go straight into preallocated
 compact columns; nothing per pair is kept as a Python object).
@@ -35,12 +36,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evaluators import pairs as store
-from evaluators.report import build_report, render
-from evaluators.settings import VerdictSettings
+from domain.endpoint import Endpoint
+from evaluators.judge.settings import VerdictSettings
+from evaluators.pairs import load as store
+from evaluators.report.build import build_report
+from evaluators.report.render import render
 from storage import queries
 from storage.engine import make_engine, upgrade
-from storage.records import Endpoint
 
 WORDS = np.array(
     "the model returns a short answer about caching tokens and latency in batches while "

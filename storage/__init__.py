@@ -1,5 +1,5 @@
 """Storage: SQLAlchemy 2.0 async models, the engine factory, typed queries, the observation
-writer (DESIGN.md §5). Imports neither `gateway` nor `evaluators`; raises only storage.errors.
+writer (DESIGN.md §5). Imports neither `gateway` nor `evaluators`; raises only domain.errors.
 
 - engine.py      make_engine, schema_state, upgrade/downgrade, ensure_schema
 - queries.py     control-plane queries (endpoints, seed, promote/rollback, counters)

@@ -21,8 +21,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from domain.errors import SchemaAhead, SchemaBehind, StorageError
 from storage import migrate
-from storage.errors import SchemaAhead, SchemaBehind, StorageError
 from storage.migrate import SchemaState
 from storage.sql import translated
 

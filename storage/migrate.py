@@ -20,7 +20,7 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import Connection, inspect
 
-from storage.errors import StorageError
+from domain.errors import StorageError
 from storage.models import Base
 
 SchemaState = Literal["empty", "current", "behind", "ahead"]

@@ -20,9 +20,10 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from domain.endpoint import Endpoint
+from domain.errors import EndpointNotFound, PromotionConflict
+from domain.records import PromotionRecord
 from storage.engine import write_transaction
-from storage.errors import EndpointNotFound, PromotionConflict
-from storage.records import Endpoint, PromotionRecord
 from storage.sql import PROMOTIONS, bump_version, fetch, fetch_live, set_role, translated
 
 _ACTOR_MAX = 128  # promotions.actor is String(128)

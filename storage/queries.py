@@ -19,11 +19,11 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from domain.endpoint import Endpoint
+from domain.errors import DuplicateName, EndpointNotFound, InvalidEndpoint, PromotionConflict
 from storage.engine import write_transaction
-from storage.errors import DuplicateName, EndpointNotFound, InvalidEndpoint, PromotionConflict
 from storage.models import Base
 from storage.promotions import list_promotions, promote, rollback
-from storage.records import Endpoint
 from storage.sql import (
     ENDPOINTS,
     MIRROR_COUNTERS,

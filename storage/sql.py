@@ -16,9 +16,9 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlch
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
-from storage.errors import InvalidEndpoint, StorageError, StorageUnavailable
+from domain.endpoint import Endpoint
+from domain.errors import InvalidEndpoint, StorageError, StorageUnavailable
 from storage.models import Base
-from storage.records import Endpoint
 
 ENDPOINTS: Table = Base.metadata.tables["endpoints"]
 REGISTRY_META: Table = Base.metadata.tables["registry_meta"]

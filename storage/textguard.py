@@ -12,7 +12,7 @@ import msgspec
 import xxhash
 from sqlalchemy import String, Table
 
-from storage.records import ExchangeRecord, ObservationRecord
+from domain.records import ExchangeRecord, ObservationRecord
 from storage.sql import EXCHANGES, OBSERVATIONS
 
 Row = dict[str, Any]

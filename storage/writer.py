@@ -29,7 +29,7 @@ from typing import Any, Final
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from storage.records import ExchangeRecord, ObservationRecord
+from domain.records import ExchangeRecord, ObservationRecord
 from storage.sql import EXCHANGES, OBSERVATIONS, insert_ignore, is_transient
 from storage.textguard import exchange_row, observation_row
 
@@ -64,7 +64,7 @@ _HELP: Final = {
 
 
 class ObservationWriter:
-    """Implements gateway.hooks.ObservationSink structurally; see the module docstring."""
+    """Implements gateway.server.hooks.ObservationSink structurally; see the module docstring."""
 
     def __init__(
         self,

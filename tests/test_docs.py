@@ -26,19 +26,20 @@ import aiohttp
 import msgspec
 import pytest
 
-from evaluators import synthetic
-from evaluators.columns import pairset_from_pairs
-from evaluators.metric import MetricResult
-from evaluators.report import PairsSummary, Report, build_report, report_to_json
-from evaluators.settings import VerdictSettings
-from evaluators.verdict import Reason
-from gateway import cli
-from gateway.admin_openapi import openapi_document
-from gateway.config import CandidateConfig, GatewayConfig, load_config
-from gateway.runtime import running
+from domain.endpoint import Endpoint
+from evaluators.judge.metric import MetricResult
+from evaluators.judge.settings import VerdictSettings
+from evaluators.judge.verdict import Reason
+from evaluators.pairs import synthetic
+from evaluators.pairs.columns import pairset_from_pairs
+from evaluators.report.build import build_report
+from evaluators.report.model import PairsSummary, Report, report_to_json
+from gateway.cli import main as cli
+from gateway.control.admin.openapi import openapi_document
+from gateway.process.config import CandidateConfig, GatewayConfig, load_config
+from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim
-from storage.records import Endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -459,10 +460,12 @@ def test_report_schema_doc_matches_the_report() -> None:
 
 
 def test_test_references_in_docs_exist() -> None:
-    """Every `tests/test_x.py::test_name` the docs cite as proof is a test that exists."""
+    """Every `tests/[group/]test_x.py::test_name` the docs cite as proof is a test that exists."""
     cited = 0
     for path in DOCS:
-        for file, name in re.findall(r"tests/(test_\w+\.py)::(test_\w+)", path.read_text()):
+        for file, name in re.findall(
+            r"tests/((?:\w+/)?test_\w+\.py)::(test_\w+)", path.read_text()
+        ):
             cited += 1
             source = (ROOT / "tests" / file).read_text(encoding="utf-8")
             assert re.search(rf"^(async )?def {name}\(", source, re.M), f"{file}::{name}"

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
+from domain.accounting import IDENTITY_FIELDS, identity_holds
+
 __all__ = [
     "IDENTITY_FIELDS",
     "LaneCounters",
@@ -25,19 +27,6 @@ __all__ = [
     "identity_holds",
     "prometheus_lines",
 ]
-
-# Monotonic per-candidate counters, in the order they are exported.
-IDENTITY_FIELDS: Final = (
-    "sampled",
-    "deduplicated",
-    "dropped_overflow",
-    "dropped_oversize",
-    "shed_overload",
-    "sent",
-    "observed_ok",
-    "observed_error",
-    "timed_out",
-)
 
 
 class LaneCounters:
@@ -74,15 +63,6 @@ class MirrorCounters:
 
     def as_dict(self) -> dict[str, int]:
         return {"skipped_unparseable": self.skipped_unparseable, "skipped_loop": self.skipped_loop}
-
-
-def identity_holds(c: Mapping[str, int]) -> bool:
-    """Both accounting identities, on one candidate's `Mirror.counters()` entry."""
-    dropped = c["dropped_overflow"] + c["dropped_oversize"] + c["shed_overload"]
-    left = c["deduplicated"] + dropped + c["sent"] + c["pending"]
-    return c["sampled"] == left and c["sent"] == (
-        c["observed_ok"] + c["observed_error"] + c["timed_out"]
-    )
 
 
 _GAUGES: Final = (

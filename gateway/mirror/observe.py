@@ -12,8 +12,8 @@ from typing import Final, Literal
 
 import msgspec
 
-from gateway.meter import MeterResult
-from storage.records import ObservationRecord
+from domain.records import ObservationRecord
+from gateway.server.meter import MeterResult
 
 __all__ = ["classify", "observation"]
 

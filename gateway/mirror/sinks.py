@@ -5,7 +5,7 @@ Bounded like every sink must be: past `max_records` new records are dropped and 
 
 from __future__ import annotations
 
-from storage.records import ExchangeRecord, ObservationRecord
+from domain.records import ExchangeRecord, ObservationRecord
 
 __all__ = ["InMemorySink"]
 

@@ -23,13 +23,12 @@ import xxhash
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from gateway.config import GatewayConfig
-from gateway.hooks import LiveTarget, ObservationSink
-from gateway.ids import uuid7
-from gateway.meter import MeterResult
+from domain.endpoint import Endpoint
+from domain.ids import uuid7
+from domain.records import ExchangeRecord
 from gateway.mirror import counters as counters_mod
 from gateway.mirror.counters import MirrorCounters
-from gateway.mirror.dispatcher import MIRROR_HEADER, Copy, Lane
+from gateway.mirror.lane import MIRROR_HEADER, Copy, Lane
 from gateway.mirror.loopguard import LoopLagGuard
 from gateway.mirror.observe import observation
 from gateway.mirror.ring import MemoryBudget
@@ -44,7 +43,9 @@ from gateway.mirror.sampler import (
     threshold_for,
     turn_index,
 )
-from storage.records import Endpoint, ExchangeRecord
+from gateway.process.config import GatewayConfig
+from gateway.server.hooks import LiveTarget, ObservationSink
+from gateway.server.meter import MeterResult
 
 __all__ = ["Mirror"]
 

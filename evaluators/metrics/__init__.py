@@ -1,0 +1,1 @@
+"""Metric evaluators, one module per family; `registry` holds the one EVALUATORS list."""

@@ -1,0 +1,312 @@
+"""Latency evaluators: TTFT, TPOT, E2E, ITL, SLO exceedance, tail quantiles, TTFT by turn.
+
+Per pair the statistic is log(candidate / reference), reference = the control when there is one
+(same mirrored load), else production. A pair counts only when both arms answered OK: failures
+are judged by `evaluators.metrics.errors`, never silently dropped from there. Decisions use the
+always-valid interval of the mean log-ratio; Wilcoxon and the Hodges–Lehmann ratio are reported
+beside it. Quantile ratios are bootstrapped at planned looks only (a bootstrap re-run at every
+look is not always-valid); at other looks tails are judged through SLO exceedance rates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from domain import kinds
+from evaluators.judge.metric import (
+    Detail,
+    EvalContext,
+    MetricResult,
+    MetricSpec,
+    empty_result,
+    judge_bounded,
+    judge_mean,
+)
+from evaluators.judge.settings import VerdictSettings
+from evaluators.pairs.types import ArmColumns
+from evaluators.stats.paired import bootstrap_quantile_ratio, hodges_lehmann, mcnemar, subsample
+from evaluators.stats.sequential import benjamini_hochberg
+
+F = NDArray[np.float64]
+B = NDArray[np.bool_]
+
+# Turn buckets of the by-turn table: 1, 2, 3, 4, and 5 or more.
+TURN_BUCKETS = 5
+# Descriptive tables (by turn, slices) compute Hodges–Lehmann on at most this many pairs.
+TABLE_HL_PAIRS = 5000
+
+
+def both_ok(ctx: EvalContext) -> tuple[ArmColumns, ArmColumns, B]:
+    """(candidate, reference, mask of pairs where both answered OK)."""
+    ps = ctx.pairs
+    ref = ps.arm(ctx.reference)
+    return ps.candidate, ref, ps.candidate.ok & ref.ok
+
+
+def log_ratio(cand: NDArray[np.float32], ref: NDArray[np.float32], mask: B) -> tuple[F, B]:
+    """log(cand/ref) over the pairs in mask where both values are positive and finite."""
+    c = cand.astype(np.float64)
+    r = ref.astype(np.float64)
+    use = mask & np.isfinite(c) & np.isfinite(r) & (c > 0) & (r > 0)
+    return np.log(c[use] / r[use]), use
+
+
+def hl_detail(x: F, ctx: EvalContext, c: F, r: F) -> Detail:
+    """Hodges–Lehmann ratio with its 95 % interval, Wilcoxon p and per-arm medians."""
+    hl = hodges_lehmann(x, 0.05, ctx.settings.hl_max_pairs)
+    return {
+        "hl_ratio": float(np.exp(hl.estimate)),
+        "hl_low": float(np.exp(hl.low)) if np.isfinite(hl.low) else None,
+        "hl_high": float(np.exp(hl.high)) if np.isfinite(hl.high) else None,
+        "hl_n": hl.n,
+        "wilcoxon_p": hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
+        "median_candidate_s": float(np.median(c)) if len(c) else None,
+        "median_reference_s": float(np.median(r)) if len(r) else None,
+    }
+
+
+def _latency(
+    ctx: EvalContext, spec: MetricSpec, field: str, extra: B | None = None
+) -> MetricResult:
+    cand, ref, ok = both_ok(ctx)
+    if extra is not None:
+        ok = ok & extra
+    c_all, r_all = getattr(cand, field), getattr(ref, field)
+    x, use = log_ratio(c_all, r_all, ok)
+    if len(x) == 0:
+        return empty_result(spec, ctx.reference, "no pair where both arms answered")
+    groups = ctx.session_groups
+    detail = hl_detail(x, ctx, c_all[use].astype(np.float64), r_all[use].astype(np.float64))
+    return judge_mean(
+        spec,
+        x,
+        ctx,
+        reference=ctx.reference,
+        detail=detail,
+        groups=None if groups is None else groups[use],
+    )
+
+
+def latency_spec(s: VerdictSettings, name: str, label: str, critical: bool = True) -> MetricSpec:
+    """A latency ratio: critical (TTFT, TPOT, E2E) or diagnostic (ITL)."""
+    return MetricSpec(
+        name=name,
+        label=label,
+        role="critical" if critical else "diagnostic",
+        harm="higher",
+        scale="ratio",
+        delta=s.latency_delta,
+        critical=s.latency_critical if critical else None,
+        unit="ratio",
+    )
+
+
+def later_turns_spec(s: VerdictSettings, kind: str) -> MetricSpec:
+    """TTFT on turns >= 2: the goal of a `bi-kv` candidate, a diagnostic otherwise."""
+    is_goal = kinds.is_goal(kind, "ttft_later_turns")
+    return MetricSpec(
+        name="ttft_later_turns",
+        label="TTFT, turns ≥ 2",
+        role="goal" if is_goal else "diagnostic",
+        harm="higher",
+        scale="ratio",
+        delta=None if is_goal else s.latency_delta,
+        goal=s.goal_ttft_ratio if is_goal else None,
+        unit="ratio",
+    )
+
+
+def slo_spec(s: VerdictSettings, field: str) -> MetricSpec:
+    """Exceedance of the TTFT or E2E SLO: a rate-difference guardrail."""
+    slo = s.slo_ttft_s if field == "ttft" else s.slo_e2e_s
+    return MetricSpec(
+        name=f"{field}_slo",
+        label=f"{field.upper()} > {slo:g} s",
+        role="guardrail",
+        harm="higher",
+        scale="difference",
+        delta=s.slo_exceedance_delta,
+        unit="rate",
+    )
+
+
+def ttft(ctx: EvalContext) -> list[MetricResult]:
+    """Time to first token."""
+    return [_latency(ctx, latency_spec(ctx.settings, "ttft", "TTFT"), "ttft")]
+
+
+def tpot(ctx: EvalContext) -> list[MetricResult]:
+    """Time per output token after the first."""
+    return [_latency(ctx, latency_spec(ctx.settings, "tpot", "TPOT"), "tpot")]
+
+
+def e2e(ctx: EvalContext) -> list[MetricResult]:
+    """End-to-end time."""
+    return [_latency(ctx, latency_spec(ctx.settings, "e2e", "E2E"), "e2e")]
+
+
+def ttft_later_turns(ctx: EvalContext) -> list[MetricResult]:
+    """TTFT on turns >= 2 of a conversation: the goal of a KV-reuse (`bi-kv`) candidate."""
+    spec = later_turns_spec(ctx.settings, ctx.candidate.kind)
+    return [_latency(ctx, spec, "ttft", extra=ctx.pairs.turn >= 1)]
+
+
+def itl(ctx: EvalContext) -> list[MetricResult]:
+    """Inter-token latency distribution, through each response's median and p99 gap."""
+    out = []
+    for field, label in (("itl_p50", "ITL p50"), ("itl_p99", "ITL p99")):
+        out.append(_latency(ctx, latency_spec(ctx.settings, field, label, critical=False), field))
+    return out
+
+
+def slo_exceedance(ctx: EvalContext) -> list[MetricResult]:
+    """Rate of responses over the TTFT / E2E SLO, candidate minus reference (McNemar)."""
+    s = ctx.settings
+    cand, ref, ok = both_ok(ctx)
+    out = []
+    for field, slo in (("ttft", s.slo_ttft_s), ("e2e", s.slo_e2e_s)):
+        spec = slo_spec(s, field)
+        c, r = getattr(cand, field), getattr(ref, field)
+        use = ok & np.isfinite(c) & np.isfinite(r)
+        over_c, over_r = c[use] > slo, r[use] > slo
+        mn = mcnemar(over_c, over_r, s.min_discordant)
+        detail: Detail = {
+            "rate_candidate": float(over_c.mean()) if len(over_c) else None,
+            "rate_reference": float(over_r.mean()) if len(over_r) else None,
+            "slo_s": slo,
+            "discordant_worse": mn.worse,
+            "discordant_better": mn.better,
+            "mcnemar_p": mn.p if np.isfinite(mn.p) else None,
+        }
+        d = over_c.astype(np.float64) - over_r.astype(np.float64)
+        out.append(judge_bounded(spec, d, ctx, reference=ctx.reference, detail=detail))
+    return out
+
+
+def tail_quantiles(ctx: EvalContext) -> list[MetricResult]:
+    """p95 / p99 ratios of TTFT and E2E by paired (session) bootstrap, at planned looks only."""
+    s = ctx.settings
+    cand, ref, ok = both_ok(ctx)
+    groups = ctx.session_groups
+    out = []
+    for field, label in (("ttft", "TTFT"), ("e2e", "E2E")):
+        for q in (0.95, 0.99):
+            spec = MetricSpec(
+                name=f"{field}_p{round(q * 100)}",
+                label=f"{label} p{round(q * 100)}",
+                role="diagnostic",
+                harm="higher",
+                scale="ratio",
+                unit="ratio",
+            )
+            c, r = getattr(cand, field), getattr(ref, field)
+            use = ok & np.isfinite(c) & np.isfinite(r)
+            n = int(np.count_nonzero(use))
+            need = int(np.ceil(4 * q / (1 - q)))
+            if not ctx.planned_look:
+                out.append(empty_result(spec, ctx.reference, "computed at planned looks only"))
+                continue
+            if n <= need:
+                res = empty_result(spec, ctx.reference, f"insufficient data: {n} ≤ {need} pairs")
+                res.status, res.n = "insufficient", n
+                out.append(res)
+                continue
+            idx = np.flatnonzero(use)
+            idx = idx[subsample(len(idx), s.bootstrap_max_units)]
+            g = None if groups is None else np.unique(groups[idx], return_inverse=True)[1]
+            est, lo, hi = bootstrap_quantile_ratio(
+                c[idx].astype(np.float64),
+                r[idx].astype(np.float64),
+                q,
+                groups=g,
+                draws=s.bootstrap_draws,
+                alpha=s.alpha,
+            )
+            res = empty_result(spec, ctx.reference, "")
+            res.status, res.n = "info", n
+            res.estimate, res.ci_low, res.ci_high = est, lo, hi
+            res.detail = {"bootstrap_draws": s.bootstrap_draws, "resampled": len(idx)}
+            out.append(res)
+    return out
+
+
+def ttft_by_turn(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
+    """Rows of the TTFT-by-turn table: per turn bucket, n, medians per arm, ratio and interval."""
+    ps = ctx.pairs
+    cand, ref, ok = both_ok(ctx)
+    turn = np.minimum(ps.turn.astype(np.int64) + 1, TURN_BUCKETS)
+    rows: list[dict[str, float | int | str | None]] = []
+    for bucket in range(1, TURN_BUCKETS + 1):
+        x, use = log_ratio(cand.ttft, ref.ttft, ok & (turn == bucket))
+        label = f"{bucket}+" if bucket == TURN_BUCKETS else str(bucket)
+        row: dict[str, float | int | str | None] = {"turn": label, "n": len(x)}
+        if len(x):
+            hl = hodges_lehmann(x, 0.05, min(TABLE_HL_PAIRS, ctx.settings.hl_max_pairs))
+            row.update(
+                median_candidate_s=float(np.median(cand.ttft[use])),
+                median_reference_s=float(np.median(ref.ttft[use])),
+                median_production_s=float(np.nanmedian(ps.production.ttft[use])),
+                ratio=float(np.exp(hl.estimate)),
+                ci_low=float(np.exp(hl.low)) if np.isfinite(hl.low) else None,
+                ci_high=float(np.exp(hl.high)) if np.isfinite(hl.high) else None,
+                cached_fraction_candidate=_cached_fraction(cand, use),
+                cached_fraction_reference=_cached_fraction(ref, use),
+            )
+        rows.append(row)
+    return rows
+
+
+def _cached_fraction(arm: ArmColumns, use: B) -> float | None:
+    prompt, cached = arm.prompt_tokens[use], arm.cached_tokens[use]
+    known = np.isfinite(prompt) & np.isfinite(cached) & (prompt > 0)
+    if not np.any(known):
+        return None
+    return float(np.sum(cached[known]) / np.sum(prompt[known]))
+
+
+def ttft_slices(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
+    """TTFT ratio per diagnostic slice (turn, prompt length, model, streaming), BH-adjusted.
+
+    Reported, never gating: q-values control the false-discovery rate across the slices.
+    """
+    ps = ctx.pairs
+    cand, ref, ok = both_ok(ctx)
+    slices: list[tuple[str, str, B]] = [
+        ("turn", "1", ps.turn == 0),
+        ("turn", "≥ 2", ps.turn >= 1),
+        ("stream", "yes", ps.stream),
+        ("stream", "no", ~ps.stream),
+    ]
+    prompt = ps.production.prompt_tokens
+    known = np.isfinite(prompt)
+    if np.count_nonzero(known) >= 40:
+        edges = np.quantile(prompt[known], [0.25, 0.5, 0.75])
+        bins = np.digitize(prompt, edges)
+        for b, name in enumerate(("Q1", "Q2", "Q3", "Q4")):
+            slices.append(("prompt tokens", name, known & (bins == b)))
+    if len(ps.models) > 1:
+        slices.extend(("model", m or "?", ps.model == i) for i, m in enumerate(ps.models))
+    rows: list[dict[str, float | int | str | None]] = []
+    pvals = []
+    for dim, value, mask in slices:
+        x, _ = log_ratio(cand.ttft, ref.ttft, ok & mask)
+        if len(x) < 10:
+            continue
+        hl = hodges_lehmann(x, 0.05, min(TABLE_HL_PAIRS, ctx.settings.hl_max_pairs))
+        rows.append(
+            {
+                "slice": dim,
+                "value": value,
+                "n": len(x),
+                "ratio": float(np.exp(hl.estimate)),
+                "ci_low": float(np.exp(hl.low)) if np.isfinite(hl.low) else None,
+                "ci_high": float(np.exp(hl.high)) if np.isfinite(hl.high) else None,
+                "p": hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
+            }
+        )
+        pvals.append(hl.p_wilcoxon)
+    q = benjamini_hochberg(np.array(pvals, dtype=np.float64))
+    for row, qv in zip(rows, q, strict=True):
+        row["q"] = float(qv) if np.isfinite(qv) else None
+    return rows

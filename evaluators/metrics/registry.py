@@ -1,0 +1,47 @@
+"""The one list of metric evaluators, in report order.
+
+An evaluator is a function `(EvalContext) -> list[MetricResult]`: it reads the PairSet, computes
+per-pair values and judges them with `evaluators.judge.metric.judge_mean` / `judge_bounded`. It does
+no IO and decides nothing about the verdict. Adding a metric = one function here plus its test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from evaluators.judge.metric import EvalContext, MetricResult
+from evaluators.metrics import cost, errors, latency, quality, throughput
+
+Evaluator = Callable[[EvalContext], list[MetricResult]]
+
+EVALUATORS: tuple[Evaluator, ...] = (
+    # goals first: they are why the candidate exists
+    latency.ttft_later_turns,
+    cost.cost,
+    # latency
+    latency.ttft,
+    latency.tpot,
+    latency.e2e,
+    latency.slo_exceedance,
+    latency.itl,
+    latency.tail_quantiles,
+    # failures
+    errors.failures,
+    errors.timeouts,
+    errors.lost,
+    # quality
+    quality.exact_match,
+    quality.first_divergence,
+    quality.similarity,
+    quality.json_validity,
+    quality.tool_calls,
+    quality.finish_reason,
+    quality.output_length,
+    # throughput
+    throughput.decode_speed,
+)
+
+
+def run_all(ctx: EvalContext, evaluators: tuple[Evaluator, ...] = EVALUATORS) -> list[MetricResult]:
+    """Every evaluator's results, in registry order."""
+    return [result for evaluate in evaluators for result in evaluate(ctx)]

@@ -1,0 +1,333 @@
+"""Rows of (exchange, production, candidate, control) fields into a compact `PairSet`.
+
+One builder serves both sources: `evaluators.pairs.load` feeds it database rows batch by batch, and
+`pairset_from_pairs` feeds it `Pair` Structs (tests, simulations). Columns are preallocated and
+grown by doubling; each batch costs a few vectorized conversions, and Python-level work only
+for the few rows whose texts must be compared. Text is looked at here and nowhere else: it is
+reduced to per-pair features and dropped.
+
+Row layout: PAIR_FIELDS, then ARM_FIELDS for each of ARMS, then MATCH_FIELDS (whether the
+candidate's / control's output hash equals production's: 1, 0, or None when unknown).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from domain.outcomes import ERROR_KINDS, FINISH_REASONS
+from evaluators.pairs import text as textfn
+from evaluators.pairs.types import (
+    ArmColumns,
+    ArmObs,
+    Comparison,
+    Pair,
+    PairSet,
+)
+
+PAIR_FIELDS = (
+    "received_at",
+    "stream",
+    "temperature",
+    "session_key",
+    "turn_index",
+    "json_requested",
+    "tools_requested",
+    "model",
+    "sampled",  # in the text-similarity sample (see `sample_suffixes`)
+)
+ARM_FIELDS = (
+    "status",
+    "error_kind",
+    "queue_wait_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "itl_p50_s",
+    "itl_p99_s",
+    "output_tokens",
+    "output_tokens_source",
+    "prompt_tokens",
+    "cached_tokens",
+    "finish_reason",
+    "output_text",
+    "text_truncated",
+    "tool_calls",
+)
+ARMS = ("production", "candidate", "control")
+MATCH_FIELDS = ("candidate_match", "control_match")
+ROW_WIDTH = len(PAIR_FIELDS) + len(ARMS) * len(ARM_FIELDS) + len(MATCH_FIELDS)
+# Exchange ids end in random hex (UUIDv7): the similarity sample is the exchanges whose last two
+# characters are among the first k of these, k = ceil(256 × fraction).
+_SUFFIXES = tuple(f"{i:02x}" for i in range(256))
+
+B = NDArray[np.bool_]
+
+
+class _Codes(dict[Any, int]):
+    """A str -> code map that answers `default` for any other value (and -1 for None)."""
+
+    def __init__(self, names: Sequence[str], default: int, extra: dict[str, int]) -> None:
+        super().__init__({name: i for i, name in enumerate(names)} | extra | {None: -1})
+        self.default = default
+
+    def __missing__(self, key: object) -> int:
+        return self.default
+
+
+_OTHER_ERROR = ERROR_KINDS.index("other")
+_ERRORS = _Codes(
+    ERROR_KINDS, _OTHER_ERROR, {"http_other": _OTHER_ERROR, "client_error": _OTHER_ERROR}
+)
+_FINISH = _Codes(FINISH_REASONS, FINISH_REASONS.index("other"), {})
+_HTTP_4XX, _HTTP_5XX = ERROR_KINDS.index("http_4xx"), ERROR_KINDS.index("http_5xx")
+_FLOAT_COLUMNS = (
+    ("queue_wait_s", "queue_wait"),
+    ("ttft_s", "ttft"),
+    ("tpot_s", "tpot"),
+    ("e2e_s", "e2e"),
+    ("itl_p50_s", "itl_p50"),
+    ("itl_p99_s", "itl_p99"),
+    ("output_tokens", "tokens"),
+    ("prompt_tokens", "prompt_tokens"),
+    ("cached_tokens", "cached_tokens"),
+)
+
+
+def sample_suffixes(fraction: float) -> tuple[str, ...] | None:
+    """Id suffixes selecting about `fraction` of exchanges for text similarity (None: all)."""
+    if fraction >= 1.0:
+        return None
+    return _SUFFIXES[: max(1, math.ceil(256 * fraction))]
+
+
+def in_sample(exchange_id: str, suffixes: tuple[str, ...] | None) -> bool:
+    return suffixes is None or exchange_id[-2:] in suffixes
+
+
+def sample_fraction(suffixes: tuple[str, ...] | None) -> float:
+    """The share of random hex ids the suffixes select."""
+    return 1.0 if suffixes is None else len(suffixes) / len(_SUFFIXES)
+
+
+def _session_id(key: str | None) -> int:
+    if not key:
+        return 0
+    try:
+        value = int(key, 16)
+        # Fold a 128-bit hash into 64 bits (multiplying the high half keeps "abab…" distinct).
+        value = (value ^ ((value >> 64) * 0x9E37_79B9_7F4A_7C15)) & 0xFFFF_FFFF_FFFF_FFFF
+    except ValueError:
+        value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+    return value or 1
+
+
+class PairSetBuilder:
+    """Accumulates rows of ROW_WIDTH fields (see the module docstring)."""
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        has_control: bool,
+        similarity_fraction: float = 1.0,
+        max_chars: int = 4000,
+        lost_before: float = math.inf,
+    ) -> None:
+        self._set = PairSet.empty(max(capacity, 16))
+        self._set.has_control = has_control
+        self._set.similarity_fraction = min(1.0, similarity_fraction)
+        self._max_chars = max_chars
+        self._lost_before = lost_before
+        self._models: dict[str | None, int] = {}
+
+    @property
+    def n(self) -> int:
+        return self._set.n
+
+    def add(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Append a batch of rows."""
+        if not rows:
+            return
+        if len(rows[0]) != ROW_WIDTH:
+            raise ValueError(f"a row has {len(rows[0])} fields, the layout {ROW_WIDTH}")
+        ps = self._set
+        start, k = ps.n, len(rows)
+        if start + k > ps.capacity:
+            grown = ps.resized(max(2 * ps.capacity, start + k))
+            grown.n = start
+            self._set = ps = grown
+        sl = slice(start, start + k)
+        cols = list(zip(*rows, strict=True))
+        get = dict(zip(PAIR_FIELDS, cols, strict=False))
+        ps.received_at[sl] = np.asarray(get["received_at"], dtype=np.float64)
+        ps.stream[sl] = np.asarray(get["stream"], dtype=bool)
+        ps.temperature[sl] = np.asarray(get["temperature"], dtype=np.float32)
+        ps.session[sl] = np.fromiter(map(_session_id, get["session_key"]), np.uint64, k)
+        ps.turn[sl] = np.nan_to_num(np.asarray(get["turn_index"], dtype=np.float64))
+        ps.json_requested[sl] = np.asarray(get["json_requested"], dtype=bool)
+        ps.tools_requested[sl] = np.asarray(get["tools_requested"], dtype=bool)
+        ps.model[sl] = np.fromiter(map(self._model_code, get["model"]), np.int16, k)
+        sampled = np.asarray(get["sampled"], dtype=bool)
+        arm_cols: list[dict[str, tuple[Any, ...]]] = []
+        for a, arm in enumerate(ARMS):
+            offset = len(PAIR_FIELDS) + a * len(ARM_FIELDS)
+            fields = dict(zip(ARM_FIELDS, cols[offset : offset + len(ARM_FIELDS)], strict=True))
+            arm_cols.append(fields)
+            self._fill_arm(ps.arm(arm), sl, fields, ps.json_requested[sl])
+        lost = ~ps.candidate.present[sl]
+        late = ps.received_at[sl] >= self._lost_before
+        ps.lost += int(np.count_nonzero(lost & ~late))
+        ps.pending += int(np.count_nonzero(lost & late))
+        context = (ps.temperature[sl] == 0, ps.tools_requested[sl], sampled)
+        match_c, match_k = cols[-2], cols[-1]
+        self._compare(ps.vs_candidate, sl, ps.candidate, arm_cols[0], arm_cols[1], match_c, context)
+        if ps.has_control:
+            self._compare(ps.vs_control, sl, ps.control, arm_cols[0], arm_cols[2], match_k, context)
+        ps.n = start + k
+
+    def finish(self) -> PairSet:
+        """The PairSet, trimmed to the rows added (no copy when the capacity was exact)."""
+        ps = self._set if self._set.capacity == self._set.n else self._set.resized(self._set.n)
+        ps.models = [m or "" for m, _ in sorted(self._models.items(), key=lambda kv: kv[1])]
+        return ps
+
+    def _model_code(self, model: str | None) -> int:
+        code = self._models.get(model)
+        if code is None:
+            code = self._models[model] = len(self._models)
+        return code
+
+    def _fill_arm(
+        self, arm: ArmColumns, sl: slice, f: dict[str, tuple[Any, ...]], json_requested: B
+    ) -> None:
+        k = sl.stop - sl.start
+        status = np.asarray(f["status"], dtype=np.float64)
+        present = np.isfinite(status)
+        status = np.nan_to_num(status)
+        kind = np.fromiter(map(_ERRORS.__getitem__, f["error_kind"]), np.int8, k)
+        by_status = np.select(
+            [(status >= 200) & (status < 300), (status >= 400) & (status < 500), status >= 500],
+            [0, _HTTP_4XX, _HTTP_5XX],
+            default=_OTHER_ERROR,
+        )
+        error = np.where(~present, 0, np.where(kind >= 0, kind, by_status)).astype(np.int8)
+        arm.present[sl] = present
+        arm.status[sl] = status
+        arm.error[sl] = error
+        arm.ok[sl] = ok = present & (error == 0)
+        for src, dst in _FLOAT_COLUMNS:
+            getattr(arm, dst)[sl] = np.asarray(f[src], dtype=np.float32)
+        arm.tokens_from_chunks[sl] = np.asarray(f["output_tokens_source"], dtype=object) == "chunks"
+        finish = np.fromiter(map(_FINISH.__getitem__, f["finish_reason"]), np.int8, k)
+        arm.finish[sl] = np.maximum(finish, 0)
+        valid = arm.json_valid[sl]
+        texts, truncated = f["output_text"], f["text_truncated"]
+        for i in np.flatnonzero(json_requested & ok):
+            t = texts[i]
+            if t is not None and not truncated[i]:
+                valid[i] = textfn.json_valid(t)
+
+    def _compare(
+        self,
+        out: Comparison,
+        sl: slice,
+        other: ArmColumns,
+        prod: dict[str, tuple[Any, ...]],
+        oth: dict[str, tuple[Any, ...]],
+        hash_match: tuple[Any, ...],
+        context: tuple[B, B, B],
+    ) -> None:
+        """Agreement of one arm with production; Python only for rows that need the texts."""
+        temp0, tools, sampled = context
+        ok = self._set.production.ok[sl] & other.ok[sl]
+        match = np.asarray(hash_match, dtype=np.float64)
+        pt, ot = prod["output_text"], oth["output_text"]
+        cut = np.asarray(prod["text_truncated"], dtype=bool) | np.asarray(
+            oth["text_truncated"], dtype=bool
+        )
+        for i in np.flatnonzero(ok & np.isnan(match) & ~cut):
+            if pt[i] is not None and ot[i] is not None:
+                match[i] = pt[i] == ot[i]
+        out.match[sl] = np.where(ok & np.isfinite(match), match, -1)
+        divergence, similarity = out.divergence[sl], out.similarity[sl]
+        for i in np.flatnonzero(ok & (match == 0) & temp0):
+            a, b = pt[i], ot[i]
+            if a is not None and b is not None:
+                pos = textfn.first_divergence(a, b)
+                if not cut[i] or pos < min(len(a), len(b)):
+                    divergence[i] = pos / max(1, len(a))
+        similarity[ok & sampled & (match == 1)] = 1.0
+        for i in np.flatnonzero(ok & sampled & (match == 0)):
+            if pt[i] is not None and ot[i] is not None:
+                similarity[i] = textfn.similarity(pt[i], ot[i], self._max_chars)
+        pc, oc = prod["tool_calls"], oth["tool_calls"]
+        called = np.fromiter(
+            (a is not None or b is not None for a, b in zip(pc, oc, strict=True)), bool, len(pc)
+        )
+        tool_equal = out.tool_equal[sl]
+        for i in np.flatnonzero(ok & (tools | called)):
+            eq = textfn.tool_calls_equal(pc[i], oc[i])
+            if eq is not None:
+                tool_equal[i] = eq
+
+
+# With a control, production is never the latency reference, and these of its fields are not
+# loaded (evaluators.pairs.load sends NULL for them; the in-memory path drops them the same way).
+PRODUCTION_UNUSED_WITH_CONTROL = ("queue_wait_s", "itl_p50_s", "itl_p99_s", "cached_tokens")
+
+
+def _arm_row(obs: ArmObs | None, unused: tuple[str, ...] = ()) -> tuple[Any, ...]:
+    if obs is None:
+        return (None,) * len(ARM_FIELDS)
+    return tuple(None if name in unused else getattr(obs, name) for name in ARM_FIELDS)
+
+
+def _hash_match(prod: ArmObs, other: ArmObs | None) -> int | None:
+    if other is None or prod.output_hash is None or other.output_hash is None:
+        return None
+    return int(prod.output_hash == other.output_hash)
+
+
+def pair_row(
+    pair: Pair, suffixes: tuple[str, ...] | None = None, *, has_control: bool = False
+) -> tuple[Any, ...]:
+    """The row layout of one Pair (what the database query yields for one exchange)."""
+    head = tuple(getattr(pair, name) for name in PAIR_FIELDS[:-1])
+    head += (in_sample(pair.exchange_id, suffixes),)
+    unused = PRODUCTION_UNUSED_WITH_CONTROL if has_control else ()
+    arms = _arm_row(pair.production, unused) + _arm_row(pair.candidate)
+    arms += _arm_row(pair.control)
+    tail = (
+        _hash_match(pair.production, pair.candidate),
+        _hash_match(pair.production, pair.control),
+    )
+    return head + arms + tail
+
+
+def pairset_from_pairs(
+    pairs: Iterable[Pair],
+    *,
+    has_control: bool | None = None,
+    similarity_fraction: float = 1.0,
+    max_chars: int = 4000,
+) -> PairSet:
+    """A PairSet from Pair Structs, in the order given (every missing candidate is lost)."""
+    suffixes = sample_suffixes(similarity_fraction)
+    pairs = list(pairs)
+    if has_control is None:
+        has_control = any(p.control is not None for p in pairs)
+    rows = [pair_row(p, suffixes, has_control=has_control) for p in pairs]
+    builder = PairSetBuilder(
+        len(rows),
+        has_control=has_control,
+        similarity_fraction=sample_fraction(suffixes),
+        max_chars=max_chars,
+    )
+    builder.add(rows)
+    return builder.finish()

@@ -1,0 +1,257 @@
+"""The evaluators' input types: one pair as Structs, and many pairs as compact columns.
+
+`Pair` / `ArmObs` are the readable row form (tests, simulations, small tools). `PairSet` is what
+every evaluator reads: numpy columns in arrival order, about 200 bytes per pair, so a million
+pairs fit in memory without a million Python objects. Text never reaches a PairSet: the
+text-derived features (exact match, first divergence, similarity, JSON validity, tool-call
+equality) are computed while loading, by `evaluators.pairs.columns`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from domain import outcomes
+from domain.outcomes import ERROR_KINDS
+
+F32 = NDArray[np.float32]
+F64 = NDArray[np.float64]
+I8 = NDArray[np.int8]
+I16 = NDArray[np.int16]
+B = NDArray[np.bool_]
+
+# Failure classes, coded in ArmColumns.error (0 = answered OK).
+# "cancelled" is the gateway shutting down mid-request, not the endpoint failing.
+TIMEOUT = ERROR_KINDS.index(outcomes.TIMEOUT)
+CANCELLED = ERROR_KINDS.index(outcomes.CANCELLED)
+# Tri-state features (match, JSON validity, tool-call equality): -1 = not applicable / unknown.
+UNKNOWN = -1
+
+
+class ArmObs(msgspec.Struct, kw_only=True):
+    """One arm's answer to one exchange (the fields of an observation the evaluators use)."""
+
+    status: int = 200
+    error_kind: str | None = None
+    started_at: float = 0.0
+    queue_wait_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p99_s: float | None = None
+    output_tokens: int | None = None
+    output_tokens_source: str | None = None  # "usage" | "chunks"
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    output_hash: str | None = None
+    output_text: str | None = None
+    text_truncated: bool = False
+    tool_calls: str | None = None  # JSON: [{"name": ..., "arguments": ...}]
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None and 200 <= self.status < 300
+
+
+class Pair(msgspec.Struct, kw_only=True):
+    """One mirrored exchange: production's answer, the candidate's and the control's."""
+
+    exchange_id: str
+    received_at: float
+    production: ArmObs
+    candidate: ArmObs | None = None
+    control: ArmObs | None = None
+    session_key: str | None = None
+    turn_index: int = 0
+    temperature: float | None = None
+    stream: bool = True
+    json_requested: bool = False
+    tools_requested: bool = False
+    model: str | None = None
+
+
+def _zeros(n: int, dtype: type[np.generic] | type[bool]) -> NDArray[Any]:
+    # np.full, not np.zeros: calloc'd pages would be committed only as rows arrive, so memory
+    # would creep up while loading; filled now, it is all taken up front and stays flat.
+    return np.full(n, 0, dtype=dtype)
+
+
+def _f32(n: int) -> F32:
+    return np.full(n, np.nan, dtype=np.float32)
+
+
+def _i8(n: int, fill: int = UNKNOWN) -> I8:
+    return np.full(n, fill, dtype=np.int8)
+
+
+@dataclass(slots=True)
+class ArmColumns:
+    """One arm's observations as columns; NaN (floats) or -1 (tri-states) where absent."""
+
+    present: B
+    ok: B
+    status: I16
+    error: I8
+    queue_wait: F32
+    ttft: F32
+    tpot: F32
+    e2e: F32
+    itl_p50: F32
+    itl_p99: F32
+    tokens: F32
+    tokens_from_chunks: B
+    prompt_tokens: F32
+    cached_tokens: F32
+    finish: I8
+    json_valid: I8
+
+    @classmethod
+    def empty(cls, n: int) -> ArmColumns:
+        return cls(
+            present=_zeros(n, bool),
+            ok=_zeros(n, bool),
+            status=_zeros(n, np.int16),
+            error=_i8(n, 0),
+            queue_wait=_f32(n),
+            ttft=_f32(n),
+            tpot=_f32(n),
+            e2e=_f32(n),
+            itl_p50=_f32(n),
+            itl_p99=_f32(n),
+            tokens=_f32(n),
+            tokens_from_chunks=_zeros(n, bool),
+            prompt_tokens=_f32(n),
+            cached_tokens=_f32(n),
+            finish=_i8(n, 0),
+            json_valid=_i8(n),
+        )
+
+    def resized(self, n: int) -> ArmColumns:
+        """A copy with every column cut or grown (with absent values) to length n."""
+        return _resized(self, n)
+
+
+@dataclass(slots=True)
+class Comparison:
+    """Text-derived agreement of one arm with production, per pair."""
+
+    match: I8  # exact match of the output (by hash, else text)
+    divergence: F32  # first differing character / production length, when they differ
+    similarity: F32  # n-gram F1 on the similarity sample, NaN elsewhere
+    tool_equal: I8  # tool calls equal (names and parsed arguments)
+
+    @classmethod
+    def empty(cls, n: int) -> Comparison:
+        return cls(match=_i8(n), divergence=_f32(n), similarity=_f32(n), tool_equal=_i8(n))
+
+    def resized(self, n: int) -> Comparison:
+        """A copy with every column cut or grown (with absent values) to length n."""
+        return _resized(self, n)
+
+
+@dataclass(slots=True)
+class PairSet:
+    """Aligned observations of production, one candidate and (optionally) the control.
+
+    Rows are exchanges in arrival order (the order the sequential statistics consume them).
+    A row whose candidate observation is missing is kept (`candidate.present` is False) and,
+    unless it is younger than the candidate's timeout, counted in `lost`.
+    """
+
+    n: int
+    received_at: F64
+    turn: I16  # turn_index: 0 = first turn of a conversation
+    temperature: F32  # NaN when the request did not say
+    stream: B
+    json_requested: B
+    tools_requested: B
+    session: NDArray[np.uint64]  # 64-bit prefix of the session hash; 0 = no session
+    model: I16  # index into `models`
+    production: ArmColumns
+    candidate: ArmColumns
+    control: ArmColumns
+    vs_candidate: Comparison
+    vs_control: Comparison
+    models: list[str] = field(default_factory=list)
+    has_control: bool = False
+    lost: int = 0
+    pending: int = 0
+    similarity_fraction: float = 1.0  # share of exchanges in the text-similarity sample
+
+    @classmethod
+    def empty(cls, n: int) -> PairSet:
+        return cls(
+            n=0,
+            received_at=np.full(n, np.nan),
+            turn=_zeros(n, np.int16),
+            temperature=_f32(n),
+            stream=_zeros(n, bool),
+            json_requested=_zeros(n, bool),
+            tools_requested=_zeros(n, bool),
+            session=_zeros(n, np.uint64),
+            model=_zeros(n, np.int16),
+            production=ArmColumns.empty(n),
+            candidate=ArmColumns.empty(n),
+            control=ArmColumns.empty(n),
+            vs_candidate=Comparison.empty(n),
+            vs_control=Comparison.empty(n),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return len(self.received_at)
+
+    def resized(self, n: int) -> PairSet:
+        """A copy whose columns hold exactly n rows (cuts spare capacity, or grows it)."""
+        return _resized(self, n)
+
+    def arm(self, name: str) -> ArmColumns:
+        """The columns of "production", "candidate" or "control"."""
+        arms = {"production": self.production, "candidate": self.candidate}
+        arms["control"] = self.control
+        return arms[name]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the columns."""
+        return _nbytes(self)
+
+
+_Columns = TypeVar("_Columns", ArmColumns, Comparison, PairSet)
+
+
+def _resized(obj: _Columns, n: int) -> _Columns:
+    """Cut or grow every array column of a columns dataclass to n rows, in a fresh object."""
+    fresh = type(obj).empty(n)
+    for f in fields(obj):
+        old = getattr(obj, f.name)
+        if isinstance(old, np.ndarray):
+            k = min(n, len(old))
+            getattr(fresh, f.name)[:k] = old[:k]
+        elif isinstance(old, ArmColumns | Comparison):
+            setattr(fresh, f.name, old.resized(n))
+        elif isinstance(old, list):
+            setattr(fresh, f.name, list(old))
+        else:
+            setattr(fresh, f.name, old)
+    if isinstance(fresh, PairSet):
+        fresh.n = min(fresh.n, n)
+    return fresh
+
+
+def _nbytes(obj: ArmColumns | Comparison | PairSet) -> int:
+    total = 0
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, np.ndarray):
+            total += value.nbytes
+        elif isinstance(value, ArmColumns | Comparison):
+            total += _nbytes(value)
+    return total

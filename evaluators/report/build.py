@@ -1,0 +1,209 @@
+"""Build the promotion report: from pairs (pure) and, once, from storage (`evaluate`).
+
+`build_report` runs every registered evaluator, judges the verdict and gathers the tables;
+`evaluate` is the one load-and-build sequence (admin API, `canary report`, the demo): endpoints,
+pairs, accounting from storage, then `build_report` off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import numpy as np
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from domain.endpoint import Endpoint
+from evaluators.judge.metric import EvalContext, MetricResult
+from evaluators.judge.settings import VerdictSettings
+from evaluators.judge.verdict import Reason, judge, summary
+from evaluators.metrics import cost, latency, throughput
+from evaluators.metrics.registry import run_all
+from evaluators.pairs.types import PairSet
+from evaluators.report.model import SCHEMA_VERSION, PairsSummary, Report
+
+# Given the number of rows about to load, returns a per-batch progress callback (or None) and a
+# function that closes the display: the CLI's progress bar plugs in here.
+ProgressFactory = Callable[[int], tuple[Callable[[int], None] | None, Callable[[], None]]]
+
+
+def coverage_of(accounting: dict[str, int], pairs: PairSet) -> float | None:
+    """Fraction of sampled copies observed: from the copy accounting, else from the pairs."""
+    observed = sum(accounting.get(k, 0) for k in ("observed_ok", "observed_error", "timed_out"))
+    due = (
+        accounting.get("sampled", 0)
+        - accounting.get("deduplicated", 0)
+        - accounting.get("pending", 0)
+    )
+    if due > 0:
+        return min(1.0, observed / due)
+    present = int(np.count_nonzero(pairs.candidate.present))
+    if present + pairs.lost == 0:
+        return None
+    return present / (present + pairs.lost)
+
+
+def _pairs_summary(ctx: EvalContext, coverage: float | None, used: int) -> PairsSummary:
+    ps = ctx.pairs
+    present = ps.candidate.present
+    t = ps.received_at
+    return PairsSummary(
+        n=int(np.count_nonzero(present)),
+        lost=ps.lost,
+        pending=ps.pending,
+        used_latency=used,
+        with_control=int(np.count_nonzero(present & ps.control.present)),
+        temperature0=int(np.count_nonzero(present & (ps.temperature == 0))),
+        json_requested=int(np.count_nonzero(present & ps.json_requested)),
+        tools_requested=int(np.count_nonzero(present & ps.tools_requested)),
+        sessions=len(np.unique(ps.session[present & (ps.session != 0)])),
+        later_turns=int(np.count_nonzero(present & (ps.turn >= 1))),
+        reference=ctx.reference,
+        control=ctx.control.name if ctx.control and ps.has_control else None,
+        live=ctx.live.name if ctx.live else None,
+        window_start=float(t[0]) if ps.n else None,
+        window_end=float(t[-1]) if ps.n else None,
+        coverage=coverage,
+        planned_look=ctx.planned_look,
+    )
+
+
+def _caveats(
+    ctx: EvalContext, accounting: dict[str, int], results: list[MetricResult]
+) -> list[str]:
+    out = []
+    if not ctx.has_control:
+        out.append(
+            "no control candidate: latency is compared with production, which ran at a "
+            "different load, and the quality noise floor is assumed to be 0"
+        )
+    dropped = sum(accounting.get(k, 0) for k in ("dropped_overflow", "dropped_oversize"))
+    dropped += accounting.get("shed_overload", 0)
+    if dropped:
+        out.append(
+            f"{dropped:,} sampled copies were dropped before reaching the candidate; drops "
+            "happen under load, so the observed pairs under-represent busy periods"
+        )
+    if ctx.session_groups is not None:
+        out.append(
+            "sampling by session: latency intervals use session-robust variances and bootstraps "
+            "resample whole sessions; rate intervals treat the pairs as independent"
+        )
+    out.append(cost.CAVEAT)
+    out.append(
+        "intervals are always-valid (each bound holds at level α over every look); "
+        "Hodges–Lehmann intervals and McNemar/Wilcoxon p-values are fixed-sample estimates"
+    )
+    if any(r.more_pairs and r.more_pairs > 0 for r in results if r.gating):
+        out.append("'more pairs' extrapolates the interval's shrink rate: a rough guide only")
+    return out
+
+
+def build_report(
+    pairs: PairSet,
+    *,
+    candidate: Endpoint,
+    live: Endpoint | None,
+    control: Endpoint | None,
+    accounting: dict[str, int],
+    settings: VerdictSettings,
+    planned_look: bool = False,
+) -> Report:
+    """The report for one candidate over the given pairs (pure: no IO, no clock but the stamp).
+
+    The candidate's own `verdict_overrides` are applied on top of `settings`.
+    """
+    if candidate.verdict_overrides:
+        settings = settings.with_overrides(candidate.verdict_overrides)
+    ctx = EvalContext(
+        pairs=pairs,
+        settings=settings,
+        candidate=candidate,
+        live=live,
+        control=control,
+        planned_look=planned_look,
+    )
+    results = run_all(ctx)
+    _, _, ok = latency.both_ok(ctx)
+    used = int(np.count_nonzero(ok))
+    coverage = coverage_of(accounting, pairs)
+    verdict, reasons = judge(
+        results, n_pairs=used, coverage=coverage, planned=planned_look, settings=settings
+    )
+    reasons.insert(0, Reason("verdict", verdict, summary(verdict, results, reasons)))
+    metrics = {r.name: r for r in results}
+    if "ttft" in metrics:
+        metrics["ttft"].slices = latency.ttft_slices(ctx)
+    load = throughput.arms_load(pairs)
+    for arm, row in cost.cost_table(ctx, load).items():
+        load[arm].update(row)
+    return Report(
+        schema_version=SCHEMA_VERSION,
+        candidate=candidate.name,
+        kind=candidate.kind,
+        verdict=verdict,
+        reasons=reasons,
+        pairs=_pairs_summary(ctx, coverage, used),
+        metrics=metrics,
+        accounting=dict(accounting),
+        ttft_by_turn=latency.ttft_by_turn(ctx),
+        arms_load=load,
+        generated_at=time.time(),
+        caveats=_caveats(ctx, accounting, results),
+    )
+
+
+async def evaluate(
+    engine: AsyncEngine,
+    candidate_name: str,
+    *,
+    since: float | None = None,
+    until: float | None = None,
+    settings: VerdictSettings,
+    planned_look: bool = False,
+    progress: ProgressFactory | None = None,
+) -> Report:
+    """Load the candidate's pairs and accounting from storage and build its report.
+
+    The candidate's `verdict_overrides` apply on top of `settings` (a ValueError names a bad
+    one). `since` defaults to the candidate's creation. LookupError when no endpoint has that name.
+    """
+    from evaluators.pairs import load as store
+
+    cand, live, control = await store.load_endpoints(engine, candidate_name)
+    settings.with_overrides(cand.verdict_overrides)  # raises ValueError on a bad override
+    start = since if since is not None else (cand.created_at or None)
+    on_batch: Callable[[int], None] | None = None
+    close: Callable[[], None] = lambda: None  # noqa: E731 - the no-op default
+    expected: int | None = None
+    if progress is not None:
+        expected = await store.count_pairs(engine, candidate_name, since=start, until=until)
+        on_batch, close = progress(expected)
+    try:
+        ps = await store.load_pairs(
+            engine,
+            candidate_name,
+            since=start,
+            until=until,
+            progress=on_batch,
+            control=control.name if control else False,
+            similarity_max_pairs=settings.similarity_max_pairs,
+            max_chars=settings.similarity_max_chars,
+            expected_rows=expected,
+        )
+    finally:
+        close()
+    accounting = await store.load_accounting(engine, candidate_name)
+    # The statistics are CPU work: run them off the event loop, so a report requested from a
+    # running gateway (admin API, rollout gate) never stalls the proxy for its whole duration.
+    return await asyncio.to_thread(
+        build_report,
+        ps,
+        candidate=cand,
+        live=live,
+        control=control,
+        accounting=accounting,
+        settings=settings,
+        planned_look=planned_look,
+    )

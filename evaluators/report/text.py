@@ -1,0 +1,186 @@
+"""Plain-text (80 columns) and markdown renderings of a report.
+
+Both read only the `Report` Struct, in the same order: verdict and one-line reasons first, then
+the metric table (estimate, interval, n), the copy accounting, TTFT by turn, the load of each
+arm, the diagnostic slices and the caveats.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from collections.abc import Sequence
+
+from evaluators.judge.metric import MetricResult
+from evaluators.judge.verdict import fmt
+from evaluators.report.model import Report
+
+WIDTH = 80
+_ROLE = {"critical": " *", "guardrail": " +", "goal": " ^", "diagnostic": ""}
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "–"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def _num(v: object, spec: str = ",.0f") -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, int | float):
+        return format(v, spec)
+    return str(v)
+
+
+def _interval(r: MetricResult) -> str:
+    if (r.ci_low is None and r.ci_high is None) or r.status == "insufficient":
+        return "–"
+    return f"[{fmt(r, r.ci_low)}, {fmt(r, r.ci_high)}]"
+
+
+def _estimate(r: MetricResult) -> str:
+    return "–" if r.status == "insufficient" else fmt(r, r.estimate)
+
+
+def _table(header: Sequence[str], rows: list[list[str]], align: str) -> list[str]:
+    """Fixed-width columns; `align` has one "<" or ">" per column."""
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            c.ljust(w) if a == "<" else c.rjust(w)
+            for c, w, a in zip(cells, widths, align, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]]:
+    """(title, header, rows, alignment) of every table, shared by text and markdown."""
+    out: list[tuple[str, list[str], list[list[str]], str]] = []
+    rows = [
+        [r.label, _ROLE[r.role], _estimate(r), _interval(r), f"{r.n:,}", r.status]
+        for r in report.metrics.values()
+    ]
+    header = ["metric", "role", "estimate", "interval", "n", "status"]
+    title = "Metrics (role: * critical, + guardrail, ^ goal; intervals always-valid)"
+    out.append((title, header, rows, "<<>>><"))
+    acc = report.accounting
+    rows = [[name, f"{value:,}"] for name, value in acc.items()]
+    out.append(("Copy accounting", ["counter", "copies"], rows, "<>"))
+    rows = [
+        [
+            str(row["turn"]),
+            _num(row.get("n")),
+            _num(row.get("median_candidate_s"), ".3f"),
+            _num(row.get("median_reference_s"), ".3f"),
+            _num(row.get("ratio"), ".3f"),
+            f"[{_num(row.get('ci_low'), '.3f')}, {_num(row.get('ci_high'), '.3f')}]",
+            _num(row.get("cached_fraction_candidate"), ".0%"),
+        ]
+        for row in report.ttft_by_turn
+    ]
+    header = ["turn", "n", "cand s", "ref s", "ratio", "95% HL interval", "cached"]
+    out.append(("TTFT by turn (medians; ratio candidate/reference)", header, rows, "<>>>>><"))
+    rows = [
+        [
+            arm,
+            _num(load.get("requests")),
+            _num(load.get("requests_per_s"), ".2f"),
+            _num(load.get("mean_concurrency"), ".1f"),
+            _num(load.get("output_tokens_per_s"), ",.0f"),
+            _num(load.get("median_decode_tps"), ",.0f"),
+            _num(load.get("usd_per_1m_tokens_mirrored_load"), ",.2f"),
+        ]
+        for arm, load in report.arms_load.items()
+    ]
+    header = ["arm", "requests", "req/s", "in flight", "out tok/s", "decode tok/s", "$/1M tok"]
+    out.append(("Load of each arm (mirrored load, not capacity)", header, rows, "<>>>>>>"))
+    ttft = report.metrics.get("ttft")
+    if ttft is not None and ttft.slices:
+        rows = [
+            [
+                f"{s['slice']}={s['value']}",
+                _num(s.get("n")),
+                _num(s.get("ratio"), ".3f"),
+                f"[{_num(s.get('ci_low'), '.3f')}, {_num(s.get('ci_high'), '.3f')}]",
+                _num(s.get("q"), ".3g"),
+            ]
+            for s in ttft.slices
+        ]
+        header = ["slice", "n", "TTFT ratio", "95% HL interval", "BH q"]
+        out.append(("Diagnostic slices (not gating)", header, rows, "<>>><"))
+    return out
+
+
+def head_lines(report: Report) -> list[str]:
+    p = report.pairs
+    ref = f"control ({p.control})" if p.control else "production"
+    kind = f" ({report.kind})" if report.kind else ""
+    return [
+        f"canary report: {report.candidate}{kind}: {report.verdict.upper()}",
+        report.reasons[0].reason if report.reasons else "",
+        f"window {_when(p.window_start)} → {_when(p.window_end)}",
+        f"reference {ref} · {p.n:,} pairs · {p.used_latency:,} usable · {p.lost:,} lost"
+        + (" · planned look" if p.planned_look else ""),
+    ]
+
+
+def render_text(report: Report) -> str:
+    """The report for an 80-column terminal."""
+    lines: list[str] = []
+    for line in head_lines(report):
+        lines.extend(textwrap.wrap(line, WIDTH, subsequent_indent="  ") or [""])
+    lines += ["", "WHY"]
+    for reason in report.reasons[1:]:
+        first = f"  {reason.metric:<18} {reason.status:<12} "
+        lines.extend(
+            textwrap.wrap(
+                reason.reason,
+                WIDTH,
+                initial_indent=first,
+                subsequent_indent=" " * len(first),
+            )
+        )
+    for title, header, rows, align in sections(report):
+        lines += ["", title.upper(), *_table(header, rows, align)]
+    lines += ["", "CAVEATS"]
+    for caveat in report.caveats:
+        lines.extend(textwrap.wrap(caveat, WIDTH, initial_indent="- ", subsequent_indent="  "))
+    notes = [(r.label, n) for r in report.metrics.values() for n in r.notes]
+    if notes:
+        lines += ["", "NOTES"]
+        for label, note in notes:
+            lines.extend(
+                textwrap.wrap(
+                    f"{label}: {note}", WIDTH, initial_indent="- ", subsequent_indent="  "
+                )
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(report: Report) -> str:
+    """The report as GitHub-flavoured markdown."""
+    head = head_lines(report)
+    lines = [f"# {head[0]}", "", f"**{_md_escape(head[1])}**", "", head[2], "", head[3], ""]
+    lines += ["## Why", "", "| metric | status | reason |", "|---|---|---|"]
+    lines += [f"| {r.metric} | {r.status} | {_md_escape(r.reason)} |" for r in report.reasons[1:]]
+    for title, header, rows, align in sections(report):
+        lines += ["", f"## {title}", ""]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join("---:" if a == ">" else "---" for a in align) + "|")
+        lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
+    lines += ["", "## Caveats", ""]
+    lines += [f"- {c}" for c in report.caveats]
+    notes = [f"- **{r.label}**: {n}" for r in report.metrics.values() for n in r.notes]
+    if notes:
+        lines += ["", "## Notes", "", *notes]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,377 @@
+"""`canary candidates add|list|show|update|pause|resume|remove`: the registry, through the
+admin API of a running gateway.
+
+Also home of what the admin-API commands share (`promote` and `rollback` use it): the
+`--admin-url` / `--format` options, the bearer token from `CANARY_ADMIN_TOKEN` (a client-side
+credential, read here and never printed), the exit codes (0 ok, 2 the API refused the input,
+1 the API failed or could not be reached) and 80-column tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.cli.client import AdminClient
+    from gateway.control.admin.schema import CandidateDetail, EndpointView
+
+DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
+TOKEN_ENV = "CANARY_ADMIN_TOKEN"
+Action = Callable[["AdminClient", argparse.Namespace], Coroutine[Any, Any, Any]]
+
+
+def add_admin_options(p: argparse.ArgumentParser, *, output: bool = True) -> None:
+    p.add_argument(
+        "--admin-url",
+        default=DEFAULT_ADMIN_URL,
+        metavar="URL",
+        help=f"the gateway's base URL (default {DEFAULT_ADMIN_URL}); token from ${TOKEN_ENV}",
+    )
+    if output:
+        p.add_argument("--format", choices=("table", "json"), default="table")
+
+
+def subparser(
+    sub: argparse._SubParsersAction[Any],
+    name: str,
+    *,
+    help: str,
+    description: str,
+    examples: Sequence[str],
+) -> argparse.ArgumentParser:
+    """A subcommand parser whose help wraps at 79 columns and ends with examples."""
+    import textwrap
+
+    head = "example:" if len(examples) == 1 else "examples:"
+    p: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help,
+        description=textwrap.fill(description, 79),
+        epilog="\n".join([head, *(f"  {e}" for e in examples)]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return p
+
+
+def _token() -> str | None:
+    from gateway.process.config import parse_admin_tokens
+
+    tokens = parse_admin_tokens(os.environ.get(TOKEN_ENV))
+    return next(iter(tokens), None)  # `label:token,...`: the first one
+
+
+def call_admin(args: argparse.Namespace, action: Action) -> int:
+    """Run `action(client, args)`; print its result; map API errors to exit codes."""
+    from gateway.cli.client import AdminAPIError, AdminClient, AdminUnreachable
+    from gateway.process.config import check_http_url
+
+    prog = f"canary {args.command}"
+    if reason := check_http_url(args.admin_url):
+        print(f"{prog}: error: --admin-url {args.admin_url!r}: {reason}", file=sys.stderr)
+        return 2
+    token = _token()
+
+    async def go() -> Any:
+        async with AdminClient(args.admin_url, token) as client:
+            return await action(client, args)
+
+    try:
+        out = asyncio.run(go())
+    except AdminUnreachable as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except AdminAPIError as exc:
+        hint = f" (set {TOKEN_ENV})" if exc.status == 401 and token is None else ""
+        print(f"{prog}: error: {exc}{hint}", file=sys.stderr)
+        for line in _detail_lines(exc):
+            print(line, file=sys.stderr)
+        return 2 if exc.status < 500 else 1
+    if isinstance(out, int):
+        return out
+    if out is not None:
+        print(out)
+    return 0
+
+
+def _detail_lines(exc: Any) -> list[str]:
+    """A refused promote's reasons, one per line (the verdict line is already in the message)."""
+    detail = exc.error.detail if exc.error is not None else None
+    if not detail or not isinstance(detail.get("reasons"), list):
+        return []
+    lines = [
+        f"  {r.get('metric', '?'):<14}{r.get('status', ''):<14}{r.get('reason', '')}"
+        for r in detail["reasons"]
+        if isinstance(r, dict) and r.get("metric") != "verdict"
+    ]
+    return [*lines, "use --force to promote anyway (the audit log records it)"]
+
+
+def dump_json(obj: object) -> str:
+    import msgspec
+
+    return msgspec.json.format(msgspec.json.encode(obj), indent=2).decode()
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], flex: int = -1) -> str:
+    """Left-aligned columns; column `flex` is cut (with …) so lines fit the terminal."""
+    width = max(shutil.get_terminal_size((80, 24)).columns, 40)
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    flex %= len(headers)
+    fixed = sum(w + 2 for i, w in enumerate(widths) if i != flex)
+    widths[flex] = max(min(widths[flex], width - fixed), len(headers[flex]))
+
+    def line(cells: Sequence[str]) -> str:
+        out = []
+        for i, cell in enumerate(cells):
+            w = widths[i]
+            out.append(cell if len(cell) <= w else cell[: w - 1] + "…")
+        return "  ".join(c.ljust(widths[i]) for i, c in enumerate(out)).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value, unit = float(n), "B"
+    for unit in ("KiB", "MiB", "GiB"):  # noqa: B007 - the unit the loop stops at is the answer
+        value /= 1024
+        if value < 1024:
+            break
+    return f"{value:.1f} {unit}".replace(".0 ", " ")
+
+
+def _opt(value: object) -> str:
+    return "-" if value is None or value == {} or value == "" else str(value)
+
+
+def endpoint_rows(ep: EndpointView) -> list[tuple[str, str]]:
+    verdict = ", ".join(f"{k}={v:g}" for k, v in sorted(ep.verdict.items()))
+    creds = f"${ep.credentials_env} (the variable's name)" if ep.credentials_env else "-"
+    return [
+        ("name", ep.name),
+        ("role", ep.role),
+        ("state", ep.state),
+        ("url", ep.url),
+        ("kind", _opt(ep.kind)),
+        ("model", _opt(ep.model)),
+        ("sampling", f"{ep.sample_rate:g} of traffic, by {ep.sampling}"),
+        ("buffer", f"{ep.buffer_max_items} items, {_size(ep.buffer_max_bytes)}"),
+        ("concurrency", str(ep.concurrency)),
+        ("timeout", f"{ep.timeout_s:g} s"),
+        ("price", "-" if ep.price_per_hour_usd is None else f"${ep.price_per_hour_usd:g}/h"),
+        ("gpus", str(ep.gpus)),
+        ("credentials", creds),
+        ("forward auth", "yes" if ep.forward_auth else "no"),
+        ("verdict", _opt(verdict)),
+        ("version", str(ep.version)),
+    ]
+
+
+def show_text(ep: CandidateDetail) -> str:
+    rows = endpoint_rows(ep)
+    b = ep.buffer
+    rows.insert(
+        8,
+        (
+            "buffer fill",
+            f"{b.items}/{b.max_items} items, {_size(b.bytes)}/{_size(b.max_bytes)} "
+            f"({b.fill_ratio:.1%})",
+        ),
+    )
+    out = [f"{k:<14}{v}" for k, v in rows]
+    out.append("")
+    out.append("counters (this gateway replica)")
+    import msgspec
+
+    items = list(msgspec.structs.asdict(ep.counters).items())
+    for i in range(0, len(items), 2):
+        pair = items[i : i + 2]
+        out.append("  " + "    ".join(f"{k:<18}{v:>12}" for k, v in pair))
+    return "\n".join(out)
+
+
+def list_text(eps: Sequence[EndpointView]) -> str:
+    if not eps:
+        return "no candidates (add one: canary candidates add NAME URL)"
+    rows = [
+        (e.name, e.role, e.state, f"{e.sample_rate:g}", e.sampling, _opt(e.kind), e.url)
+        for e in eps
+    ]
+    return table(("NAME", "ROLE", "STATE", "RATE", "SAMPLING", "KIND", "URL"), rows)
+
+
+# --- actions ----------------------------------------------------------------------------------
+
+# The fields `candidates add` takes as flags: every mutable field but those with their own
+# commands or arguments (url is positional; state: pause/resume; role: promote/rollback;
+# verdict overrides: the admin API).
+_FLAG_EXCLUDED = frozenset({"role", "url", "state", "verdict"})
+
+
+def _add_fields() -> tuple[str, ...]:
+    from domain.endpoint import MUTABLE_FIELDS
+
+    return tuple(f for f in MUTABLE_FIELDS if f not in _FLAG_EXCLUDED)
+
+
+def _body(args: argparse.Namespace) -> dict[str, Any]:
+    body = {f: v for f in _add_fields() if (v := getattr(args, f)) is not None}
+    for extra in ("url", "role"):
+        if getattr(args, extra, None) is not None:
+            body[extra] = getattr(args, extra)
+    if args.verdict:
+        body["verdict"] = dict(args.verdict)
+    if getattr(args, "paused", False):
+        body["state"] = "paused"
+    return body
+
+
+def _fmt(args: argparse.Namespace, obj: Any, text: str) -> str:
+    return dump_json(obj) if args.format == "json" else text
+
+
+async def _add(c: AdminClient, args: argparse.Namespace) -> str:
+    ep = await c.create_candidate({"name": args.name, **_body(args)})
+    return _fmt(args, ep, "\n".join(f"{k:<14}{v}" for k, v in endpoint_rows(ep)))
+
+
+async def _update(c: AdminClient, args: argparse.Namespace) -> str:
+    ep = await c.update_candidate(args.name, _body(args))
+    return _fmt(args, ep, "\n".join(f"{k:<14}{v}" for k, v in endpoint_rows(ep)))
+
+
+async def _list(c: AdminClient, args: argparse.Namespace) -> str:
+    listed = await c.list_candidates()
+    return _fmt(args, listed, list_text(listed.candidates))
+
+
+async def _show(c: AdminClient, args: argparse.Namespace) -> str:
+    ep = await c.get_candidate(args.name)
+    return _fmt(args, ep, show_text(ep))
+
+
+def _set_state(state: str) -> Action:
+    async def act(c: AdminClient, args: argparse.Namespace) -> str:
+        ep = await c.update_candidate(args.name, {"state": state})
+        return _fmt(args, ep, f"{ep.name}: {ep.state}")
+
+    return act
+
+
+async def _remove(c: AdminClient, args: argparse.Namespace) -> str:
+    await c.delete_candidate(args.name)
+    return _fmt(args, {"removed": args.name}, f"removed {args.name}")
+
+
+# --- parsers ----------------------------------------------------------------------------------
+
+
+def _verdict_pair(text: str) -> tuple[str, float]:
+    key, sep, value = text.partition("=")
+    try:
+        if not sep or not key:
+            raise ValueError
+        return key.strip(), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KEY=NUMBER, got {text!r}") from None
+
+
+def _field_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("candidate settings (omitted ones keep their default or value)")
+    g.add_argument("--kind", help="free label, e.g. quantized, bi-kv, control")
+    g.add_argument("--sample-rate", type=float, metavar="0..1", help="share of traffic mirrored")
+    g.add_argument("--sampling", choices=("request", "session"), help="sample by request/session")
+    g.add_argument("--buffer-max-items", type=int, metavar="N")
+    g.add_argument("--buffer-max-bytes", type=int, metavar="BYTES")
+    g.add_argument("--concurrency", type=int, metavar="N", help="requests in flight at most")
+    g.add_argument("--timeout-s", type=float, metavar="SECONDS")
+    g.add_argument("--model", help="model name sent to the candidate instead of the client's")
+    g.add_argument("--forward-auth", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--credentials-env", metavar="VAR", help="NAME of the env var with the key")
+    g.add_argument("--price-per-hour-usd", type=float, metavar="USD")
+    g.add_argument("--gpus", type=int, metavar="N")
+    g.add_argument(
+        "--verdict",
+        type=_verdict_pair,
+        action="append",
+        metavar="KEY=VALUE",
+        help="verdict setting override (repeatable), e.g. --verdict min_pairs=500",
+    )
+
+
+def _cmd(
+    sub: argparse._SubParsersAction[Any],
+    name: str,
+    help_: str,
+    examples: Sequence[str],
+    action: Action,
+) -> argparse.ArgumentParser:
+    p = subparser(sub, name, help=help_, description=help_ + ".", examples=examples)
+    add_admin_options(p)
+    p.set_defaults(func=lambda args: call_admin(args, action))
+    return p
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    parser = subparser(
+        sub,
+        "candidates",
+        help="register, list, inspect, pause and remove candidates (via the admin API)",
+        description=(
+            "Manage the candidate endpoints of a running gateway through its admin API "
+            f"(--admin-url); the bearer token is read from ${TOKEN_ENV}. Exit codes: 0 ok, "
+            "2 the API refused the request (bad input, unknown name, conflict), 1 the API "
+            "failed or could not be reached."
+        ),
+        examples=(
+            "canary candidates add int8 http://10.0.0.7:8000 --kind quantized",
+            "canary candidates list --admin-url http://gateway:8080",
+            "canary candidates show int8 --format json",
+        ),
+    )
+    cmds = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = _cmd(
+        cmds,
+        "add",
+        "register a candidate; mirroring to it starts at once",
+        (
+            "canary candidates add int8 http://10.0.0.7:8000 --sample-rate 0.2",
+            "canary candidates add bi-kv https://bikv.internal:8443 --kind bi-kv \\\n"
+            "      --sampling session --credentials-env BIKV_API_KEY",
+        ),
+        _add,
+    )
+    p.add_argument("name", help="unique name: lowercase letters, digits, - and _")
+    p.add_argument("url", help="base URL of the candidate (http or https)")
+    p.add_argument("--paused", action="store_true", help="register it paused (no mirroring)")
+    _field_options(p)
+    p = _cmd(
+        cmds,
+        "update",
+        "change settings of a candidate",
+        ("canary candidates update bi-kv --sample-rate 0.5 --concurrency 8",),
+        _update,
+    )
+    p.add_argument("name")
+    p.add_argument("--url", help="new base URL")
+    p.add_argument(
+        "--role",
+        choices=("candidate", "retired"),
+        help="retire it, or bring a retired endpoint back as a candidate",
+    )
+    _field_options(p)
+    _cmd(cmds, "list", "list candidates and retired endpoints", ("canary candidates list",), _list)
+    for name, help_, action in (
+        ("show", "show a candidate's settings, counters and buffer fill", _show),
+        ("pause", "stop mirroring to a candidate (its data is kept)", _set_state("paused")),
+        ("resume", "resume mirroring to a paused candidate", _set_state("active")),
+        ("remove", "remove a candidate (never the live endpoint)", _remove),
+    ):
+        _cmd(cmds, name, help_, (f"canary candidates {name} bi-kv",), action).add_argument("name")

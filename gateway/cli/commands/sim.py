@@ -1,0 +1,122 @@
+"""`canary sim`: run the vLLM-compatible engine simulator in the foreground until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from typing import Any
+
+from domain.errors import UsageError
+
+# Static so that `canary --help` needs no import of the simulator; a test checks it lists every
+# profile in gateway.sim.profiles.PROFILES.
+_EPILOG = """\
+profiles:
+  baseline          production today: no prefix cache; prefill 0.2 ms/token, decode 8 ms/token
+                    + 0.5 ms per other running sequence, lognormal jitter sigma 0.08
+  control           the baseline under another name (an A/A control)
+  bi-kv             baseline + per-session KV kept between turns + an 8192-block prefix cache
+  quantized         decode 0.6x as long, 30 % of answers diverge from the baseline's
+  fast              no delays at all (for benchmarks of the gateway)
+  hang              reads the request, never answers
+  reset-mid-stream  sends a few chunks, then resets the TCP connection
+  error-500         answers 500 with an OpenAI error body
+  slow-drip         one chunk per second
+  garbage           200 text/event-stream carrying random non-SSE bytes
+  slow-read         reads its request one byte at a time, then answers normally
+
+Answers at temperature 0 depend only on the prompt, so every profile gives the same text
+(except quantized's diverging ones). Observability for tests: GET /sim/stats,
+GET /sim/requests, POST /sim/reset.
+"""
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    parser = sub.add_parser(
+        "sim",
+        help="run the vLLM-compatible engine simulator (no GPU needed)",
+        description=(
+            "Serve a simulated vLLM engine: OpenAI-compatible routes (/v1/chat/completions,\n"
+            "/v1/completions, /v1/embeddings, /v1/models, /tokenize, /health), a latency model,\n"
+            "prefix and session KV caches, deterministic answers and optional fault injection.\n"
+            "Runs in the foreground until Ctrl-C."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (0 = any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    parser.add_argument("--profile", default="baseline", help="named profile (see below)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the latency noise")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        metavar="X",
+        help="multiply every delay by X (e.g. 0.1 for a 10x faster engine)",
+    )
+    parser.add_argument(
+        "--divergence",
+        type=float,
+        default=None,
+        metavar="P",
+        help="probability that an answer diverges from the baseline's (0..1)",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        dest="models",
+        metavar="NAME",
+        help="served model name; repeat for several (default sim-model)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gateway.sim.profiles import get_profile
+
+    overrides: dict[str, Any] = {}
+    if args.time_scale is not None:
+        overrides["time_scale"] = args.time_scale
+    if args.divergence is not None:
+        overrides["divergence"] = args.divergence
+    if args.models:
+        overrides["served_model_names"] = tuple(args.models)
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    try:
+        profile = get_profile(args.profile, **overrides)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(profile, args.host, args.port, args.seed))
+    else:
+        uvloop.run(_serve(profile, args.host, args.port, args.seed))
+    return 0
+
+
+async def _serve(profile: Any, host: str, port: int, seed: int) -> None:
+    from gateway.sim.server import start_sim
+
+    try:
+        server = await start_sim(profile, host=host, port=port, seed=seed)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # not on Windows
+            loop.add_signal_handler(signum, stop.set)
+    models = ", ".join(profile.served_model_names)
+    print(f"canary sim: profile {profile.name} serving {models} on {server.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+    print("canary sim: stopped", file=sys.stderr)

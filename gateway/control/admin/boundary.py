@@ -1,0 +1,154 @@
+"""The admin API's HTTP boundary: bounded body reading, msgspec decoding into the request
+Structs, the one error shape, and the one place where domain and storage errors become HTTP
+statuses (`boundary`, the sub-app's middleware).
+
+Never echo a request value in an error message (it may be a secret sent by mistake): messages
+name the field and the rule, which is all msgspec's own messages do too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from domain import errors as se
+from domain.endpoint import PATTERN_REASONS
+from gateway.control.admin import schema as s
+from storage.sql import is_transient
+
+log = logging.getLogger("canary.admin")
+
+MAX_BODY_BYTES = 64 * 1024  # an admin body is a few hundred bytes; refuse anything absurd
+# Unknown body fields whose name suggests a credential get a message pointing at credentials_env.
+SECRET_LIKE = ("key", "token", "secret", "password", "passwd", "credential", "authorization")
+_HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="canary-admin"'}
+_encode = msgspec.json.Encoder().encode
+ACTOR = web.RequestKey("canary_admin_actor", str)  # the token's label, for the audit log
+
+T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiError(Exception):
+    """An answer other than 2xx, raised by a handler and rendered by `boundary`."""
+
+    def __init__(
+        self,
+        status: int,
+        type_: str,
+        message: str,
+        *,
+        field: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.type, self.field, self.detail = status, type_, field, detail
+
+
+def json_response(
+    obj: object, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=_encode(obj), status=status, content_type="application/json", headers=headers
+    )
+
+
+def error_response(exc: ApiError, headers: Mapping[str, str] | None = None) -> web.Response:
+    info = s.ErrorInfo(
+        message=str(exc), type=exc.type, code=exc.status, field=exc.field, detail=exc.detail
+    )
+    return json_response(s.ErrorBody(error=info), exc.status, headers)
+
+
+def map_exception(exc: Exception) -> ApiError:
+    """Domain and storage errors -> HTTP statuses; anything else is a logged 500."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, se.EndpointNotFound):
+        return ApiError(404, "not_found", str(exc))
+    if isinstance(exc, se.DuplicateName):
+        return ApiError(409, "conflict", str(exc))
+    if isinstance(exc, se.PromotionConflict):
+        return ApiError(409, "conflict", str(exc), detail={"reason": exc.reason})
+    if isinstance(exc, se.SchemaBehind):
+        return ApiError(503, "storage_unavailable", str(exc))
+    # Bodies are validated before storage sees them, so what storage still refuses is the
+    # database's state (down, read-only, full, refusing connections), not the request: 503.
+    if isinstance(exc, se.StorageError) or is_transient(exc):  # is_transient: evaluators' reads
+        log.warning("admin: storage failed: %s", exc)
+        return ApiError(503, "storage_unavailable", "storage is unavailable, retry later")
+    log.exception("admin: unexpected error")
+    return ApiError(500, "internal_error", "internal error (see the gateway log)")
+
+
+def boundary(enabled: bool, authenticate: Callable[[web.Request], str]) -> Any:
+    """The sub-app middleware: 404 when disabled, then authentication (which returns the actor
+    or raises ApiError), then the handler; every failure leaves in the error shape."""
+
+    @web.middleware
+    async def admin_boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            if not enabled:
+                raise ApiError(404, "not_found", "admin API is disabled (no admin token set)")
+            if request.match_info.route.name != "openapi":
+                request[ACTOR] = authenticate(request)
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            err = ApiError(exc.status, _HTTP_TYPES.get(exc.status, "http_error"), exc.reason)
+            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return error_response(err, allow)
+        except Exception as exc:  # the boundary: everything becomes the error shape
+            err = map_exception(exc)
+            return error_response(err, _CHALLENGE if err.status == 401 else None)
+
+    return admin_boundary
+
+
+async def read_body(request: web.Request) -> bytes:
+    buf = bytearray()
+    async for chunk in request.content.iter_any():
+        buf += chunk
+        if len(buf) > MAX_BODY_BYTES:
+            raise ApiError(413, "payload_too_large", f"body over {MAX_BODY_BYTES} bytes")
+    return bytes(buf)
+
+
+def validation_error(exc: msgspec.ValidationError) -> ApiError:
+    """msgspec's message ("Expected `float` <= 1.0 - at `$.sample_rate`") -> field + reason."""
+    msg, _, path = str(exc).partition(" - at `")
+    path = path.rstrip("`").rpartition("` in `")[2]  # "key` in `$.verdict": a dict key
+    field = path.removeprefix("$").lstrip(".").split("[", 1)[0] or None
+    for prefix in ("Object contains unknown field `", "Object missing required field `"):
+        if msg.startswith(prefix):
+            name = msg[len(prefix) :].rstrip("`")
+            field = f"{field}.{name}" if field else name
+            msg = "unknown field" if "unknown" in prefix else "required field is missing"
+            if "unknown" in prefix and any(w in name.lower() for w in SECRET_LIKE):
+                msg += (
+                    ": credentials are never accepted by value; put the secret in an "
+                    "environment variable of the gateway and send its name as credentials_env"
+                )
+    if msg.startswith("Expected `str` matching regex") and field:
+        msg = PATTERN_REASONS.get(field.split(".", 1)[0], "has an invalid format")
+    return ApiError(422, "validation_error", f"{field or 'body'}: {msg}", field=field)
+
+
+async def decode(request: web.Request, type_: type[T], *, optional: bool = False) -> T:
+    """The body as `type_`: 400 when it is not JSON, 422 when it does not validate. With
+    `optional`, an empty body means `{}` (every field has a default)."""
+    raw = await read_body(request)
+    if optional and not raw.strip():
+        raw = b"{}"
+    try:
+        return msgspec.json.decode(raw, type=type_)
+    except msgspec.ValidationError as exc:
+        raise validation_error(exc) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from None

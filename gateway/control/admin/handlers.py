@@ -1,0 +1,311 @@
+"""The admin REST API: an aiohttp sub-application mounted at `/admin`.
+
+Operators and CD pipelines register, change, pause and remove candidates, read reports, gate
+rollouts, promote and roll back. Every change is committed to storage before the API answers
+2xx, then this replica's registry is refreshed at once (others follow within their poll
+interval). Bodies are validated by the Structs of `gateway.control.admin.schema`; errors leave
+through `gateway.control.admin.boundary.boundary` in one JSON shape;
+`gateway.control.admin.openapi` describes it all.
+
+Never: store, return or log a secret (only the name of the env var that holds a candidate's
+credential), log a request body, or answer 2xx before the commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from domain import errors as se
+from domain.endpoint import CandidatePatch, Endpoint
+from domain.records import PromotionRecord
+from gateway.control.admin import schema as s
+from gateway.control.admin.auth import INSECURE_ACTOR, TokenChecker, admin_mode, is_loopback
+from gateway.control.admin.boundary import (
+    ACTOR,
+    ApiError,
+    boundary,
+    decode,
+    json_response,
+    read_body,
+)
+from gateway.control.promotion import PromotionRefused, Promotions
+from gateway.process.config import check_http_url
+from storage import queries as q
+
+if TYPE_CHECKING:
+    from evaluators.judge.settings import VerdictSettings
+    from evaluators.report.model import Report
+
+log = logging.getLogger("canary.admin")
+
+MAX_CONCURRENT_REPORTS = 2  # evaluations are CPU-heavy; keep them from starving the proxy
+_GATE_STATUS = {"promote": 200, "reject": 412, "hold": 425}
+
+
+class RegistrySnapshot(Protocol):
+    @property
+    def version(self) -> int: ...
+    @property
+    def live(self) -> Endpoint: ...
+    @property
+    def candidates(self) -> tuple[Endpoint, ...]: ...
+
+
+class RegistryLike(Protocol):
+    """What the admin API needs of `gateway.control.registry.Registry`."""
+
+    @property
+    def snapshot(self) -> RegistrySnapshot: ...
+    async def refresh(self) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminContext:
+    """Everything the admin handlers use; built by the app factory from the config.
+
+    `tokens` is `config.parse_admin_tokens(config.admin_token)` (token -> label); `listen_host`
+    is the gateway's listener host, checked when `insecure` is set and no token is configured.
+    """
+
+    engine: AsyncEngine
+    registry: RegistryLike
+    tokens: Mapping[str, str]
+    insecure: bool
+    counters: Callable[[], Mapping[str, Mapping[str, int]]]
+    writer_stats: Callable[[], Mapping[str, int]]
+    verdict_settings: VerdictSettings
+    listen_host: str | None = None
+    promotions: Promotions = field(init=False)
+
+    def __post_init__(self) -> None:
+        uses = Promotions(self.engine, self.verdict_settings, MAX_CONCURRENT_REPORTS)
+        object.__setattr__(self, "promotions", uses)
+
+
+CTX = web.AppKey("canary_admin_ctx", AdminContext)
+
+
+def _check_url(url: str) -> None:
+    if reason := check_http_url(url):
+        raise ApiError(422, "validation_error", f"url: {reason}", field="url")
+
+
+def _check_verdict(ctx: AdminContext, overrides: dict[str, float]) -> None:
+    try:
+        ctx.verdict_settings.with_overrides(overrides)
+    except (ValueError, TypeError) as exc:
+        raise ApiError(422, "validation_error", f"verdict: {exc}", field="verdict") from None
+
+
+async def _refresh(ctx: AdminContext) -> None:
+    """Apply a committed change on this replica now (Registry.refresh never raises: on a
+    storage error it keeps the old snapshot and the poll catches up)."""
+    await ctx.registry.refresh()
+
+
+# --- candidates -------------------------------------------------------------------------------
+
+
+async def list_candidates(request: web.Request) -> web.Response:
+    version, endpoints = await q.load_endpoints(request.app[CTX].engine)
+    listed = [s.view(ep) for ep in endpoints if ep.role != "live"]
+    return json_response(s.CandidateList(registry_version=version, candidates=listed))
+
+
+async def create_candidate(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = await decode(request, s.CandidateCreate)
+    _check_url(body.url)
+    _check_verdict(ctx, body.verdict)
+    fields = msgspec.structs.asdict(body)
+    fields["verdict_overrides"] = fields.pop("verdict")
+    created = await q.create_endpoint(ctx.engine, Endpoint(role="candidate", **fields))
+    await _refresh(ctx)
+    log.info("admin: %s registered candidate %s", request[ACTOR], body.name)
+    location = {"Location": f"{request.app.router['candidates'].url_for()}/{body.name}"}
+    return json_response(s.view(created), 201, location)
+
+
+async def get_candidate(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    ep = await q.get_endpoint(ctx.engine, request.match_info["name"])
+    return json_response(s.detail(ep, ctx.counters().get(ep.name, {})))
+
+
+async def update_candidate(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    name = request.match_info["name"]
+    current = await q.get_endpoint(ctx.engine, name)
+    changes = (await decode(request, CandidatePatch)).changes()
+    if "url" in changes:
+        _check_url(changes["url"])
+    if "verdict" in changes:
+        _check_verdict(ctx, changes["verdict"])
+        changes["verdict_overrides"] = changes.pop("verdict")
+    if current.role == "live":
+        raise ApiError(409, "conflict", f"{name!r} is live: it changes only by promote/rollback")
+    if not changes:
+        return json_response(s.view(current))
+    updated = await q.update_endpoint(ctx.engine, name, changes)
+    await _refresh(ctx)
+    log.info("admin: %s changed %s: %s", request[ACTOR], name, ", ".join(sorted(changes)))
+    return json_response(s.view(updated))
+
+
+async def delete_candidate(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    name = request.match_info["name"]
+    await q.delete_endpoint(ctx.engine, name)
+    await _refresh(ctx)
+    log.info("admin: %s removed %s", request[ACTOR], name)
+    return web.Response(status=204)
+
+
+# --- reports, gate, promote, rollback ---------------------------------------------------------
+
+
+def _final_look(request: web.Request) -> bool:
+    """`?final=true`: this is the planned final look (a guardrail beyond its margin rejects)."""
+    value = request.query.get("final", "false").lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ApiError(422, "invalid_request", "final must be true or false", field="final")
+
+
+async def _evaluate(ctx: AdminContext, ep: Endpoint, *, final: bool = False) -> Report:
+    return await ctx.promotions.report(ep, final=final)
+
+
+def _report_json(report: Report) -> bytes:
+    from evaluators.report.model import report_to_json
+
+    return report_to_json(report)
+
+
+async def get_report(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    final = _final_look(request)
+    ep = await q.get_endpoint(ctx.engine, request.match_info["name"])
+    report = await _evaluate(ctx, ep, final=final)
+    return web.Response(body=_report_json(report), content_type="application/json")
+
+
+async def gate(request: web.Request) -> web.Response:
+    """GET, or POST as rollout webhooks send it (Flagger: the body describes the canary and
+    is not needed here, so it is read, bounded, and ignored)."""
+    ctx = request.app[CTX]
+    final = _final_look(request)
+    if request.method == "POST":
+        await read_body(request)
+    ep = await q.get_endpoint(ctx.engine, request.match_info["name"])
+    report = await _evaluate(ctx, ep, final=final)
+    status = _GATE_STATUS.get(report.verdict, 425)
+    return web.Response(body=_report_json(report), status=status, content_type="application/json")
+
+
+async def _promotion_result(ctx: AdminContext, rec: PromotionRecord) -> web.Response:
+    await _refresh(ctx)
+    live = ctx.registry.snapshot.live  # committed; a storage blip now must not turn it into 503
+    if live.name != rec.to_endpoint:  # the refresh failed or another change already landed
+        live = await q.get_endpoint(ctx.engine, rec.to_endpoint)
+    return json_response(s.PromotionResult(promotion=s.promotion_view(rec), live=s.view(live)))
+
+
+async def promote(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = await decode(request, s.PromoteRequest, optional=True)
+    try:
+        rec = await ctx.promotions.promote(
+            request.match_info["name"], actor=request[ACTOR], reason=body.reason, force=body.force
+        )
+    except PromotionRefused as exc:
+        raise ApiError(409, "promotion_refused", str(exc), detail=exc.detail) from exc
+    except se.PromotionConflict as exc:
+        if exc.reason == "already_live":
+            raise ApiError(409, "conflict", str(exc)) from exc
+        raise
+    return await _promotion_result(ctx, rec)
+
+
+async def rollback(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = await decode(request, s.RollbackRequest, optional=True)
+    rec = await ctx.promotions.rollback(actor=request[ACTOR], reason=body.reason)
+    return await _promotion_result(ctx, rec)
+
+
+async def status(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    snap = ctx.registry.snapshot
+    counters = ctx.counters()
+    try:
+        await q.registry_version(ctx.engine)
+        last = await q.list_promotions(ctx.engine, 1)
+        storage_ok = True
+    except se.StorageError:  # status must answer during an outage: it says so instead
+        last, storage_ok = [], False
+    body = s.StatusView(
+        storage_ok=storage_ok,
+        registry_version=snap.version,
+        live=s.view(snap.live),
+        candidates=[s.detail(ep, counters.get(ep.name, {})) for ep in snap.candidates],
+        writer=dict(ctx.writer_stats()),
+        last_promotion=s.promotion_view(last[0]) if last else None,
+    )
+    return json_response(body)
+
+
+# --- the sub-app ------------------------------------------------------------------------------
+
+
+def _authenticator(ctx: AdminContext) -> Callable[[web.Request], str]:
+    checker = TokenChecker(ctx.tokens)
+
+    def authenticate(request: web.Request) -> str:
+        if not ctx.tokens:  # --insecure-admin: loopback peers only
+            if not is_loopback(request.remote):
+                raise ApiError(404, "not_found", "admin API is disabled")
+            return INSECURE_ACTOR
+        label = checker.label_for(request.headers.get("Authorization"))
+        if label is None:
+            raise ApiError(401, "authentication_error", "missing or invalid bearer token")
+        return label
+
+    return authenticate
+
+
+def build_admin_app(ctx: AdminContext) -> web.Application:
+    """The `/admin` sub-application. Raises ConfigError for `insecure` on a public listener."""
+    from gateway.control.admin.openapi import openapi_document
+
+    enabled = admin_mode(ctx.tokens, ctx.insecure, ctx.listen_host) != "disabled"
+    app = web.Application(middlewares=[boundary(enabled, _authenticator(ctx))])
+    app[CTX] = ctx
+    openapi = msgspec.json.encode(openapi_document())
+
+    async def openapi_json(_request: web.Request) -> web.Response:
+        return web.Response(body=openapi, content_type="application/json")
+
+    r = app.router
+    r.add_get("/candidates", list_candidates, name="candidates")
+    r.add_post("/candidates", create_candidate)
+    r.add_get("/candidates/{name}", get_candidate)
+    r.add_patch("/candidates/{name}", update_candidate)
+    r.add_delete("/candidates/{name}", delete_candidate)
+    r.add_post("/candidates/{name}/promote", promote)
+    r.add_get("/candidates/{name}/report", get_report)
+    r.add_get("/candidates/{name}/gate", gate)
+    r.add_post("/candidates/{name}/gate", gate)
+    r.add_post("/rollback", rollback)
+    r.add_get("/status", status)
+    r.add_get("/openapi.json", openapi_json, name="openapi")
+    return app

@@ -1,0 +1,244 @@
+"""The OpenAPI 3.1 document of the admin API, generated from the msgspec Structs that the
+handlers decode and encode (so the schema cannot drift from the validation), plus the report's
+own Structs from `evaluators.report.model`. Built once when the admin app is built; no IO.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from domain.endpoint import NAME_PATTERN, CandidatePatch
+from gateway.control.admin.schema import (
+    CandidateCreate,
+    CandidateDetail,
+    CandidateList,
+    EndpointView,
+    ErrorBody,
+    PromoteRequest,
+    PromotionResult,
+    RollbackRequest,
+    StatusView,
+)
+
+_REF = "#/components/schemas/{name}"
+_COMPONENTS: tuple[Any, ...] = (
+    CandidateCreate,
+    CandidatePatch,
+    PromoteRequest,
+    RollbackRequest,
+    EndpointView,
+    CandidateDetail,
+    CandidateList,
+    PromotionResult,
+    StatusView,
+    ErrorBody,
+)
+_ERRORS = {
+    400: "Malformed JSON body (not parseable as JSON)",
+    401: "Missing or wrong bearer token",
+    404: "Unknown endpoint name, or the admin API is disabled",
+    409: "Conflicts with the current state (duplicate name, live endpoint, lost race, "
+    "refused promote: `error.detail` holds the verdict and reasons)",
+    413: "Body over 64 KiB",
+    422: "Validation error: `error.field` names the field, `error.message` the reason",
+    503: "Storage is unavailable",
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": _REF.format(name=name)}
+
+
+def _op(
+    op_id: str,
+    summary: str,
+    ok: dict[int, dict[str, Any]],
+    errors: tuple[int, ...],
+    body: tuple[str, bool] | None = None,
+    name_param: bool = False,
+) -> dict[str, Any]:
+    responses: dict[str, Any] = {str(code): r for code, r in ok.items()}
+    for code in (401, 404, 503, *errors):
+        responses[str(code)] = _json(_ref("ErrorBody"), _ERRORS[code])
+    op: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": responses}
+    if name_param:
+        op["parameters"] = [
+            {
+                "name": "name",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "pattern": NAME_PATTERN},
+            }
+        ]
+    if body is not None:
+        schema_name, required = body
+        op["requestBody"] = {
+            "required": required,
+            "content": {"application/json": {"schema": _ref(schema_name)}},
+        }
+    return op
+
+
+def _final(op: dict[str, Any]) -> dict[str, Any]:
+    """Add the `final` query parameter (the planned final look) to a report operation."""
+    op.setdefault("parameters", []).append(
+        {
+            "name": "final",
+            "in": "query",
+            "required": False,
+            "description": "This is the planned final look: a guardrail beyond its margin "
+            "rejects (Holm), and tail quantiles are bootstrapped.",
+            "schema": {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no"]},
+        }
+    )
+    return op
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 description of the admin API (served at `/admin/openapi.json`)."""
+    from evaluators.judge.settings import VerdictSettings
+    from evaluators.report.model import Report
+
+    _, components = msgspec.json.schema_components((*_COMPONENTS, Report), ref_template=_REF)
+    # The names a verdict override may use; their values' rules (ranges, delta <= critical)
+    # are VerdictSettings.validate's and are checked by the handler (422 on failure).
+    for body in ("CandidateCreate", "CandidatePatch"):
+        verdict = components[body]["properties"]["verdict"]
+        verdict["propertyNames"] = {"enum": sorted(VerdictSettings.__struct_fields__)}
+    report = _json(_ref("Report"), "The report")
+    gate_args = (
+        "Rollout gate: 200 promote, 412 reject, 425 hold (body: the report). POST accepts "
+        "and ignores a webhook's JSON body.",
+        {
+            200: _json(_ref("Report"), "Verdict is promote"),
+            412: _json(_ref("Report"), "Verdict is reject"),
+            425: _json(_ref("Report"), "Verdict is hold: not enough evidence yet"),
+        },
+    )
+    endpoint = _json(_ref("EndpointView"), "The endpoint")
+    promoted = _json(_ref("PromotionResult"), "Committed; the audit row and the new live")
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "canary-gateway admin API",
+            "version": "1",
+            "description": (
+                "Register, watch, promote and roll back candidate endpoints. Every change is "
+                "committed to storage before a 2xx answer. Request bodies are JSON (whatever "
+                "the Content-Type); a body that is not JSON is a 400, a JSON body that fails "
+                "validation a 422 naming the field. Errors always have the shape "
+                '{"error": {"message", "type", "code", "field"?, "detail"?}}.'
+            ),
+        },
+        "servers": [{"url": "/admin"}],
+        "security": [{"bearer": []}],
+        "paths": {
+            "/candidates": {
+                "get": _op(
+                    "listCandidates",
+                    "List candidates and retired endpoints",
+                    {200: _json(_ref("CandidateList"), "The list")},
+                    (),
+                ),
+                "post": _op(
+                    "createCandidate",
+                    "Register a candidate",
+                    {201: _json(_ref("EndpointView"), "Created and committed")},
+                    (400, 409, 413, 422),
+                    body=("CandidateCreate", True),
+                ),
+            },
+            "/candidates/{name}": {
+                "get": _op(
+                    "getCandidate",
+                    "One endpoint with this replica's counters and buffer fill",
+                    {200: _json(_ref("CandidateDetail"), "The endpoint")},
+                    (),
+                    name_param=True,
+                ),
+                "patch": _op(
+                    "updateCandidate",
+                    "Change mutable fields (incl. state: paused|active)",
+                    {200: endpoint},
+                    (400, 409, 413, 422),
+                    body=("CandidatePatch", True),
+                    name_param=True,
+                ),
+                "delete": _op(
+                    "deleteCandidate",
+                    "Remove a candidate or retired endpoint (never the live one)",
+                    {204: {"description": "Deleted and committed"}},
+                    (409,),
+                    name_param=True,
+                ),
+            },
+            "/candidates/{name}/promote": {
+                "post": _op(
+                    "promoteCandidate",
+                    "Make the candidate live; refused unless the verdict is promote or force",
+                    {200: promoted},
+                    (400, 409, 413, 422),
+                    body=("PromoteRequest", False),
+                    name_param=True,
+                ),
+            },
+            "/candidates/{name}/report": {
+                "get": _final(
+                    _op(
+                        "getReport",
+                        "The promotion report",
+                        {200: report},
+                        (422,),
+                        name_param=True,
+                    )
+                ),
+            },
+            "/candidates/{name}/gate": {
+                "get": _final(_op("gateCandidate", *gate_args, (422,), name_param=True)),
+                "post": _final(
+                    _op("gateCandidateWebhook", *gate_args, (413, 422), name_param=True)
+                ),
+            },
+            "/rollback": {
+                "post": _op(
+                    "rollback",
+                    "Restore the previous live endpoint",
+                    {200: promoted},
+                    (400, 409, 413, 422),
+                    body=("RollbackRequest", False),
+                ),
+            },
+            "/status": {
+                "get": _op(
+                    "status",
+                    "Live endpoint, candidates with counters, writer queue",
+                    {200: _json(_ref("StatusView"), "This replica's status")},
+                    (),
+                ),
+            },
+            "/openapi.json": {
+                "get": {
+                    "operationId": "openapi",
+                    "summary": "This document (no token needed)",
+                    "security": [],
+                    "responses": {
+                        "200": {
+                            "description": "OpenAPI 3.1",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        },
+                        "404": _json(_ref("ErrorBody"), _ERRORS[404]),
+                    },
+                },
+            },
+        },
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

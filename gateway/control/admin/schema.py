@@ -1,0 +1,192 @@
+"""The admin API's wire types, and the pure conversions of storage records into them.
+
+Request bodies are msgspec Structs with `forbid_unknown_fields`, so one decode validates types,
+bounds and patterns, and an unknown field (say, a raw `api_key`) is a 422 instead of being
+stored. The bounds are also what keeps storage honest: 32-bit integer columns, no NUL bytes in
+text (PostgreSQL refuses them), no credentials inside a URL. Response Structs are what handlers
+encode and what `gateway.cli.client` decodes; `gateway.control.admin.openapi` generates the OpenAPI
+document from all of them. Nothing here does IO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from domain.endpoint import (
+    CandidateSpec,
+    Endpoint,
+    Reason,
+    Sampling,
+    State,
+)
+from domain.records import PromotionRecord
+
+
+class CandidateCreate(CandidateSpec, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Body of `POST /admin/candidates`: the candidate spec itself, the same fields, bounds and
+    defaults as a `[[candidates]]` table (a named subclass only so that the OpenAPI document
+    keeps its component name)."""
+
+
+class PromoteRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of `POST /admin/candidates/{name}/promote` (optional)."""
+
+    reason: Reason = ""
+    force: bool = False
+
+
+class RollbackRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of `POST /admin/rollback` (optional)."""
+
+    reason: Reason = ""
+
+
+class EndpointView(msgspec.Struct, kw_only=True):
+    """An endpoint as the API returns it: configuration, role and version; never a secret."""
+
+    name: str
+    url: str
+    role: Literal["live", "candidate", "retired"]
+    kind: str
+    model: str | None
+    sample_rate: float
+    sampling: Sampling
+    buffer_max_items: int
+    buffer_max_bytes: int
+    concurrency: int
+    timeout_s: float
+    price_per_hour_usd: float | None
+    gpus: int
+    credentials_env: str | None
+    forward_auth: bool
+    state: State
+    verdict: dict[str, float]
+    version: int
+    created_at: float
+    updated_at: float
+
+
+class Counters(msgspec.Struct, kw_only=True):
+    """This replica's copy accounting for one candidate (DESIGN.md §3.4):
+    sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload + sent + pending
+    and sent = observed_ok + observed_error + timed_out."""
+
+    sampled: int = 0
+    deduplicated: int = 0
+    dropped_overflow: int = 0
+    dropped_oversize: int = 0
+    shed_overload: int = 0
+    sent: int = 0
+    pending: int = 0
+    observed_ok: int = 0
+    observed_error: int = 0
+    timed_out: int = 0
+    dropped_on_stop: int = 0  # included in dropped_overflow
+
+
+class BufferFill(msgspec.Struct, kw_only=True):
+    """How full this replica's ring buffer for the candidate is."""
+
+    items: int
+    max_items: int
+    bytes: int
+    max_bytes: int
+    fill_ratio: float  # the larger of items/max_items and bytes/max_bytes
+
+
+class CandidateDetail(EndpointView, kw_only=True):
+    """`GET /admin/candidates/{name}`: the endpoint plus live counters and buffer fill."""
+
+    counters: Counters
+    buffer: BufferFill
+
+
+class CandidateList(msgspec.Struct, kw_only=True):
+    """`GET /admin/candidates`: every endpoint that is not live (candidates and retired)."""
+
+    registry_version: int
+    candidates: list[EndpointView]
+
+
+class PromotionView(msgspec.Struct, kw_only=True):
+    """An audit row of `promotions` (without the report snapshot)."""
+
+    id: int
+    action: Literal["promote", "rollback"]
+    from_endpoint: str | None
+    to_endpoint: str
+    actor: str
+    reason: str
+    forced: bool
+    verdict: str | None
+    at: float
+
+
+class PromotionResult(msgspec.Struct, kw_only=True):
+    """Answer to a promote or a rollback: the audit row and the endpoint now live."""
+
+    promotion: PromotionView
+    live: EndpointView
+
+
+class StatusView(msgspec.Struct, kw_only=True):
+    """`GET /admin/status`: this replica's view of the registry, mirror and writer. It answers
+    during a storage outage too, from the last loaded registry, with `storage_ok` false."""
+
+    storage_ok: bool
+    registry_version: int
+    live: EndpointView
+    candidates: list[CandidateDetail]
+    writer: dict[str, int]
+    last_promotion: PromotionView | None
+
+
+class ErrorInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    message: str
+    type: str
+    code: int
+    field: str | None = None  # set on 422: the offending body field (dotted path)
+    detail: dict[str, Any] | None = None  # e.g. a refused promote: verdict and reasons
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    """Every error the admin API returns, whatever the status."""
+
+    error: ErrorInfo
+
+
+# --- records -> views (pure) ----------------------------------------------------------------
+
+
+def view(ep: Endpoint) -> EndpointView:
+    """The endpoint as the API shows it (`verdict_overrides` is called `verdict` on the wire)."""
+    fields = msgspec.structs.asdict(ep)
+    fields["verdict"] = fields.pop("verdict_overrides")
+    return EndpointView(**fields)
+
+
+def detail(ep: Endpoint, counters: Mapping[str, int]) -> CandidateDetail:
+    """The endpoint plus this replica's counters (unknown names ignored) and buffer fill."""
+    known = {f: counters[f] for f in Counters.__struct_fields__ if f in counters}
+    items, size = counters.get("buffer_items", 0), counters.get("buffer_bytes", 0)
+    fill = max(items / ep.buffer_max_items, size / ep.buffer_max_bytes)
+    buffer = BufferFill(
+        items=items,
+        max_items=ep.buffer_max_items,
+        bytes=size,
+        max_bytes=ep.buffer_max_bytes,
+        fill_ratio=round(fill, 4),
+    )
+    return CandidateDetail(
+        **msgspec.structs.asdict(view(ep)), counters=Counters(**known), buffer=buffer
+    )
+
+
+def promotion_view(rec: PromotionRecord) -> PromotionView:
+    """An audit row without its report snapshot."""
+    fields = msgspec.structs.asdict(rec)
+    del fields["report_snapshot"]
+    return PromotionView(**fields)

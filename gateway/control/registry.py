@@ -1,0 +1,172 @@
+"""The registry: an in-memory snapshot of the live endpoint and the candidates, replaced
+atomically, reloaded from storage whenever the stored registry version changes.
+
+Every replica sharing a database polls one integer (`registry_meta.version`) every
+`poll_interval_s` and reloads only when it moved, so a promotion, a rollback or a candidate
+change made through any replica is applied by all of them within one interval (DESIGN.md §3.5).
+The proxy never waits on this: it reads `LiveTarget` and the snapshot, both swapped whole.
+
+A database error while polling keeps the old snapshot, counted, logged once per outage; the
+proxy keeps serving the last known live endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from domain.endpoint import Endpoint
+from domain.errors import EndpointNotFound
+from gateway.server.hooks import LiveTarget
+from storage import queries
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One consistent view of the registry at `version`."""
+
+    version: int
+    live: Endpoint
+    candidates: tuple[Endpoint, ...]  # role candidate only (active and paused), by name
+    retired: tuple[Endpoint, ...] = field(default=())
+
+    @classmethod
+    def build(cls, version: int, endpoints: Sequence[Endpoint]) -> Snapshot:
+        live = [ep for ep in endpoints if ep.role == "live"]
+        if not live:
+            raise EndpointNotFound(
+                "live", "no live endpoint is stored: start the gateway with --live URL once"
+            )
+        by_name = sorted(endpoints, key=lambda ep: ep.name)
+        return cls(
+            version=version,
+            live=live[0],
+            candidates=tuple(ep for ep in by_name if ep.role == "candidate"),
+            retired=tuple(ep for ep in by_name if ep.role == "retired"),
+        )
+
+    def find(self, name: str) -> Endpoint | None:
+        """The endpoint called `name` in this snapshot, whatever its role."""
+        if self.live.name == name:
+            return self.live
+        for ep in (*self.candidates, *self.retired):
+            if ep.name == name:
+                return ep
+        return None
+
+
+class Registry:
+    """Owns the snapshot and the polling task; see the module docstring."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        live_target: LiveTarget,
+        *,
+        poll_interval_s: float,
+        on_change: Callable[[Snapshot], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._live_target = live_target
+        self._poll_interval_s = poll_interval_s
+        self._on_change = on_change
+        self._snapshot: Snapshot | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # one reload at a time, so swaps happen in version order
+        self._failing = False
+        self.reloads = 0
+        self.poll_errors = 0
+
+    async def start(
+        self, *, seed_live: Endpoint | None, seed_candidates: Sequence[Endpoint] = ()
+    ) -> None:
+        """Seed first-start endpoints (the stored live endpoint wins over `seed_live`), load the
+        snapshot, and start polling. Raises EndpointNotFound when nothing is live."""
+        await queries.seed(self._engine, seed_live, seed_candidates)
+        version, endpoints = await queries.load_endpoints(self._engine)
+        self._swap(Snapshot.build(version, endpoints))
+        if self._task is None:
+            self._task = asyncio.create_task(self._poll(), name="registry-poll")
+
+    @property
+    def snapshot(self) -> Snapshot:
+        if self._snapshot is None:
+            raise RuntimeError("Registry.start() has not completed")
+        return self._snapshot
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "version": self._snapshot.version if self._snapshot else 0,
+            "reloads": self.reloads,
+            "poll_errors": self.poll_errors,
+        }
+
+    async def refresh(self) -> Snapshot:
+        """Reload now if the stored version moved (the admin API calls this after a write, so
+        this replica applies it at once). A database error keeps, and returns, the old
+        snapshot: the write already committed, and the poll will catch up."""
+        try:
+            await self._reload()
+        except Exception as exc:
+            self._failed(exc)
+        return self.snapshot
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_interval_s)
+            try:
+                await self._reload()
+            except Exception as exc:
+                self._failed(exc)
+            else:
+                if self._failing:
+                    self._failing = False
+                    logger.info("registry: storage reachable again (version %d)", self.version)
+
+    @property
+    def version(self) -> int:
+        return self._snapshot.version if self._snapshot else 0
+
+    async def _reload(self) -> None:
+        async with self._lock:
+            if await queries.registry_version(self._engine) == self.version:
+                return
+            version, endpoints = await queries.load_endpoints(self._engine)
+            # Any move counts, backwards too (a database restored from a backup).
+            if version != self.version:
+                self._swap(Snapshot.build(version, endpoints))
+
+    def _swap(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        self.reloads += 1
+        self._live_target.set(snapshot.live)
+        if self._on_change is not None:
+            try:
+                self._on_change(snapshot)
+            except Exception:
+                logger.exception("registry: on_change callback failed (snapshot still applied)")
+
+    def _failed(self, exc: Exception) -> None:
+        self.poll_errors += 1
+        if not self._failing:
+            self._failing = True
+            logger.warning(
+                "registry: cannot reload from storage (%s: %s); keeping version %d",
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+                self.version,
+            )

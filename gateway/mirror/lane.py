@@ -1,0 +1,372 @@
+"""One candidate's lane: its ring buffer and the workers that replay copies against it.
+
+Each lane owns an aiohttp session and connector (never production's pool), `concurrency`
+workers, its own timeout and credentials. A copy keeps the client's headers except hop-by-hop
+ones, `Host`, `Content-Length`, `Accept-Encoding` (the lane asks for what it can decode) and
+`Authorization` (unless `forward_auth`); the candidate's own bearer token, when configured, is
+added, and so is `X-Canary-Mirror: <exchange id>`. The body is the production bytes unchanged,
+except `model` when the candidate overrides it; the copy keeps production's streaming settings
+(no `include_usage` is added, so both arms count output tokens the same way).
+
+The same `ResponseMeter` as production measures the answer from the moment the request is
+sent; time spent in the ring is recorded separately as queue wait. Nothing here is awaited by
+the request path: `offer` is synchronous and only wakes an idle worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import time
+from collections import deque
+from typing import Final
+
+import aiohttp
+import msgspec
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from domain import outcomes
+from domain.endpoint import Endpoint
+from gateway.mirror.counters import LaneCounters
+from gateway.mirror.observe import classify, observation
+from gateway.mirror.ring import Entry, MemoryBudget, Offer, RingBuffer
+from gateway.process.config import GatewayConfig
+from gateway.server.headers import COPY_SKIP, copy_end_to_end
+from gateway.server.hooks import ObservationSink
+from gateway.server.meter import MeterResult, ResponseMeter
+from gateway.server.upstream import (
+    DeadlineSweeper,
+    UpstreamError,
+    UpstreamTimeouts,
+    make_client_session,
+    open_response,
+    read_chunk,
+    request_body,
+)
+
+__all__ = ["MIRROR_HEADER", "Copy", "Lane"]
+
+MIRROR_HEADER: Final = "X-Canary-Mirror"
+
+# Not forwarded to a candidate: the copy policy of `gateway.server.headers`, the loop guard
+# (the lane sets its own), and Authorization unless the candidate says forward_auth.
+_DROP: Final = COPY_SKIP | {MIRROR_HEADER.lower()}
+_DROP_AUTH: Final = _DROP | {"authorization"}
+_decode_obj = msgspec.json.Decoder(dict[str, object]).decode
+_encode = msgspec.json.Encoder().encode
+
+
+class Copy:
+    """One mirrored production request, shared by every lane that accepted it (never copied)."""
+
+    __slots__ = ("body", "exchange_id", "headers", "path_qs")
+
+    def __init__(
+        self, exchange_id: str, path_qs: str, headers: CIMultiDictProxy[str], body: bytes
+    ) -> None:
+        self.exchange_id = exchange_id
+        self.path_qs = path_qs
+        self.headers = headers
+        self.body = body
+
+
+class Lane:
+    """A candidate's ring buffer, workers and HTTP session."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        config: GatewayConfig,
+        budget: MemoryBudget,
+        sink: ObservationSink,
+    ) -> None:
+        self.counters = LaneCounters()
+        self.ring: RingBuffer[Copy] = RingBuffer(
+            endpoint.buffer_max_items,
+            endpoint.buffer_max_bytes,
+            budget,
+            self.counters,
+            config.dedup_window_s,
+        )
+        self._config = config
+        self._sink = sink
+        self._text_max = config.store_text_max_chars if config.store_text else 0
+        self._sweeper: DeadlineSweeper | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._workers: dict[int, asyncio.Task[None]] = {}
+        self._idle: deque[asyncio.Future[None]] = deque()
+        self._quiet: list[asyncio.Future[None]] = []  # wait_idle() callers
+        self._stopping = False
+        self.endpoint = endpoint
+        self._configure(endpoint)
+
+    # ------------------------------------------------------------------ configuration
+
+    def _configure(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.name = endpoint.name
+        self.session_mode = endpoint.sampling == "session"
+        self._base = endpoint.url.rstrip("/")
+        self._drop = _DROP if endpoint.forward_auth else _DROP_AUTH
+        token = os.environ.get(endpoint.credentials_env) if endpoint.credentials_env else None
+        self._auth = f"Bearer {token}" if token else None
+        self._timeout_s = endpoint.timeout_s
+        if self._sweeper is None or self._sweeper.timeouts.total_s != endpoint.timeout_s:
+            # Copies in flight keep the sweeper they were started under until they end.
+            self._sweeper = DeadlineSweeper(
+                UpstreamTimeouts(
+                    connect_s=self._config.connect_timeout_s,
+                    ttfb_s=0,
+                    idle_s=0,
+                    total_s=endpoint.timeout_s,
+                )
+            )
+        self._model = endpoint.model
+
+    def update(self, endpoint: Endpoint) -> None:
+        """Apply a changed registration, keeping queued copies that still fit."""
+        self._configure(endpoint)
+        self.ring.resize(
+            endpoint.buffer_max_items, endpoint.buffer_max_bytes, self.ring.dedup_window_s
+        )
+        if self._session is not None:
+            self._scale()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Open the lane's own HTTP session and start its workers (needs a running loop)."""
+        if self._session is not None:
+            return
+        cfg = self._config
+        # The same client as production's (gateway.server.upstream): no connection cap of its
+        # own (the workers are the concurrency bound, and it follows `concurrency`), the
+        # configured connect timeout and keep-alive, no cookie jar (candidates' cookies must
+        # not leak between copies), bytes untouched.
+        self._session = make_client_session(
+            limit=0, keepalive_s=cfg.upstream_keepalive_s, connect_timeout_s=cfg.connect_timeout_s
+        )
+        self._scale()
+
+    def _scale(self) -> None:
+        loop = asyncio.get_running_loop()
+        for index in range(self.endpoint.concurrency):
+            if index not in self._workers:
+                task = loop.create_task(self._work(index), name=f"mirror-{self.name}-{index}")
+                self._workers[index] = task
+                task.add_done_callback(functools.partial(self._forget, index))
+        self._wake_all()  # surplus workers notice the lower concurrency and leave
+
+    def _forget(self, index: int, task: asyncio.Task[None]) -> None:
+        if self._workers.get(index) is task:
+            del self._workers[index]
+
+    def stop_offers_and_clear(self) -> int:
+        """Stop taking copies and drop the queued ones (counted); in-flight copies finish."""
+        self._stopping = True
+        dropped = self.ring.clear()
+        self._wake_all()
+        if not self.ring.pending:
+            self._notify_quiet()
+        return dropped
+
+    def begin_drain(self) -> None:
+        """Workers send what is queued, then leave."""
+        self._stopping = True
+        self._wake_all()
+
+    @property
+    def workers(self) -> tuple[asyncio.Task[None], ...]:
+        return tuple(self._workers.values())
+
+    async def close(self) -> None:
+        """Cancel the workers (in-flight copies count as timed out), drop the rest, close."""
+        self._stopping = True
+        workers = self.workers
+        for task in workers:
+            task.cancel()
+        for task in workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.ring.clear()
+        self.ring.detach()
+        self._notify_quiet()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    # ------------------------------------------------------------------ hot path
+
+    def offer(self, copy: Copy, digest: bytes, session: bytes | None, now: float) -> bool:
+        """Queue a copy; synchronous, never awaits. True when the ring accepted it."""
+        if self.ring.offer(copy, id(copy.body), len(copy.body), digest, session, now) is not (
+            Offer.ACCEPTED
+        ):
+            return False
+        self._wake_one()
+        return True
+
+    def _wake_one(self) -> None:
+        idle = self._idle
+        while idle:
+            fut = idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def _notify_quiet(self) -> None:
+        waiters, self._quiet = self._quiet, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_idle(self) -> None:
+        """Return once nothing is queued or in flight (tests, benchmarks, operators)."""
+        loop = asyncio.get_running_loop()
+        while self.ring.pending:
+            fut: asyncio.Future[None] = loop.create_future()
+            self._quiet.append(fut)
+            await fut
+
+    def _wake_all(self) -> None:
+        while self._idle:
+            fut = self._idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    # ------------------------------------------------------------------ workers
+
+    async def _work(self, index: int) -> None:
+        loop = asyncio.get_running_loop()
+        ring = self.ring
+        while index < self.endpoint.concurrency:
+            entry = ring.pop(time.perf_counter())
+            if entry is None:
+                if self._stopping and not ring.items:
+                    return
+                fut = loop.create_future()
+                self._idle.append(fut)
+                await fut
+                continue
+            try:
+                await self._send(entry)
+            finally:
+                ring.done(entry)
+                if ring.has_ready:
+                    self._wake_one()  # a session's next turn may have become ready
+                elif self._stopping and not ring.items:
+                    self._wake_all()  # draining and nothing left: idle workers may leave
+                if not ring.pending:
+                    self._notify_quiet()
+
+    def _request_headers(self, copy: Copy) -> CIMultiDict[str]:
+        headers: CIMultiDict[str] = CIMultiDict()
+        copy_end_to_end(copy.headers, self._drop, headers)
+        if self._auth is not None:
+            headers["Authorization"] = self._auth
+        headers[MIRROR_HEADER] = copy.exchange_id
+        return headers
+
+    def _request_body(self, body: bytes) -> bytes:
+        if self._model is None:
+            return body
+        try:
+            obj = _decode_obj(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return body
+        if "model" not in obj:
+            return body
+        obj["model"] = self._model
+        return _encode(obj)
+
+    async def _send(self, entry: Entry[Copy]) -> None:
+        assert self._session is not None
+        copy = entry.payload
+        started_at = time.time()
+        t0 = time.perf_counter()
+        queue_wait = t0 - entry.enqueued_at
+        meter: ResponseMeter | None = None
+        status = 0
+        error_kind: str | None = None
+        assert self._sweeper is not None
+        wd = self._sweeper.watch(t0)
+        try:
+            resp = await open_response(
+                self._session,
+                "POST",
+                URL(self._base + copy.path_qs, encoded=True),
+                data=request_body(self._request_body(copy.body)),
+                headers=self._request_headers(copy),
+                watchdog=wd,
+            )
+            async with resp:
+                status = resp.status
+                meter = ResponseMeter(
+                    t0,
+                    is_sse=resp.content_type == "text/event-stream",
+                    text_max_chars=self._text_max,
+                )
+                while chunk := await read_chunk(resp, wd):
+                    now = time.perf_counter()
+                    wd.touch(now)
+                    meter.feed(chunk, now)
+        except UpstreamError as exc:
+            error_kind = exc.kind
+        except asyncio.CancelledError:
+            self._record(copy, started_at, queue_wait, meter, status, outcomes.CANCELLED)
+            raise
+        finally:
+            wd.close()
+        self._record(copy, started_at, queue_wait, meter, status, error_kind)
+
+    def _record(
+        self,
+        copy: Copy,
+        started_at: float,
+        queue_wait: float,
+        meter: ResponseMeter | None,
+        status: int,
+        error_kind: str | None,
+    ) -> None:
+        now = time.perf_counter()
+        result = (
+            meter.finish(now, status)
+            if meter is not None
+            else MeterResult(status=status, is_sse=False)
+        )
+        if error_kind is None:
+            error_kind = classify(result)
+        c = self.counters
+        c.sent += 1
+        if error_kind in ("timeout", "cancelled"):
+            c.timed_out += 1
+        elif error_kind is None:
+            c.observed_ok += 1
+        else:
+            c.observed_error += 1
+        self._sink.put_observation(
+            observation(
+                copy.exchange_id,
+                self.name,
+                "candidate",
+                started_at,
+                result,
+                error_kind,
+                store_text=self._config.store_text,
+                max_chars=self._config.store_text_max_chars,
+                queue_wait_s=queue_wait,
+            )
+        )
+
+    # ------------------------------------------------------------------ export
+
+    def snapshot(self) -> dict[str, int]:
+        out = self.counters.as_dict()
+        out["pending"] = self.ring.pending
+        out["inflight"] = self.ring.inflight
+        out["buffer_items"] = self.ring.items
+        out["buffer_bytes"] = self.ring.bytes
+        return out

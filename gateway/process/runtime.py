@@ -1,0 +1,318 @@
+"""Assembles the whole gateway: storage, registry, mirror, observation writer, admin API, metrics.
+
+`app.py` builds the proxy application; this module composes everything else around it, in the
+order start-up and shutdown need:
+
+    start:    schema check -> writer -> registry (seeds, loads, sets the live target)
+              -> mirror lanes -> counters flusher -> HTTP listener
+    shutdown: stop the listener (in-flight production requests finish) -> flusher stops
+              -> mirror drains (up to drain_timeout_s) -> last counters flush -> registry
+              -> writer flushes -> engine disposed
+
+Storage trouble after start-up never stops the proxy (the writer queues, retries, drops and
+counts); storage trouble *at* start-up (schema behind, database unreachable) is reported with
+what to do, exit code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+from aiohttp import web
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from domain import errors as storage_errors
+from domain.endpoint import Endpoint
+from domain.errors import SchemaBehind, UsageError
+from evaluators.judge.settings import VerdictSettings
+from gateway.control.admin.handlers import AdminContext, build_admin_app
+from gateway.control.registry import Registry, Snapshot
+from gateway.mirror.tee import Mirror
+from gateway.process.config import GatewayConfig, parse_admin_tokens
+from gateway.server.app import READY_CHECKS, AppCustomizer, RunningGateway, start_gateway
+from gateway.server.hooks import LiveTarget
+from gateway.server.metrics import Registry as MetricsRegistry
+from gateway.sim.server import SimServer, start_sim
+from storage import queries
+from storage.engine import ensure_schema, make_engine, masked
+from storage.writer import ObservationWriter
+
+log = logging.getLogger("canary.gateway")
+
+SIMULATOR_KIND = "simulator"  # kind of a live endpoint that is the built-in simulator
+
+
+@dataclass
+class Components:
+    """The running parts of one gateway process (tests and the demo reach in through this)."""
+
+    config: GatewayConfig
+    replica: str
+    engine: AsyncEngine
+    live: LiveTarget
+    writer: ObservationWriter
+    registry: Registry
+    mirror: Mirror
+    metrics: MetricsRegistry
+    gateway: RunningGateway | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.gateway is not None
+        return self.gateway.url
+
+
+def replica_name(config: GatewayConfig) -> str:
+    """Unique per process lifetime, so summing stored counters never double counts."""
+    base = config.replica_name or f"{socket.gethostname()}-{os.getpid()}"
+    return f"{base[:40]}-{int(time.time() * 1000):x}"
+
+
+class _CountersFlusher:
+    """Saves the mirror's copy accounting to storage every `interval_s`, and once at the end."""
+
+    def __init__(self, parts: Components, interval_s: float) -> None:
+        self._parts = parts
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+        self.errors = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="counters-flush")
+
+    async def flush(self) -> None:
+        try:
+            await queries.upsert_counters(
+                self._parts.engine, self._parts.replica, self._parts.mirror.counters()
+            )
+        except storage_errors.StorageError:
+            self.errors += 1  # the next flush carries the totals; nothing is lost
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.flush()
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _registry_lines(registry: Registry) -> list[str]:
+    stats = registry.stats()
+    return [
+        "# HELP canary_registry_version Control-plane version this replica applies.",
+        "# TYPE canary_registry_version gauge",
+        f"canary_registry_version {stats['version']}",
+        "# HELP canary_registry_reloads_total Snapshots loaded from storage.",
+        "# TYPE canary_registry_reloads_total counter",
+        f"canary_registry_reloads_total {stats['reloads']}",
+        "# HELP canary_registry_poll_errors_total Registry polls that failed (old snapshot kept).",
+        "# TYPE canary_registry_poll_errors_total counter",
+        f"canary_registry_poll_errors_total {stats['poll_errors']}",
+    ]
+
+
+async def _check_schema(engine: AsyncEngine, db_url: str) -> None:
+    try:
+        await ensure_schema(engine, db_url)
+    except storage_errors.SchemaBehind as exc:
+        raise SchemaBehind(str(exc)) from exc
+    except storage_errors.StorageError as exc:
+        raise UsageError(f"storage {masked(db_url)}: {exc}") from exc
+
+
+async def _seed_live(
+    config: GatewayConfig, engine: AsyncEngine, simulator_url: str | None
+) -> tuple[Endpoint, SimServer | None]:
+    """The live endpoint to seed; starts the built-in simulator when no live URL is set (unless
+    a supervisor already started one and passed `simulator_url`).
+
+    A stored live endpoint of kind "simulator" is a placeholder from an earlier zero-setup run:
+    it is pointed at this run's live endpoint (the simulator's new port, or the `--live` URL now
+    given). A real stored live endpoint (from `--live` or a promotion) is left alone.
+    """
+    sim: SimServer | None = None
+    if config.live_url is not None:
+        seed = config.live_endpoint(config.live_url)
+    else:
+        if simulator_url is None:
+            sim = await start_sim("baseline", host="127.0.0.1", port=0)
+            simulator_url = sim.url
+            log.info(
+                "no live endpoint configured: started the built-in engine simulator",
+                extra={"fields": {"live_url": sim.url, "profile": "baseline"}},
+            )
+        seed = msgspec.structs.replace(config.live_endpoint(simulator_url), kind=SIMULATOR_KIND)
+    _version, endpoints = await queries.load_endpoints(engine)
+    stored = next((e for e in endpoints if e.role == "live"), None)
+    if stored is not None and stored.kind == SIMULATOR_KIND and stored.url != seed.url:
+        await queries.update_endpoint(engine, stored.name, {"url": seed.url, "kind": seed.kind})
+        log.info(
+            "pointed the stored simulator live endpoint at this run's live endpoint",
+            extra={"fields": {"name": stored.name, "url": seed.url}},
+        )
+    return seed, sim
+
+
+async def prepare_storage(config: GatewayConfig) -> None:
+    """Check (and on a new SQLite file, create) the schema once, before `--workers N` processes
+    start, so they never race to migrate and a schema error stops the supervisor with exit 2."""
+    engine = make_engine(config.db_url)
+    try:
+        await _check_schema(engine, config.db_url)
+    finally:
+        await engine.dispose()
+
+
+def _customize(parts: Components) -> list[AppCustomizer]:
+    config = parts.config
+
+    def add_admin(app: web.Application) -> None:
+        ctx = AdminContext(
+            engine=parts.engine,
+            registry=parts.registry,
+            tokens=parse_admin_tokens(config.admin_token),
+            insecure=config.insecure_admin,
+            counters=parts.mirror.counters,
+            writer_stats=parts.writer.stats,
+            verdict_settings=_verdict_settings(config),
+            listen_host=config.listen_host,
+        )
+        app.add_subapp("/admin", build_admin_app(ctx))
+
+        async def storage_ready() -> tuple[bool, str]:
+            # Reported, never gating: a database outage must not take every replica out of a
+            # load balancer, because the proxy serves on (observations queue, then drop).
+            depth = parts.writer.stats().get("queue_depth", 0)
+            try:
+                async with asyncio.timeout(2.0), parts.engine.connect() as conn:
+                    await conn.execute(text("SELECT 1"))
+            except Exception as exc:  # any failure: report its name, stay ready
+                return True, (
+                    f"{masked(config.db_url)} unreachable ({type(exc).__name__}); "
+                    f"proxy unaffected, writer queue {depth}"
+                )
+            return True, f"{masked(config.db_url)} reachable, writer queue {depth}"
+
+        app[READY_CHECKS]["storage"] = storage_ready
+
+    return [add_admin]
+
+
+def _verdict_settings(config: GatewayConfig) -> VerdictSettings:
+    return VerdictSettings().with_overrides(config.verdict)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    config: GatewayConfig, *, simulator_url: str | None = None
+) -> AsyncIterator[Components]:
+    """Start a complete gateway on `config.listen`; stop it, in order, on exit.
+
+    `simulator_url`: the built-in simulator a `--workers` supervisor started for all workers
+    (only when `config.live_url` is unset)."""
+    engine = make_engine(config.db_url)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(engine.dispose)
+        await _check_schema(engine, config.db_url)
+        try:
+            seed, sim = await _seed_live(config, engine, simulator_url)
+        except storage_errors.StorageError as exc:
+            raise UsageError(f"storage {masked(config.db_url)}: {exc}") from exc
+        if sim is not None:
+            stack.push_async_callback(sim.close)
+        replica = replica_name(config)
+        metrics = MetricsRegistry()
+        live = LiveTarget(seed)
+        writer = ObservationWriter(
+            engine,
+            batch_size=config.writer_batch_size,
+            flush_interval_s=config.writer_flush_interval_s,
+            queue_max=config.writer_queue_max,
+            store_text=config.store_text,
+            store_text_max_chars=config.store_text_max_chars,
+        )
+        await writer.start()
+        stack.push_async_callback(writer.close, config.drain_timeout_s)
+        mirror = Mirror(config, live, writer, replica)
+
+        def on_change(snapshot: Snapshot) -> None:
+            mirror.apply(snapshot.candidates)
+
+        registry = Registry(
+            engine, live, poll_interval_s=config.registry_poll_interval_s, on_change=on_change
+        )
+        parts = Components(config, replica, engine, live, writer, registry, mirror, metrics)
+        try:
+            await registry.start(
+                seed_live=seed, seed_candidates=[c.to_endpoint() for c in config.candidates]
+            )
+        except storage_errors.StorageError as exc:
+            raise UsageError(f"storage {masked(config.db_url)}: {exc}") from exc
+        stack.push_async_callback(registry.close)
+        flusher = _CountersFlusher(parts, config.counters_flush_interval_s)
+        stack.push_async_callback(flusher.flush)  # after the mirror drained: final totals
+        await mirror.start()
+        stack.push_async_callback(mirror.close)
+        flusher.start()
+        stack.push_async_callback(flusher.close)
+        metrics.add_collector(mirror.prometheus_lines)
+        metrics.add_collector(writer.prometheus_lines)
+        metrics.add_collector(lambda: _registry_lines(registry))
+        parts.gateway = await start_gateway(
+            config,
+            live=live,
+            tee=mirror,
+            metrics=metrics,
+            customize=_customize(parts),
+        )
+        stack.push_async_callback(parts.gateway.close)
+        yield parts
+
+
+async def serve_until_stopped(
+    config: GatewayConfig,
+    *,
+    simulator_url: str | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """What each `canary serve` process runs: the complete gateway until SIGTERM/SIGINT."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with running(config, simulator_url=simulator_url) as parts:
+            log.info(
+                "canary-gateway listening",
+                extra={
+                    "fields": {
+                        "url": parts.url,
+                        "live_url": parts.live.endpoint.url,
+                        "db": masked(config.db_url),
+                        "candidates": [c.name for c in parts.registry.snapshot.candidates],
+                        "replica": parts.replica,
+                        "pid": os.getpid(),
+                        "loop": type(loop).__module__,
+                    }
+                },
+            )
+            await stop.wait()
+            log.info("shutting down", extra={"fields": {"pid": os.getpid()}})
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

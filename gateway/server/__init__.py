@@ -1,0 +1,7 @@
+"""The data plane: what production needs and nothing else.
+
+`app` (the aiohttp application), `proxy` (the hot path), `upstream` (the one HTTP client, used by
+the proxy and the mirror lanes), `headers` (the hop-by-hop policy), `meter` (the passive SSE/JSON
+response meter), `hooks` (the seams the other planes plug into), `metrics` (Prometheus).
+Imports neither storage nor evaluators.
+"""

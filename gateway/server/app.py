@@ -1,0 +1,215 @@
+"""Builds and runs the gateway's aiohttp application: proxy, health, readiness, metrics, lifecycle.
+
+`build_app` wires the catch-all proxy route and the gateway's own `/healthz`, `/readyz` and
+`/metrics` (never forwarded), with the upstream session owned by a `cleanup_ctx`. Other parts
+compose onto the returned app before it starts: append to `app.cleanup_ctx` (mirror, registry,
+storage writer), `app.add_subapp("/admin", ...)` (a more specific prefix wins over the catch-all
+whatever the order), and append async readiness checks to `app[READY_CHECKS]`.
+`start_gateway` runs one on a socket; `gateway.process.runtime` composes the complete gateway
+(storage,
+registry, mirror, admin) around it, and is what `canary serve` runs in each worker process.
+
+This module must never do per-request work itself: requests go straight to `Proxy.handle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gateway.process.config import GatewayConfig
+from gateway.server.hooks import LiveTarget, RequestTee
+from gateway.server.metrics import Registry
+from gateway.server.proxy import Proxy, ProxyMetrics
+from gateway.server.upstream import make_client_session
+
+log = logging.getLogger("canary.gateway")
+
+ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
+"""A readiness probe: returns (ok, detail). Named by the key it is stored under."""
+
+CONFIG = web.AppKey("canary_config", GatewayConfig)
+LIVE = web.AppKey("canary_live", LiveTarget)
+METRICS = web.AppKey("canary_metrics", Registry)
+PROXY = web.AppKey("canary_proxy", Proxy)
+UPSTREAM_SESSION = web.AppKey("canary_upstream_session", aiohttp.ClientSession)
+READY_CHECKS = web.AppKey("canary_ready_checks", dict[str, ReadyCheck])
+
+AppCustomizer = Callable[[web.Application], None]
+"""Called on the built app before it starts: add cleanup_ctx entries, sub-apps, checks."""
+
+_READY_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+_TEXT_METRICS = "text/plain; version=0.0.4; charset=utf-8"
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "pid": os.getpid()})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    checks = request.app[READY_CHECKS]
+    results = await asyncio.gather(*(check() for check in checks.values()))
+    detail = {
+        name: {"ok": ok, "detail": text} for name, (ok, text) in zip(checks, results, strict=True)
+    }
+    ready = all(ok for ok, _ in results)
+    return web.json_response(
+        {"status": "ready" if ready else "not ready", "checks": detail},
+        status=200 if ready else 503,
+    )
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    text = request.app[METRICS].render()
+    return web.Response(text=text, headers={"Content-Type": _TEXT_METRICS})
+
+
+def _live_check(app: web.Application) -> ReadyCheck:
+    """The live endpoint answers HTTP (any status below 500) on vLLM's `/health`."""
+
+    async def check() -> tuple[bool, str]:
+        session = app.get(UPSTREAM_SESSION)
+        if session is None:
+            return False, "not started"
+        url = app[LIVE].base_url / "health"
+        try:
+            async with session.get(url, timeout=_READY_TIMEOUT) as resp:
+                await resp.read()
+                return resp.status < 500, f"{url} -> {resp.status}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            return False, f"{url} unreachable: {type(exc).__name__}"
+
+    return check
+
+
+def build_app(
+    config: GatewayConfig,
+    *,
+    live: LiveTarget,
+    tee: RequestTee | None = None,
+    metrics: Registry | None = None,
+) -> web.Application:
+    """The gateway application; compose more onto it before it starts (see module docstring)."""
+    app = web.Application(client_max_size=config.max_body_bytes)
+    registry = metrics if metrics is not None else Registry()
+    proxy = Proxy(config, live, ProxyMetrics(registry), tee)
+    app[CONFIG] = config
+    app[LIVE] = live
+    app[METRICS] = registry
+    app[PROXY] = proxy
+    app[READY_CHECKS] = {"live": _live_check(app)}
+
+    async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+        session = make_client_session(
+            limit=config.upstream_max_connections,
+            keepalive_s=config.upstream_keepalive_s,
+            connect_timeout_s=config.connect_timeout_s,
+        )
+        app[UPSTREAM_SESSION] = proxy.session = session
+        yield
+        proxy.session = None
+        proxy.sweeper.close()
+        await session.close()
+
+    app.cleanup_ctx.append(upstream_ctx)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    return app
+
+
+def make_runner(app: web.Application, config: GatewayConfig, **kwargs: Any) -> web.AppRunner:
+    """The runner the gateway needs: client disconnects cancel the handler (so the upstream is
+    aborted at once), bodies are not decompressed (forwarded as sent), no access log."""
+    return web.AppRunner(
+        app,
+        handler_cancellation=True,
+        auto_decompress=False,
+        access_log=None,
+        shutdown_timeout=config.drain_timeout_s,
+        **kwargs,
+    )
+
+
+class RunningGateway:
+    """A gateway serving on a socket; `close()` stops it (and its built-in simulator, if any)."""
+
+    def __init__(self, runner: web.AppRunner, sim: Any | None) -> None:
+        self.runner = runner
+        self.sim = sim
+        host, port = runner.addresses[0][:2]
+        self.host, self.port = str(host), int(port)
+        self.url = f"http://[{host}]:{port}" if ":" in self.host else f"http://{host}:{port}"
+
+    @property
+    def app(self) -> web.Application:
+        return self.runner.app
+
+    async def close(self) -> None:
+        try:
+            await self.runner.cleanup()
+        finally:
+            if self.sim is not None:
+                await self.sim.close()
+
+    async def __aenter__(self) -> RunningGateway:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def start_gateway(
+    config: GatewayConfig,
+    *,
+    live: LiveTarget | None = None,
+    tee: RequestTee | None = None,
+    metrics: Registry | None = None,
+    customize: Sequence[AppCustomizer] = (),
+    reuse_port: bool | None = None,
+) -> RunningGateway:
+    """Build, start and bind a gateway on `config.listen` (port 0: any free port).
+
+    Without `live` and `config.live_url`, an engine simulator ("baseline" profile) is started
+    in-process on 127.0.0.1 and used as the live endpoint.
+    """
+    sim = None
+    if live is None:
+        url = config.live_url
+        if url is None:
+            from gateway.sim.server import start_sim
+
+            sim = await start_sim("baseline", host="127.0.0.1", port=0)
+            url = sim.url
+            log.info(
+                "no live endpoint configured: started the built-in engine simulator",
+                extra={"fields": {"live_url": url, "profile": "baseline"}},
+            )
+        live = LiveTarget(config.live_endpoint(url))
+    app = build_app(config, live=live, tee=tee, metrics=metrics)
+    for fn in customize:
+        fn(app)
+    runner = make_runner(app, config)
+    try:
+        await runner.setup()
+        site = web.TCPSite(
+            runner,
+            config.listen_host,
+            config.listen_port,
+            backlog=4096,
+            reuse_port=config.workers > 1 if reuse_port is None else reuse_port,
+        )
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        if sim is not None:
+            await sim.close()
+        raise
+    return RunningGateway(runner, sim)

@@ -1,0 +1,380 @@
+"""The hot path: forward one client request to the live endpoint and stream the answer back.
+
+Every method and path is forwarded with its query string; status, headers (less hop-by-hop ones)
+and body bytes come back unchanged, chunk by chunk as they arrive. The request body is read once
+into one `bytes` object that the tee (the mirror) receives by reference. A passive meter watches
+SSE answers for the TTFT histogram and the tee. Upstream failures map to OpenAI-shaped errors at
+this one boundary: 413 body too large, 502 refused/reset before answering, 504 timeout before the
+first byte; a failure after streaming started cuts the client connection (no fake success). A
+client that goes away aborts the upstream request at once, so the engine stops generating.
+
+This module must never log per request, never buffer a whole response, never await anything of
+the mirror, and never let a tee error reach the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import perf_counter
+
+import aiohttp
+import msgspec
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from domain.ids import uuid7
+from gateway.process.config import GatewayConfig
+from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
+from gateway.server.hooks import LiveTarget, RequestTee
+from gateway.server.meter import MeterResult, ResponseMeter
+from gateway.server.metrics import Registry
+from gateway.server.upstream import (
+    DeadlineSweeper,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamTimeouts,
+    open_response,
+    read_chunk,
+    request_body,
+)
+
+_REQUEST_SKIP = REQUEST_SKIP
+_RESPONSE_SKIP = RESPONSE_SKIP
+
+# Routes with their own metric series; anything else is "other".
+ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/models",
+    "/tokenize",
+    "/detokenize",
+)
+CLIENT_CLOSED = 499  # status label for requests the client abandoned (nginx's convention)
+XRID = "X-Request-ID"
+_encode = msgspec.json.Encoder().encode
+
+
+def error_body(message: str, type_: str, code: str) -> bytes:
+    """An OpenAI-shaped error body."""
+    return _encode({"error": {"message": message, "type": type_, "code": code}})
+
+
+_ERROR_HEADERS = {"Content-Type": "application/json"}
+_CONNECT_BODY = error_body(
+    "the live endpoint refused the connection or could not be reached", "server_error",
+    "upstream_unreachable",
+)  # fmt: skip
+_RESET_BODY = error_body(
+    "the live endpoint closed the connection before answering", "server_error", "upstream_reset"
+)
+_TIMEOUT_BODIES = {
+    phase: error_body(
+        f"the live endpoint did not answer in time ({phase} timeout)", "server_error",
+        "upstream_timeout",
+    )
+    for phase in ("connect", "ttfb", "idle", "total")
+}  # fmt: skip
+
+
+def _result(meter: ResponseMeter | None, now: float, status: int) -> MeterResult:
+    if meter is None:
+        return MeterResult(status=status, is_sse=False)
+    return meter.finish(now, status)
+
+
+class _CoalescedResponse(web.StreamResponse):
+    """A response whose headers leave with its first body bytes: one send instead of two for a
+    plain (non-SSE) answer. SSE answers keep aiohttp's default (headers at once), so a client
+    sees the stream open before the first token."""
+
+    _send_headers_immediately = False
+
+
+class _RouteStats:
+    """Pre-bound metric series of one route, so a request does lookups, not allocations."""
+
+    __slots__ = ("by_status", "counter", "e2e", "route", "ttft")
+
+    def __init__(self, route: str, metrics: ProxyMetrics) -> None:
+        self.route = route
+        self.counter = metrics.requests
+        self.by_status: dict[int, object] = {}
+        self.ttft = metrics.ttft.labels(route)
+        self.e2e = metrics.e2e.labels(route)
+
+    def count(self, status: int) -> None:
+        series = self.by_status.get(status)
+        if series is None:
+            series = self.by_status[status] = self.counter.labels(self.route, str(status))
+        series.inc()  # type: ignore[attr-defined]
+
+
+class ProxyMetrics:
+    """The proxy's series in a registry: requests, in-flight, TTFT, E2E, upstream errors."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.requests = registry.counter(
+            "canary_proxy_requests_total",
+            "Proxied requests by route and status.",
+            ("route", "status"),
+        )
+        self.in_flight = registry.gauge(
+            "canary_proxy_in_flight_requests", "Requests being proxied now."
+        )
+        self.ttft = registry.histogram(
+            "canary_proxy_ttft_seconds",
+            "Live endpoint time to first token (SSE) or first byte, from request sent.",
+            ("route",),
+        )
+        self.e2e = registry.histogram(
+            "canary_proxy_e2e_seconds",
+            "Live endpoint end-to-end time, from request sent to last byte.",
+            ("route",),
+        )
+        self.upstream_errors = registry.counter(
+            "canary_proxy_upstream_errors_total",
+            "Live endpoint failures by kind (connect, reset, timeout_<phase>, client_disconnect).",
+            ("kind",),
+        )
+        self.tee_errors = registry.counter(
+            "canary_proxy_tee_errors_total", "Exceptions raised by the request tee (swallowed)."
+        )
+        self.routes = {route: _RouteStats(route, self) for route in ROUTES}
+        self.other = _RouteStats("other", self)
+        self._errors: dict[str, object] = {}
+
+    def error(self, kind: str) -> None:
+        series = self._errors.get(kind)
+        if series is None:
+            series = self._errors[kind] = self.upstream_errors.labels(kind)
+        series.inc()  # type: ignore[attr-defined]
+
+
+class Proxy:
+    """The catch-all request handler. `session` is set by the app's lifecycle once a loop runs."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        live: LiveTarget,
+        metrics: ProxyMetrics,
+        tee: RequestTee | None = None,
+    ) -> None:
+        self.live = live
+        self.tee = tee
+        self.metrics = metrics
+        self.session: aiohttp.ClientSession | None = None
+        self.max_body = config.max_body_bytes
+        self.text_max = config.store_text_max_chars
+        self.timeouts = UpstreamTimeouts(
+            connect_s=config.connect_timeout_s,
+            ttfb_s=config.ttfb_timeout_s,
+            idle_s=config.idle_timeout_s,
+            total_s=config.total_timeout_s,
+        )
+        self.sweeper = DeadlineSweeper(self.timeouts)
+        self._too_large = error_body(
+            f"request body exceeds the gateway's limit of {self.max_body} bytes",
+            "invalid_request_error",
+            "request_too_large",
+        )
+        self._base: URL | None = None
+        self._prefix = ""
+
+    def _url(self, raw_path: str) -> URL:
+        base = self.live.base_url
+        if base is not self._base:  # the registry swapped the live endpoint
+            self._prefix = str(base).rstrip("/")
+            self._base = base
+        return URL(self._prefix + raw_path, encoded=True)
+
+    def _finish_tee(self, token: object, result: MeterResult, kind: str | None) -> None:
+        try:
+            self.tee.on_response(token, result, kind)  # type: ignore[union-attr]
+        except Exception:
+            self.metrics.tee_errors.inc()
+
+    async def _read_body(self, request: web.Request) -> bytes | None:
+        """The whole request body as one bytes object; None when it is over the limit."""
+        length = request.content_length
+        if length is not None and length > self.max_body:
+            return None
+        payload = request.content
+        first = await payload.readany()
+        if not first:
+            return first
+        parts = [first]
+        size = len(first)
+        while chunk := await payload.readany():
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            parts.append(chunk)
+        if size > self.max_body:
+            return None
+        return first if len(parts) == 1 else b"".join(parts)
+
+    def _request_headers(
+        self, request: web.Request, rid: str | None
+    ) -> tuple[CIMultiDict[str], str]:
+        src = request.headers
+        out: CIMultiDict[str] = CIMultiDict()
+        copy_end_to_end(src, _REQUEST_SKIP, out)
+        remote = request.remote or ""
+        xff = src.get("X-Forwarded-For")
+        out["X-Forwarded-For"] = f"{xff}, {remote}" if xff else remote
+        xfp = src.get("X-Forwarded-Proto")
+        out["X-Forwarded-Proto"] = f"{xfp}, {request.scheme}" if xfp else request.scheme
+        if rid is None:
+            rid = uuid7()
+            out[XRID] = rid
+        return out, rid
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        metrics = self.metrics
+        stats = metrics.routes.get(request.path, metrics.other)
+        metrics.in_flight.inc()
+        try:
+            return await self._forward(request, stats)
+        finally:
+            metrics.in_flight.dec()
+
+    async def _forward(self, request: web.Request, stats: _RouteStats) -> web.StreamResponse:
+        rid = request.headers.get(XRID)
+        body = await self._read_body(request)
+        if body is None:
+            stats.count(413)
+            return self._error(413, self._too_large, rid or uuid7())
+        headers, rid = self._request_headers(request, rid)
+        tee = self.tee
+        token: object | None = None
+        if tee is not None:
+            try:
+                token = tee.on_request(request.method, request.raw_path, request.headers, body, rid)
+            except Exception:
+                self.metrics.tee_errors.inc()
+        session = self.session
+        assert session is not None, "the proxy's client session is not started"
+        t0 = perf_counter()
+        wd = self.sweeper.watch(t0)
+        upstream: aiohttp.ClientResponse | None = None
+        meter: ResponseMeter | None = None
+        out: web.StreamResponse | None = None
+        status = 0
+        first_at = 0.0
+        try:
+            upstream = await open_response(
+                session,
+                request.method,
+                self._url(request.raw_path),
+                headers=headers,
+                data=request_body(body),
+                watchdog=wd,
+            )
+            status = upstream.status
+            up_headers = upstream.headers
+            ctype = up_headers.get("Content-Type", "")
+            is_sse = ctype.startswith("text/event-stream")
+            if is_sse or token is not None:
+                meter = ResponseMeter(t0, is_sse=is_sse, text_max_chars=self.text_max)
+            cls = web.StreamResponse if is_sse else _CoalescedResponse
+            out = cls(status=status, reason=upstream.reason)
+            out_headers = out.headers  # built in place: no intermediate multidict
+            copy_end_to_end(up_headers, _RESPONSE_SKIP, out_headers)
+            if XRID not in out_headers:
+                out_headers[XRID] = rid
+            await out.prepare(request)
+            while chunk := await read_chunk(upstream, wd):
+                now = perf_counter()
+                wd.last = now
+                if not first_at:
+                    first_at = now
+                if meter is not None:
+                    meter.feed(chunk, now)
+                await out.write(chunk)
+            upstream.release()
+            await out.write_eof()
+        except UpstreamError as exc:
+            return self._upstream_failed(request, exc, stats, out, upstream, meter, token, rid)
+        except (asyncio.CancelledError, ConnectionError) as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                try:
+                    wd.check_cancel()
+                except UpstreamTimeoutError as timeout:
+                    return self._upstream_failed(
+                        request, timeout, stats, out, upstream, meter, token, rid
+                    )
+            self._client_gone(stats, upstream, meter, token, status)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            assert out is not None
+            return out
+        finally:
+            wd.close()
+        end = perf_counter()
+        stats.count(status)
+        stats.e2e.observe(end - t0)
+        if meter is not None and meter.first_token_at is not None:
+            stats.ttft.observe(meter.first_token_at - t0)
+        elif not is_sse and first_at:
+            stats.ttft.observe(first_at - t0)
+        if token is not None and meter is not None:
+            self._finish_tee(token, meter.finish(end, status), None)
+        return out
+
+    def _error(self, status: int, body: bytes, rid: str) -> web.Response:
+        resp = web.Response(status=status, body=body, headers=_ERROR_HEADERS)
+        resp.headers[XRID] = rid
+        return resp
+
+    def _upstream_failed(
+        self,
+        request: web.Request,
+        exc: UpstreamError,
+        stats: _RouteStats,
+        out: web.StreamResponse | None,
+        upstream: aiohttp.ClientResponse | None,
+        meter: ResponseMeter | None,
+        token: object | None,
+        rid: str,
+    ) -> web.StreamResponse:
+        kind = exc.kind
+        timeout = isinstance(exc, UpstreamTimeoutError)
+        self.metrics.error(f"timeout_{exc.phase}" if timeout else kind)  # type: ignore[attr-defined]
+        if upstream is not None:
+            upstream.close()  # drop the connection: the engine must stop generating
+        end = perf_counter()
+        status = upstream.status if upstream is not None else 0
+        if token is not None:
+            self._finish_tee(token, _result(meter, end, status), kind)
+        if out is not None and out.prepared:
+            # Headers (and maybe chunks) already went out: cut the connection so the client
+            # sees an incomplete response, never a clean end.
+            stats.count(status)
+            transport = request.transport
+            if transport is not None:
+                transport.close()
+            return out
+        if isinstance(exc, UpstreamTimeoutError):
+            stats.count(504)
+            return self._error(504, _TIMEOUT_BODIES[exc.phase], rid)
+        stats.count(502)
+        body = _CONNECT_BODY if kind == "connect" else _RESET_BODY
+        return self._error(502, body, rid)
+
+    def _client_gone(
+        self,
+        stats: _RouteStats,
+        upstream: aiohttp.ClientResponse | None,
+        meter: ResponseMeter | None,
+        token: object | None,
+        status: int,
+    ) -> None:
+        if upstream is not None:
+            upstream.close()
+        self.metrics.error("client_disconnect")
+        stats.count(CLIENT_CLOSED)
+        if token is not None:
+            self._finish_tee(token, _result(meter, perf_counter(), status), "client_disconnect")

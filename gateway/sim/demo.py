@@ -1,0 +1,312 @@
+"""`canary demo`: the whole loop — mirror, measure, decide — on one machine, in about a minute.
+
+Starts four engine simulators (production, a `control` with production's profile, a `bi-kv`
+candidate that keeps each session's KV cache, and a `quantized` candidate whose answers sometimes
+diverge), a gateway in front of production with SQLite in a temporary directory, drives
+agent-like multi-turn sessions through it, stops the gateway (which drains the mirror and flushes
+storage), then prints both candidates' reports and writes their HTML forms.
+
+Every process it starts is its own child; all are stopped on exit, on error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import BinaryIO
+
+import aiohttp
+import msgspec
+
+from domain.errors import CanaryError
+from gateway.cli.progress import Progress
+from gateway.process.workers import die_with_parent
+from gateway.sim.workload import WorkloadSpec, run_workload
+
+# name, simulator profile, extra `canary sim` flags, candidate kind (None: production)
+ARMS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
+    ("live", "baseline", (), None),
+    ("control", "control", (), "control"),
+    ("bi-kv", "bi-kv", (), "bi-kv"),
+    ("quantized", "quantized", ("--divergence", "0.3"), "quantized"),
+)
+
+CONFIG_TEMPLATE = """\
+# Written by `canary demo`: a gateway in front of a simulated production engine, with three
+# simulated candidates mirrored whole sessions at a time.
+listen = "127.0.0.1:{gateway_port}"
+live_url = "{live_url}"
+db_url = "sqlite+aiosqlite:///{db_path}"
+insecure_admin = true
+log_format = "json"
+# Five processes share this machine's cores, so scheduling delays show up as event-loop lag
+# and the gateway may use a whole core; production here is a simulator, so the demo's loop
+# guard tolerates more lag and no CPU limit (in a real deployment keep the defaults).
+mirror_shed_loop_lag_ms = 250.0
+mirror_shed_cpu_busy = 0.0
+registry_poll_interval_s = 1.0
+counters_flush_interval_s = 1.0
+live_price_per_hour_usd = 2.0
+{candidates}"""
+
+CANDIDATE_TEMPLATE = """
+[[candidates]]
+name = "{name}"
+url = "{url}"
+kind = "{kind}"
+sample_rate = 1.0
+sampling = "session"
+concurrency = 16
+price_per_hour_usd = {price}
+# Production's default failure margin (0.1 pp) needs ~3,000 pairs to show non-inferiority;
+# the demo accepts 1 pp so that it can decide within a minute.
+verdict = {{ error_delta = 0.01 }}
+"""
+
+
+class DemoOptions(msgspec.Struct, kw_only=True):
+    sessions: int = 100
+    turns: int = 6
+    concurrency: int = 16
+    time_scale: float = 0.25
+    keep: bool = False
+    out_dir: str = "canary-reports"
+    seed: int = 0
+
+
+def _open_log(path: Path) -> BinaryIO:
+    return open(path, "wb")  # handed to the child process; closed right after the spawn
+
+
+def _tail(path: Path, chars: int = 2000) -> str:
+    return path.read_text(errors="replace")[-chars:]
+
+
+def _write_reports(out_dir: Path, name: str, html: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.html"
+    path.write_text(html, encoding="utf-8")
+    return path.resolve()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class _Processes:
+    """The child processes of the demo; `stop_all` terminates them, then kills stragglers."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.children: list[tuple[str, asyncio.subprocess.Process]] = []
+
+    async def start(self, name: str, *args: str) -> asyncio.subprocess.Process:
+        log = _open_log(self.logdir / f"{name}.log")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gateway.cli.main",
+            *args,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # Ctrl-C reaches the demo, which stops its children itself
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),  # ... or the kernel does
+        )
+        log.close()
+        self.children.append((name, proc))
+        return proc
+
+    async def stop(self, name: str, timeout_s: float = 15.0) -> None:
+        for child_name, proc in self.children:
+            if child_name == name:
+                await self._stop(proc, timeout_s)
+
+    @staticmethod
+    async def _stop(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
+        if proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    async def stop_all(self) -> None:
+        await asyncio.gather(*(self._stop(p, 5.0) for _, p in reversed(self.children)))
+
+
+async def _wait_ready(url: str, proc: asyncio.subprocess.Process, what: str, log: Path) -> None:
+    deadline = time.monotonic() + 30.0
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                tail = _tail(log)
+                raise CanaryError(f"{what} exited with code {proc.returncode}:\n{tail}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with http.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+    raise CanaryError(f"{what} did not become ready at {url} within 30 s (log: {log})")
+
+
+@contextlib.asynccontextmanager
+async def _workdir(keep: bool) -> AsyncIterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="canary-demo-"))
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+async def run_demo(opts: DemoOptions) -> int:
+    """Run the demo; returns the process exit code."""
+    started = time.monotonic()
+    # SIGTERM cancels the demo like Ctrl-C does, so the `finally` below stops every child.
+    main = asyncio.current_task()
+    assert main is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+    async with _workdir(opts.keep) as work:
+        procs = _Processes(work)
+        try:
+            return await _run(opts, work, procs, started)
+        finally:
+            await procs.stop_all()
+
+
+async def _run(opts: DemoOptions, work: Path, procs: _Processes, started: float) -> int:
+    say = print
+    urls: dict[str, str] = {}
+    prices = {"control": 2.0, "bi-kv": 2.0, "quantized": 1.2}
+    say(f"canary demo: working directory {work}")
+    for name, profile, extra, _kind in ARMS:
+        port = _free_port()
+        urls[name] = f"http://127.0.0.1:{port}"
+        await procs.start(
+            f"sim-{name}",
+            "sim",
+            "--port",
+            str(port),
+            "--profile",
+            profile,
+            "--time-scale",
+            str(opts.time_scale),
+            "--seed",
+            str(opts.seed),
+            *extra,
+        )
+    gateway_port = _free_port()
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
+    db_path = work / "canary.db"
+    candidates = "".join(
+        CANDIDATE_TEMPLATE.format(name=name, url=urls[name], kind=kind, price=prices[name])
+        for name, _p, _e, kind in ARMS
+        if kind is not None
+    )
+    config_path = work / "demo.toml"
+    config_path.write_text(
+        CONFIG_TEMPLATE.format(
+            gateway_port=gateway_port,
+            live_url=urls["live"],
+            db_path=db_path,
+            candidates=candidates,
+        )
+    )
+    for name, _p, _e, _k in ARMS:
+        proc = next(p for n, p in procs.children if n == f"sim-{name}")
+        await _wait_ready(
+            f"{urls[name]}/health", proc, f"simulator {name}", work / f"sim-{name}.log"
+        )
+    gateway = await procs.start("gateway", "serve", "--config", str(config_path))
+    await _wait_ready(f"{gateway_url}/readyz", gateway, "gateway", work / "gateway.log")
+    say(f"gateway on {gateway_url} in front of {urls['live']} (SQLite: {db_path})")
+    say("candidates: control (same profile as production), bi-kv (keeps session KV), quantized")
+
+    spec = WorkloadSpec(
+        sessions=opts.sessions,
+        turns=opts.turns,
+        concurrency=opts.concurrency,
+        seed=opts.seed,
+    )
+    with Progress(spec.sessions * spec.turns, "agent sessions through the gateway") as bar:
+        summary = await run_workload(gateway_url, spec, progress=bar.advance)
+    say(
+        f"sent {summary.requests} requests in {summary.wall_s:.1f} s, "
+        f"{summary.errors} production errors"
+    )
+    if opts.keep:
+        return await _keep_running(gateway_url, urls, config_path, db_path)
+
+    say("stopping the gateway (drains the mirror, flushes storage)...")
+    await procs.stop("gateway", timeout_s=30.0)
+    await procs.stop_all()
+    code = await _print_reports(f"sqlite+aiosqlite:///{db_path}", Path(opts.out_dir))
+    say(f"demo finished in {time.monotonic() - started:.0f} s")
+    return code
+
+
+async def _print_reports(db_url: str, out_dir: Path) -> int:
+    from evaluators.judge.settings import VerdictSettings
+    from evaluators.report.build import evaluate
+    from evaluators.report.render import render
+    from storage.engine import make_engine
+
+    engine = make_engine(db_url)
+    try:
+        for name in ("bi-kv", "quantized"):
+            # The demo's traffic is over: this is its planned final look.
+            report = await evaluate(engine, name, settings=VerdictSettings(), planned_look=True)
+            print()
+            print(render(report, "text"))
+            html_path = _write_reports(out_dir, name, render(report, "html"))
+            print(f"HTML report: {html_path}")
+    finally:
+        await engine.dispose()
+    return 0
+
+
+async def _keep_running(gateway: str, urls: dict[str, str], config: Path, db: Path) -> int:
+    db_url = f"sqlite+aiosqlite:///{db}"
+    print(
+        f"""
+Everything is still running (Ctrl-C stops it all):
+  gateway      {gateway}   (metrics: {gateway}/metrics, admin: {gateway}/admin/status)
+  production   {urls["live"]}
+  candidates   control {urls["control"]}, bi-kv {urls["bi-kv"]}, quantized {urls["quantized"]}
+  config       {config}
+
+Try:
+  canary candidates list --admin-url {gateway}
+  canary candidates show bi-kv --admin-url {gateway}
+  canary report bi-kv --db {db_url}
+  canary report quantized --db {db_url} --planned-look --format html --out quantized.html
+  curl -s {gateway}/admin/candidates/bi-kv/gate
+  canary promote bi-kv --admin-url {gateway} --reason "demo"
+  canary rollback --admin-url {gateway}
+""",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print("stopping...")
+    return 0

@@ -1,0 +1,168 @@
+"""Reports built from synthetic pairs through the whole pipeline (PairSet, every evaluator,
+the verdict): planted effects decided right, the JSON schema, caveats, overrides, rendering."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import msgspec
+import pytest
+
+from domain.endpoint import Endpoint
+from evaluators.judge.settings import VerdictSettings
+from evaluators.pairs import synthetic
+from evaluators.pairs.columns import pairset_from_pairs
+from evaluators.report.build import build_report
+from evaluators.report.model import Report, report_from_json, report_to_json
+from evaluators.report.render import render
+
+S = VerdictSettings()
+LIVE = Endpoint(name="live", url="http://l", role="live", price_per_hour_usd=4.0)
+CONTROL = Endpoint(name="ctrl", url="http://k", kind="control")
+ACCOUNTING = {"sampled": 5000, "deduplicated": 10, "observed_ok": 4950, "observed_error": 20}
+
+
+def report(
+    scenario: synthetic.Scenario,
+    n: int,
+    *,
+    kind: str = "bi-kv",
+    seed: int = 1,
+    planned: bool = False,
+    overrides: dict[str, float] | None = None,
+    accounting: dict[str, int] | None = None,
+) -> Report:
+    cand = Endpoint(
+        name="cand",
+        url="http://c",
+        kind=kind,
+        price_per_hour_usd=2.0,
+        verdict_overrides=overrides or {},
+    )
+    pairs = pairset_from_pairs(synthetic.pairs(scenario, n, seed=seed))
+    return build_report(
+        pairs,
+        candidate=cand,
+        live=LIVE,
+        control=CONTROL if scenario.control is not None else None,
+        accounting=ACCOUNTING if accounting is None else accounting,
+        settings=S,
+        planned_look=planned,
+    )
+
+
+def status(r: Report, metric: str) -> str:
+    return r.metrics[metric].status
+
+
+@pytest.mark.parametrize(
+    ("label", "arm", "n", "metric"),
+    [
+        ("2x slower TTFT", synthetic.Arm(ttft_ratio=2.0), 300, "ttft"),
+        ("30% divergent at T=0", synthetic.Arm(divergence=0.3), 400, "exact_match"),
+        ("+10 pp errors", synthetic.Arm(error_rate=0.1), 600, "errors"),
+        ("2x slower decode", synthetic.Arm(tpot_ratio=2.0), 300, "tpot"),
+    ],
+)
+def test_planted_harm_is_rejected(label: str, arm: synthetic.Arm, n: int, metric: str) -> None:
+    """Decisive harm rejects at an ordinary look, naming the critical metric."""
+    r = report(synthetic.Scenario(candidate=arm), n)
+    assert r.verdict == "reject", label
+    assert status(r, metric) == "critical"
+    assert r.reasons[0].reason.startswith("reject: harm shown on")
+
+
+def test_planted_improvement_is_promoted() -> None:
+    """A bi-kv candidate 20 % faster on later turns, clean otherwise, is promoted once the
+    0.1 pp failure margin can be shown (about 4,000 clean pairs)."""
+    scenario = synthetic.Scenario(candidate=synthetic.Arm(later_turn_ttft_ratio=0.8))
+    r = report(scenario, 4500, accounting={})
+    assert r.verdict == "promote", r.reasons[0].reason
+    assert status(r, "ttft_later_turns") == "improved"
+    early = report(scenario, 1500)
+    assert early.verdict == "hold" and status(early, "errors") == "undecided"
+    assert early.metrics["errors"].more_pairs is not None
+    assert "failures undecided (≈" in early.reasons[0].reason
+
+
+def test_quantized_goal_is_cost() -> None:
+    """A quantized candidate at half the live price with equal speed shows the cost goal."""
+    loose = {"error_delta": 0.02, "error_critical": 0.05}
+    r = report(synthetic.Scenario(), 600, kind="quantized", overrides=loose)
+    cost = r.metrics["cost"]
+    assert cost.role == "goal" and cost.status == "improved"
+    assert cost.estimate is not None and math.isclose(cost.estimate, 0.5, rel_tol=0.05)
+
+
+def test_guardrail_harm_waits_for_the_planned_look() -> None:
+    """Answers 15 % longer are beyond the 1.10 length margin but within the critical 1.50:
+    hold at an ordinary look, reject at the planned look."""
+    scenario = synthetic.Scenario(candidate=synthetic.Arm(length_ratio=1.15))
+    r = report(scenario, 1500)
+    assert status(r, "output_length") == "beyond" and r.verdict == "hold"
+    assert "would reject at the planned look" in r.metrics["output_length"].reason
+    final = report(scenario, 1500, planned=True)
+    assert final.verdict == "reject"
+
+
+def test_without_control_the_report_says_so() -> None:
+    """Without a control: production is the reference and the caveats say what that costs."""
+    r = report(synthetic.Scenario(control=None), 300)
+    assert r.pairs.reference == "production" and r.pairs.control is None
+    assert any("no control candidate" in c and "different load" in c for c in r.caveats)
+    assert any("noise floor is assumed to be 0" in n for n in r.metrics["exact_match"].notes)
+
+
+def test_candidate_overrides_apply() -> None:
+    """A candidate's verdict_overrides change its margins (here a looser failure margin lets a
+    clean 600-pair candidate promote)."""
+    scenario = synthetic.Scenario(candidate=synthetic.Arm(later_turn_ttft_ratio=0.8))
+    r = report(scenario, 600, overrides={"error_delta": 0.02, "error_critical": 0.05})
+    assert r.metrics["errors"].margin == 0.02 and r.verdict == "promote"
+
+
+def test_json_schema_round_trip() -> None:
+    """The JSON form has the documented top level, encodes NaN as null and decodes back."""
+    r = report(synthetic.Scenario(json_fraction=0.2), 300, planned=True)
+    data = report_to_json(r)
+    doc = json.loads(data)
+    assert list(doc)[:5] == ["schema_version", "candidate", "kind", "verdict", "reasons"]
+    assert set(doc) >= {"pairs", "metrics", "accounting", "ttft_by_turn", "arms_load", "caveats"}
+    assert doc["metrics"]["ttft"]["n"] == doc["pairs"]["used_latency"]
+    assert {"estimate", "ci_low", "ci_high", "n", "status", "margin"} <= set(doc["metrics"]["ttft"])
+    assert report_from_json(data) == msgspec.json.decode(data, type=Report)
+    assert report_from_json(data).verdict == r.verdict
+
+
+def test_sessions_and_turns_are_reported() -> None:
+    """Session sampling: session-robust latency and whole-session bootstraps are stated;
+    TTFT by turn shows the later-turn speed-up and the engine's cached-token share."""
+    scenario = synthetic.Scenario(candidate=synthetic.Arm(later_turn_ttft_ratio=0.7))
+    r = report(scenario, 800, planned=True)
+    assert any("sampling by session" in c for c in r.caveats)
+    turns = {row["turn"]: row for row in r.ttft_by_turn}
+    assert turns["1"]["ratio"] is not None and 0.95 < float(turns["1"]["ratio"]) < 1.05
+    assert float(turns["2"]["ratio"]) < 0.75  # type: ignore[arg-type]
+    assert r.metrics["ttft_p95"].status == "info" and r.metrics["ttft"].slices
+
+
+def test_every_format_renders() -> None:
+    """Text, markdown, JSON and HTML all render the same report."""
+    r = report(synthetic.Scenario(json_fraction=0.1, tools_fraction=0.1), 300)
+    text = render(r, "text")
+    assert text.splitlines()[0] == "canary report: cand (bi-kv): HOLD"
+    assert render(r, "markdown").startswith("# canary report: cand")
+    assert json.loads(render(r, "json"))["candidate"] == "cand"
+    page = render(r, "html")
+    assert page.startswith("<!doctype html>") and page.count("<svg") == 4
+    with pytest.raises(ValueError, match="unknown format"):
+        render(r, "pdf")  # type: ignore[arg-type]
+
+
+def test_empty_window_holds() -> None:
+    """No pairs at all: hold, insufficient pairs, nothing claimed."""
+    r = report(synthetic.Scenario(), 0, accounting={})
+    assert r.verdict == "hold" and r.pairs.n == 0
+    assert r.reasons[1].status == "insufficient"
+    assert all(m.status in ("n/a", "info") for m in r.metrics.values())

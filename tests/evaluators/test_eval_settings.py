@@ -1,0 +1,41 @@
+"""VerdictSettings: defaults are valid, overrides are checked by name and range."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluators.judge.settings import VerdictSettings
+
+
+def test_defaults_match_the_statistics_spec() -> None:
+    """The documented defaults: latency 1.05 / 1.25, errors +0.1 pp, agreement +1 pp."""
+    s = VerdictSettings()
+    s.validate()
+    assert (s.latency_delta, s.latency_critical) == (1.05, 1.25)
+    assert (s.error_delta, s.agreement_delta, s.alpha) == (0.001, 0.01, 0.05)
+
+
+def test_overrides_apply_and_convert_types() -> None:
+    """Known names are applied; integral floats are accepted for integer fields."""
+    s = VerdictSettings().with_overrides({"latency_delta": 1.1, "min_pairs": 500.0})
+    assert s.latency_delta == 1.1 and s.min_pairs == 500 and isinstance(s.min_pairs, int)
+    assert VerdictSettings().with_overrides({}) == VerdictSettings()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"latency_deltaa": 1.1}, "unknown verdict setting 'latency_deltaa'"),
+        ({"min_pairs": 10.5}, "whole number"),
+        ({"alpha": 0.7}, "alpha"),
+        ({"latency_delta": 0.9}, "latency_delta"),
+        ({"error_delta": 0.05}, "error_delta <= error_critical"),
+        ({"min_coverage": 1.5}, "min_coverage"),
+        ({"latency_tau": float("nan")}, "finite"),
+        ({"alpha": True}, "must be a number"),
+    ],
+)
+def test_bad_overrides_are_refused(overrides: dict[str, float], message: str) -> None:
+    """Unknown names, wrong types and out-of-range values raise ValueError naming the field."""
+    with pytest.raises(ValueError, match=message):
+        VerdictSettings().with_overrides(overrides)

@@ -1,0 +1,168 @@
+"""`canary serve`: flags and config errors, a real process serving, workers, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.cli.main import main
+from tests.upstreams import free_port
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def test_unknown_key_in_config_file_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown key stops serve with exit 2 and a message naming the file and the key."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text('listen = "127.0.0.1:0"\nmax_bodyy_bytes = 5\n')
+    code, err = run_cli(["serve", "--config", str(cfg)], capsys)
+    assert code == 2
+    assert str(cfg) in err and "max_bodyy_bytes" in err
+    assert "Traceback" not in err
+
+
+def test_wrong_type_in_config_file_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrongly typed value names the file, the key and the expected type."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text('idle_timeout_s = "soon"\n')
+    code, err = run_cli(["serve", "--config", str(cfg)], capsys)
+    assert code == 2
+    assert str(cfg) in err and "idle_timeout_s" in err and "float" in err
+
+
+def test_bad_live_url_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """A live URL that is not http(s) is refused with the key and the reason."""
+    code, err = run_cli(["serve", "--live", "ftp://example"], capsys)
+    assert code == 2
+    assert "live_url" in err and "scheme" in err
+
+
+def test_unreadable_config_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing config file is reported by name, with exit 2."""
+    missing = tmp_path / "nope.toml"
+    code, err = run_cli(["serve", "--config", str(missing)], capsys)
+    assert code == 2 and str(missing) in err and "cannot read" in err
+
+
+def test_bad_workers_value_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """--workers 0 is a configuration error (exit 2), not a crash."""
+    code, err = run_cli(["serve", "--workers", "0"], capsys)
+    assert code == 2 and "workers" in err
+
+
+async def start_serve(tmp: Path, *args: str) -> tuple[asyncio.subprocess.Process, str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli.main",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--db",
+        f"sqlite+aiosqlite:///{tmp / 'canary.db'}",
+        *args,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as http:
+        for _ in range(1200):  # up to 60 s: spawning workers on a loaded 2-core machine
+            try:
+                async with http.get(url + "/readyz") as resp:
+                    if resp.status == 200:
+                        return proc, url
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.05)
+    proc.kill()
+    assert proc.stderr is not None
+    err = await proc.stderr.read()
+    await proc.wait()
+    raise AssertionError(f"canary serve did not become ready: {err.decode()[-2000:]}")
+
+
+async def stop(proc: asyncio.subprocess.Process) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.stderr is not None
+    err = await asyncio.wait_for(proc.stderr.read(), 30)
+    return await asyncio.wait_for(proc.wait(), 30), err.decode()
+
+
+async def test_serve_with_builtin_simulator_and_json_logs(tmp_path: Path) -> None:
+    """Without --live, serve proxies to a built-in simulator, logs JSON and exits 0 on SIGTERM."""
+    proc, url = await start_serve(tmp_path, "--log-format", "json")
+    try:
+        async with aiohttp.ClientSession() as http:
+            payload = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(url + "/v1/chat/completions", json=payload) as resp:
+                assert resp.status == 200
+                assert (await resp.json())["choices"][0]["message"]["content"]
+            async with http.get(url + "/metrics") as resp:
+                text = await resp.text()
+            assert 'canary_proxy_requests_total{route="/v1/chat/completions",status="200"} 1' in (
+                text
+            )
+    finally:
+        code, err = await stop(proc)
+    assert code == 0, err
+    records = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    messages = [r["msg"] for r in records]
+    assert any("simulator" in m for m in messages)
+    assert "canary-gateway listening" in messages and "shutting down" in messages
+
+
+async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
+    """--workers 2 runs two processes on one port; SIGTERM to the parent stops them all."""
+    proc, url = await start_serve(tmp_path, "--workers", "2")
+    pids: set[int] = set()
+    try:
+        for _ in range(3000):  # workers come up one after the other; up to ~30 s
+            async with aiohttp.ClientSession() as http, http.get(url + "/healthz") as resp:
+                pids.add((await resp.json())["pid"])
+            if len(pids) == 2:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        code, err = await stop(proc)
+    assert len(pids) == 2, err
+    assert proc.pid not in pids
+    assert code == 0, err
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+async def test_workers_exit_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    """A supervisor killed with SIGKILL leaves no worker behind holding the port."""
+    proc, url = await start_serve(tmp_path, "--workers", "2")
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url + "/healthz") as resp:
+            worker = (await resp.json())["pid"]
+    finally:
+        proc.kill()
+        await proc.wait()
+    for _ in range(300):  # the kernel signals the workers; their drain takes a moment
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.1)
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)

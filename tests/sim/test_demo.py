@@ -1,0 +1,66 @@
+"""`canary demo` as a process: Ctrl-C and SIGTERM stop it and every process it started."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _children(pid: int) -> set[int]:
+    """Pids whose parent is `pid` (from /proc)."""
+    out: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid:
+            out.add(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+async def test_interrupting_the_demo_stops_every_child(tmp_path: Path, sig: int) -> None:
+    """Once the gateway is up, SIGINT or SIGTERM ends the demo and all of its processes."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "gateway.cli.main", "demo", "--sessions", "400", "--out-dir", str(tmp_path)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        # A terminal's Ctrl-C reaches a process whose SIGINT is not ignored; make sure of it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(90):
+            while b"gateway on" not in await proc.stdout.readline():
+                pass
+        children = _children(proc.pid)
+        assert len(children) == 5  # four simulators and the gateway
+        proc.send_signal(sig)
+        async with asyncio.timeout(60):
+            rest = await proc.stdout.read()
+            code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert code == 130, rest.decode()[-2000:]
+    assert b"interrupted" in rest
+    assert not [pid for pid in children if _alive(pid)]

@@ -1,0 +1,258 @@
+"""Alembic migrations on SQLite and PostgreSQL: every step up and down on an empty and on a
+populated database, models.py agreeing with the latest revision, the schema gate
+(`ensure_schema`) and `canary db` from any directory."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, inspect, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from domain.endpoint import Endpoint
+from domain.errors import SchemaAhead, SchemaBehind
+from domain.records import ExchangeRecord, ObservationRecord
+from storage import migrate, queries
+from storage.engine import (
+    downgrade,
+    ensure_schema,
+    make_engine,
+    schema_state,
+    upgrade,
+)
+from storage.models import Base
+from storage.writer import ObservationWriter
+
+REVISIONS = migrate.all_revisions()
+LIVE = Endpoint(name="prod", url="http://127.0.0.1:9000", role="live")
+
+
+def _tables(conn: Connection) -> set[str]:
+    return set(inspect(conn).get_table_names()) & set(Base.metadata.tables)
+
+
+async def tables(engine: AsyncEngine) -> set[str]:
+    async with engine.connect() as conn:
+        return await conn.run_sync(_tables)
+
+
+async def populate(engine: AsyncEngine) -> None:
+    """Rows in every table, written the way the gateway writes them."""
+    await queries.seed(engine, LIVE, [Endpoint(name="a", url="http://127.0.0.1:9101")])
+    await queries.promote(
+        engine, "a", actor="t", reason="r", forced=True, verdict="hold", report_snapshot="{}"
+    )
+    await queries.upsert_counters(engine, "r1", {"a": {"sampled": 2}})
+    writer = ObservationWriter(
+        engine,
+        batch_size=10,
+        flush_interval_s=0.05,
+        queue_max=100,
+        store_text=True,
+        store_text_max_chars=100,
+    )
+    await writer.start()
+    for i in range(5):
+        writer.put_exchange(ExchangeRecord(id=f"x{i}", received_at=1.0, route="/v1/completions"))
+        for arm, name in (("production", "prod"), ("candidate", "a")):
+            writer.put_observation(
+                ObservationRecord(exchange_id=f"x{i}", endpoint=name, arm=arm, started_at=1.0)  # type: ignore[arg-type]
+            )
+    await writer.close()
+
+
+async def row_counts(engine: AsyncEngine) -> dict[str, int]:
+    return {
+        t: await queries.count_rows(engine, t)
+        for t in ("endpoints", "exchanges", "observations", "promotions", "mirror_counters")
+    }
+
+
+async def test_revisions_form_one_line() -> None:
+    """The revision history is linear with a single head (no unmerged branches)."""
+    assert len(migrate.head_revisions()) == 1
+    assert REVISIONS[-1] == migrate.head_revisions()[0] and len(REVISIONS) >= 1
+
+
+async def test_up_and_down_on_empty_database(db_url: str) -> None:
+    """From empty, each revision applies and reverts in turn, ending empty again."""
+    engine = make_engine(db_url)
+    try:
+        assert await schema_state(engine) == "empty"
+        for rev in REVISIONS:
+            await upgrade(db_url, rev)
+        assert await schema_state(engine) == "current"
+        assert await tables(engine) == set(Base.metadata.tables)
+        for rev in reversed(["base", *REVISIONS[:-1]]):
+            await downgrade(db_url, rev)
+        assert await schema_state(engine) == "empty"
+        assert await tables(engine) == set()
+        await upgrade(db_url)
+        assert await schema_state(engine) == "current"
+    finally:
+        await engine.dispose()
+
+
+async def test_up_and_down_on_populated_database(migrated_db_url: str) -> None:
+    """Rows survive every downgrade step short of base and the upgrades back to head; base
+    drops the tables and head recreates them empty (with the registry row)."""
+    engine = make_engine(migrated_db_url)
+    try:
+        await populate(engine)
+        counts = await row_counts(engine)
+        assert counts == {
+            "endpoints": 2,
+            "exchanges": 5,
+            "observations": 10,
+            "promotions": 1,
+            "mirror_counters": 1,
+        }
+        for rev in reversed(REVISIONS[:-1]):
+            await downgrade(migrated_db_url, rev)
+            assert await row_counts(engine) == counts
+        for rev in REVISIONS[1:]:
+            await upgrade(migrated_db_url, rev)
+            assert await row_counts(engine) == counts
+        assert (await queries.load_endpoints(engine))[1][0].name == "a"
+        await downgrade(migrated_db_url, "base")
+        assert await tables(engine) == set()
+        await upgrade(migrated_db_url)
+        assert await row_counts(engine) == dict.fromkeys(counts, 0)
+        assert await queries.registry_version(engine) == 0
+        await queries.seed(engine, LIVE, [])
+        assert await queries.registry_version(engine) == 1
+    finally:
+        await engine.dispose()
+
+
+def _diff(conn: Connection) -> list[object]:
+    context = MigrationContext.configure(conn, opts={"compare_type": True})
+    return list(compare_metadata(context, Base.metadata))
+
+
+async def test_models_match_latest_migration(db_engine: AsyncEngine) -> None:
+    """Autogenerate finds nothing to change between storage/models.py and the head schema."""
+    async with db_engine.connect() as conn:
+        assert await conn.run_sync(_diff) == []
+
+
+async def test_database_refuses_a_second_live_endpoint(db_engine: AsyncEngine) -> None:
+    """The partial unique index rejects a second live row even from a raw update."""
+    await queries.seed(db_engine, LIVE, [Endpoint(name="a", url="http://127.0.0.1:9101")])
+    with pytest.raises(IntegrityError):
+        async with db_engine.begin() as conn:
+            await conn.execute(text("UPDATE endpoints SET role = 'live' WHERE name = 'a'"))
+
+
+async def test_ensure_schema_on_empty_database(db_url: str) -> None:
+    """An empty SQLite file is upgraded in place; an empty PostgreSQL database (or SQLite with
+    auto-upgrade off) is refused with a message naming `canary db upgrade --db`."""
+    engine = make_engine(db_url)
+    try:
+        if db_url.startswith("sqlite"):
+            with pytest.raises(SchemaBehind, match="canary db upgrade --db"):
+                await ensure_schema(engine, db_url, auto_upgrade_empty_sqlite=False)
+            await ensure_schema(engine, db_url)
+            assert await schema_state(engine) == "current"
+        else:
+            with pytest.raises(SchemaBehind, match="run `canary db upgrade --db postgresql"):
+                await ensure_schema(engine, db_url)
+            assert await schema_state(engine) == "empty"
+    finally:
+        await engine.dispose()
+
+
+async def test_ensure_schema_refuses_an_older_schema(db_url: str) -> None:
+    """A database at an older revision is "behind" and refused, even SQLite; nothing is
+    migrated implicitly."""
+    if len(REVISIONS) < 2:
+        pytest.fail("needs at least two revisions")
+    await upgrade(db_url, REVISIONS[-2])
+    engine = make_engine(db_url)
+    try:
+        assert await schema_state(engine) == "behind"
+        with pytest.raises(SchemaBehind, match=r"older than this .* run `canary db upgrade"):
+            await ensure_schema(engine, db_url)
+        assert await schema_state(engine) == "behind"
+    finally:
+        await engine.dispose()
+
+
+async def test_ensure_schema_refuses_a_newer_schema(db_engine: AsyncEngine) -> None:
+    """A database stamped with a revision this code does not know is "ahead" and refused."""
+    async with db_engine.begin() as conn:
+        await conn.execute(text("UPDATE alembic_version SET version_num = '9999_future'"))
+    assert await schema_state(db_engine) == "ahead"
+    with pytest.raises(SchemaAhead, match="newer"):
+        await ensure_schema(db_engine, str(db_engine.url))
+
+
+async def test_unstamped_tables_are_not_empty(db_url: str) -> None:
+    """Tables created without Alembic count as "behind", so no upgrade collides with them."""
+    engine = make_engine(db_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(Base.metadata.tables["exchanges"].create)
+        assert await schema_state(engine) == "behind"
+    finally:
+        await engine.dispose()
+
+
+async def test_concurrent_upgrades_are_safe(db_url: str) -> None:
+    """Several processes upgrading the same empty database at once all succeed (SQLite: also
+    N workers auto-upgrading a new file at first start); the schema is created once."""
+    engines = [make_engine(db_url) for _ in range(4)]
+    try:
+        if db_url.startswith("sqlite"):
+            await asyncio.gather(*(ensure_schema(e, db_url) for e in engines))
+        await asyncio.gather(*(upgrade(db_url) for _ in range(4)))
+        assert await schema_state(engines[0]) == "current"
+        assert await queries.registry_version(engines[0]) == 0
+    finally:
+        for engine in engines:
+            await engine.dispose()
+
+
+async def _canary(cwd: Path, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli.main",
+        *args,
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_canary_db_commands_from_any_directory(db_url: str, tmp_path: Path) -> None:
+    """`canary db upgrade/current/downgrade --db URL` work from an unrelated directory (the
+    Alembic files ship inside the package); a bad revision exits 2 with one line."""
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    code, out, err = await _canary(cwd, "db", "current", "--db", db_url)
+    assert code == 0 and "(empty)" in out, err
+    code, out, err = await _canary(cwd, "db", "upgrade", "--db", db_url)
+    assert code == 0 and f"-> {REVISIONS[-1]} (current)" in out, err
+    code, out, err = await _canary(cwd, "db", "downgrade", "nonsense", "--db", db_url)
+    assert code == 2 and "nonsense" in err and "Traceback" not in err
+    code, out, err = await _canary(cwd, "db", "downgrade", "base", "--db", db_url)
+    assert code == 0 and "(empty)" in out.split("->")[1], err
+
+
+async def test_canary_db_unreachable_database(tmp_path: Path) -> None:
+    """An unreachable database exits 1 with a one-line message and no password."""
+    code, _, err = await _canary(
+        tmp_path, "db", "upgrade", "--db", "postgresql+asyncpg://u:s3cret@127.0.0.1:1/x"
+    )
+    assert code == 1 and "s3cret" not in err and "Traceback" not in err
+    assert "127.0.0.1:1" in err

@@ -1,0 +1,327 @@
+"""ObservationWriter on real SQLite and PostgreSQL: batching, the text guard, duplicates,
+outages (the batch is retried, the bounded queue drops and counts), refused rows, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from domain.records import ExchangeRecord, ObservationRecord
+from storage.engine import make_engine
+from storage.queries import count_rows
+from storage.sql import EXCHANGES, OBSERVATIONS
+from storage.textguard import text_hash
+from storage.writer import ObservationWriter
+from tests.fixtures_db import Outage, terminate_backends
+
+
+def exchange(i: int, **kw: Any) -> ExchangeRecord:
+    return ExchangeRecord(
+        id=f"ex-{i:06d}", received_at=1000.0 + i, route="/v1/chat/completions", **kw
+    )
+
+
+def observation(i: int, endpoint: str = "cand", **kw: Any) -> ObservationRecord:
+    fields: dict[str, Any] = {"started_at": 1000.0 + i, "status": 200, "ttft_s": 0.05}
+    fields.update(kw)
+    return ObservationRecord(
+        exchange_id=f"ex-{i:06d}", endpoint=endpoint, arm="candidate", **fields
+    )
+
+
+WriterFactory = Callable[..., Awaitable[ObservationWriter]]
+
+
+@pytest.fixture
+async def writer_factory(db_engine: AsyncEngine) -> AsyncIterator[WriterFactory]:
+    """Builds started writers on the test database and closes them after the test."""
+    made: list[ObservationWriter] = []
+
+    async def make(engine: AsyncEngine | None = None, **kw: Any) -> ObservationWriter:
+        opts: dict[str, Any] = {
+            "batch_size": 100,
+            "flush_interval_s": 0.05,
+            "queue_max": 10_000,
+            "store_text": True,
+            "store_text_max_chars": 4096,
+            "backoff_initial_s": 0.02,
+            "backoff_max_s": 0.2,
+        }
+        opts.update(kw)
+        writer = ObservationWriter(engine or db_engine, **opts)
+        await writer.start()
+        made.append(writer)
+        return writer
+
+    yield make
+    for writer in made:
+        await writer.close(timeout_s=2.0)
+
+
+async def wait_until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+async def test_writes_exchanges_and_observations(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """Records put on the sink reach their tables, with targets stored as ",a,b," text."""
+    writer = await writer_factory()
+    writer.put_exchange(exchange(1, targets=("a", "b"), model="m", stream=True))
+    writer.put_exchange(exchange(2))
+    writer.put_observation(observation(1, output_text="hello", output_hash="h1"))
+    await writer.close()
+    async with db_engine.connect() as conn:
+        targets = dict((await conn.execute(select(EXCHANGES.c.id, EXCHANGES.c.targets))).all())
+        obs = (await conn.execute(select(OBSERVATIONS))).mappings().one()
+    assert targets == {"ex-000001": ",a,b,", "ex-000002": ""}
+    assert obs["output_text"] == "hello" and obs["status"] == 200 and obs["ttft_s"] == 0.05
+    stats = writer.stats()
+    assert stats["written_exchanges"] == 2 and stats["written_observations"] == 1
+    assert stats["queue_depth"] == 0 and stats["observations_dropped"] == 0
+
+
+async def test_batches_by_count_before_the_interval(writer_factory: WriterFactory) -> None:
+    """With a long flush interval, a full batch is written as soon as it is queued."""
+    writer = await writer_factory(batch_size=10, flush_interval_s=60.0)
+    for i in range(25):
+        writer.put_observation(observation(i))
+    await wait_until(lambda: writer.stats()["written_observations"] == 20)
+    assert writer.stats()["queue_depth"] == 5
+    assert writer.stats()["batches"] == 2
+
+
+async def test_batches_by_time(writer_factory: WriterFactory) -> None:
+    """Fewer records than a batch are written once the flush interval passes."""
+    writer = await writer_factory(batch_size=1000, flush_interval_s=0.05)
+    for i in range(3):
+        writer.put_observation(observation(i))
+    await wait_until(lambda: writer.stats()["written_observations"] == 3)
+    assert writer.stats()["batches"] == 1
+
+
+async def test_close_flushes_everything_queued(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """close() writes what is still queued before returning, and later puts are counted."""
+    writer = await writer_factory(batch_size=1000, flush_interval_s=60.0)
+    for i in range(250):
+        writer.put_exchange(exchange(i))
+        writer.put_observation(observation(i))
+    await writer.close()
+    assert await count_rows(db_engine, "observations") == 250
+    assert await count_rows(db_engine, "exchanges") == 250
+    writer.put_observation(observation(999))
+    assert writer.stats()["observations_dropped"] == 1
+
+
+async def test_duplicates_are_ignored(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """A repeated (exchange_id, endpoint) or exchange id is skipped, in a batch and across
+    batches, without failing the batch."""
+    writer = await writer_factory()
+    for _ in range(2):
+        writer.put_exchange(exchange(1))
+        writer.put_observation(observation(1, output_text="first"))
+        writer.put_observation(observation(1, endpoint="other"))
+    await writer.close()
+    writer2 = await writer_factory()
+    writer2.put_observation(observation(1, output_text="again"))
+    await writer2.close()
+    assert await count_rows(db_engine, "exchanges") == 1
+    assert await count_rows(db_engine, "observations") == 2
+    assert writer.stats()["db_errors"] == writer2.stats()["db_errors"] == 0
+
+
+async def test_text_truncated_and_hashed(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """Text over store_text_max_chars is cut, flagged, and the full text's hash kept."""
+    writer = await writer_factory(store_text_max_chars=10)
+    long_text = "abcdefghij" * 5
+    writer.put_observation(observation(1, output_text=long_text))
+    await writer.close()
+    async with db_engine.connect() as conn:
+        row = (await conn.execute(select(OBSERVATIONS))).mappings().one()
+    assert row["output_text"] == "abcdefghij"
+    assert row["text_truncated"] is True
+    assert row["output_hash"] == text_hash(long_text)
+
+
+async def test_store_text_false_keeps_only_hashes(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """With store_text=False no output text or tool-call argument reaches the database."""
+    writer = await writer_factory(store_text=False)
+    tools = '[{"name":"get_weather","arguments":"{\\"city\\":\\"Paris\\"}"}]'
+    writer.put_observation(observation(1, output_text="secret answer", tool_calls=tools))
+    await writer.close()
+    async with db_engine.connect() as conn:
+        row = (await conn.execute(select(OBSERVATIONS))).mappings().one()
+    assert row["output_text"] is None
+    assert row["output_hash"] == text_hash("secret answer")
+    assert "Paris" not in row["tool_calls"] and "get_weather" in row["tool_calls"]
+
+
+async def test_nul_and_overlong_strings_are_made_insertable(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """NUL characters (refused by PostgreSQL text) and strings longer than their column are
+    fixed instead of failing the batch."""
+    writer = await writer_factory()
+    writer.put_observation(
+        observation(1, output_text="a\x00b", error_kind="x" * 100, finish_reason="stop")
+    )
+    await writer.close()
+    async with db_engine.connect() as conn:
+        row = (await conn.execute(select(OBSERVATIONS))).mappings().one()
+    assert row["output_text"] == "a\ufffdb" and row["error_kind"] == "x" * 32
+    assert writer.stats()["rows_rejected"] == 0
+
+
+async def test_refused_rows_are_dropped_alone(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """A row the database refuses (an integer out of range) is dropped and counted; the rest
+    of its batch is written."""
+    writer = await writer_factory(batch_size=50, flush_interval_s=60.0)
+    for i in range(50):
+        writer.put_observation(observation(i, output_tokens=2**64 if i == 7 else 10))
+    await writer.close()
+    stats = writer.stats()
+    assert stats["rows_rejected"] == 1
+    assert stats["written_observations"] == 49
+    assert await count_rows(db_engine, "observations") == 49
+
+
+async def test_malformed_record_costs_only_itself(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """A record with wrong field types (records are not validated on construction) is dropped
+    and counted; the writer keeps running and writes its neighbours."""
+    writer = await writer_factory(store_text=False)
+    writer.put_observation(observation(1))
+    writer.put_observation(observation(2, tool_calls=123))  # not JSON text
+    writer.put_observation(observation(3))
+    await writer.close()
+    assert writer.stats()["rows_rejected"] == 1
+    assert await count_rows(db_engine, "observations") == 2
+
+
+async def test_recovers_after_outage(
+    migrated_db_url: str, db_outage: Outage, writer_factory: WriterFactory
+) -> None:
+    """While the database is down the batch is retried with backoff and nothing is lost; once
+    it is back every record is written."""
+    engine = make_engine(migrated_db_url, busy_timeout_ms=50)
+    try:
+        writer = await writer_factory(engine, batch_size=50)
+        for i in range(100):
+            writer.put_observation(observation(i))
+        await wait_until(lambda: writer.stats()["written_observations"] == 100)
+        async with db_outage(migrated_db_url):
+            for i in range(100, 300):
+                writer.put_observation(observation(i))
+            await wait_until(lambda: writer.stats()["retries"] >= 2)
+            assert writer.stats()["written_observations"] == 100
+        await writer.close()
+        stats = writer.stats()
+        assert stats["written_observations"] == 300
+        assert stats["observations_dropped"] == 0 and stats["rows_rejected"] == 0
+        assert stats["db_errors"] >= 2
+        assert await count_rows(engine, "observations") == 300
+    finally:
+        await engine.dispose()
+
+
+async def test_brief_interruption_costs_nothing(
+    migrated_db_url: str, writer_factory: WriterFactory
+) -> None:
+    """Server connections cut under the writer (PostgreSQL: pg_terminate_backend; SQLite: the
+    engine's connections are discarded) are replaced, and every record is written."""
+    engine = make_engine(migrated_db_url)
+    try:
+        writer = await writer_factory(engine, batch_size=20)
+        for round_ in range(5):
+            for i in range(40):
+                writer.put_observation(observation(round_ * 40 + i))
+
+            def reached(n: int = 40 * (round_ + 1)) -> bool:
+                return writer.stats()["written_observations"] == n
+
+            await wait_until(reached)
+            if migrated_db_url.startswith("postgresql"):
+                assert await terminate_backends(migrated_db_url) >= 1
+            else:
+                await engine.dispose()
+        await writer.close()
+        assert writer.stats()["written_observations"] == 200
+        assert await count_rows(engine, "observations") == 200
+    finally:
+        await engine.dispose()
+
+
+async def test_full_queue_drops_and_counts(
+    migrated_db_url: str, db_outage: Outage, writer_factory: WriterFactory
+) -> None:
+    """During an outage the queue stops at queue_max and the overflow is dropped and counted:
+    written + dropped always equals what was put."""
+    engine = make_engine(migrated_db_url, busy_timeout_ms=50)
+    try:
+        writer = await writer_factory(engine, batch_size=10, queue_max=50)
+        async with db_outage(migrated_db_url):
+            for i in range(500):
+                writer.put_observation(observation(i))
+            assert writer.stats()["queue_depth"] <= 50 + 10
+            await wait_until(lambda: writer.stats()["retries"] >= 1)
+        await writer.close()
+        stats = writer.stats()
+        assert stats["observations_dropped"] >= 440
+        assert stats["written_observations"] + stats["observations_dropped"] == 500
+        assert await count_rows(engine, "observations") == stats["written_observations"]
+    finally:
+        await engine.dispose()
+
+
+async def test_close_deadline_during_outage_counts_the_rest(
+    migrated_db_url: str, db_outage: Outage, writer_factory: WriterFactory
+) -> None:
+    """close() returns by its deadline even when the database is down, and counts every record
+    it could not write as dropped."""
+    engine = make_engine(migrated_db_url, busy_timeout_ms=50)
+    try:
+        writer = await writer_factory(engine, batch_size=10)
+        async with db_outage(migrated_db_url):
+            for i in range(35):
+                writer.put_exchange(exchange(i))
+                writer.put_observation(observation(i))
+            await wait_until(lambda: writer.stats()["retries"] >= 1)
+            await writer.close(timeout_s=0.3)
+        stats = writer.stats()
+        assert stats["queue_depth"] == 0
+        assert stats["written_observations"] + stats["observations_dropped"] == 35
+        assert stats["written_exchanges"] + stats["exchanges_dropped"] == 35
+    finally:
+        await engine.dispose()
+
+
+async def test_prometheus_lines(writer_factory: WriterFactory) -> None:
+    """Every stat is exported with HELP and TYPE, counters suffixed _total."""
+    writer = await writer_factory()
+    writer.put_observation(observation(1))
+    await writer.close()
+    text = "\n".join(writer.prometheus_lines())
+    assert "# TYPE canary_writer_queue_depth gauge" in text
+    assert "canary_writer_written_observations_total 1" in text
+    assert "canary_writer_observations_dropped_total 0" in text

@@ -1,0 +1,170 @@
+"""The import rules of the layout (docs/design.md, "Layout"), checked on the source tree.
+
+Every `import` and `from ... import` of our packages is read with `ast`, at any depth (inside
+functions too, so a deferred import cannot dodge a rule); only `if TYPE_CHECKING:` blocks are
+exempt from the layer rules, since they run no code. Cycles are checked on module-level imports.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("domain", "gateway", "evaluators", "storage")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    is_pkg = MODULES[module].name == "__init__.py"
+    base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _imports(module: str, *, top_level_only: bool) -> Iterator[str]:
+    """Our modules that `module` imports (a `from pkg import name` of a submodule counts as
+    importing that submodule)."""
+    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+
+    def walk(body: list[ast.stmt], depth: int) -> Iterator[str]:
+        for node in body:
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] in PACKAGES:
+                        yield alias.name
+            elif isinstance(node, ast.ImportFrom):
+                target = _resolve(module, node)
+                if target.split(".")[0] not in PACKAGES:
+                    continue
+                subs = [f"{target}.{a.name}" for a in node.names]
+                found = [s for s in subs if s in MODULES]
+                yield from found or [target]
+                if found and len(found) < len(subs):
+                    yield target
+            if top_level_only and depth == 0 and isinstance(node, (ast.FunctionDef,
+                    ast.AsyncFunctionDef, ast.ClassDef)):  # fmt: skip
+                continue
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.AST):
+                    stmts = [h for h in inner if isinstance(h, ast.stmt)]
+                    for h in inner:
+                        if isinstance(h, ast.ExceptHandler):
+                            stmts.extend(h.body)
+                    yield from walk(stmts, depth + 1)
+
+    yield from walk(tree.body, 0)
+
+
+def _violations(rule: str, allowed: tuple[str, ...], sources: tuple[str, ...]) -> list[str]:
+    return [
+        f"{module} imports {target} ({rule})"
+        for module in MODULES
+        if module.startswith(sources)
+        for target in _imports(module, top_level_only=False)
+        if not target.startswith(allowed)
+    ]
+
+
+def test_domain_imports_nothing_of_ours() -> None:
+    """`domain` is the bottom layer: it imports no other package of the project."""
+    assert _violations("domain imports only domain", ("domain",), ("domain",)) == []
+
+
+def test_storage_imports_only_domain() -> None:
+    """`storage` depends on `domain` only: never on the gateway or the evaluators."""
+    assert _violations("storage imports only domain", ("domain", "storage"), ("storage",)) == []
+
+
+def test_evaluators_reach_storage_only_through_the_loader() -> None:
+    """Only `evaluators.pairs.load` reads storage; no evaluator imports the gateway."""
+    bad = []
+    for module in MODULES:
+        if not module.startswith("evaluators"):
+            continue
+        for target in _imports(module, top_level_only=False):
+            if target.startswith("gateway"):
+                bad.append(f"{module} imports {target}")
+            if target.startswith("storage") and module != "evaluators.pairs.load":
+                bad.append(f"{module} imports {target} (only evaluators.pairs.load may)")
+    assert bad == []
+
+
+def test_data_plane_imports_neither_storage_nor_evaluators() -> None:
+    """`gateway.server` (the hot path) imports neither storage nor the evaluators."""
+    rule = "gateway.server imports no storage or evaluators"
+    assert _violations(rule, ("domain", "gateway"), ("gateway.server",)) == []
+
+
+def test_renderers_import_the_model_not_the_builder() -> None:
+    """The report renderers import the report model, never the builder (no report cycle)."""
+    renderers = ("evaluators.report.text", "evaluators.report.html", "evaluators.report.svg")
+    bad = [
+        f"{module} imports {target}"
+        for module in renderers
+        for target in _imports(module, top_level_only=False)
+        if target in ("evaluators.report.build", "evaluators.report.render")
+    ]
+    assert bad == []
+
+
+def test_no_import_cycles() -> None:
+    """The module-level import graph of the four packages has no cycle."""
+    graph = {m: set(_imports(m, top_level_only=True)) & MODULES.keys() for m in MODULES}
+    # A package's __init__ is imported with any of its submodules; that is not a cycle of ours.
+    for m in graph:
+        graph[m] -= {p for p in graph[m] if m.startswith(p + ".")}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert cycles == []
+
+
+def test_the_rules_see_imports() -> None:
+    """The checker finds imports at all depths (a rule that sees nothing passes vacuously)."""
+    assert "domain.endpoint" in set(_imports("storage.queries", top_level_only=False))
+    assert "storage.models" in set(_imports("evaluators.pairs.load", top_level_only=False))
+    deferred = set(_imports("gateway.cli.commands.report", top_level_only=False))
+    assert "evaluators.report.build" in deferred
+    assert "evaluators.report.build" not in set(
+        _imports("gateway.cli.commands.report", top_level_only=True)
+    )
