@@ -55,14 +55,20 @@ class LaneCounters:
 class MirrorCounters:
     """Process-wide counters for requests that were never offered to any candidate."""
 
-    __slots__ = ("skipped_loop", "skipped_unparseable")
+    __slots__ = ("skipped_loop", "skipped_unparseable", "unknown_candidate")
 
     def __init__(self) -> None:
         self.skipped_unparseable = 0  # needed for sampling or mirroring, but not a JSON request
         self.skipped_loop = 0  # already carried X-Canary-Mirror: a copy is never mirrored again
+        # A worker chose a candidate this mirror process no longer (or not yet) runs.
+        self.unknown_candidate = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"skipped_unparseable": self.skipped_unparseable, "skipped_loop": self.skipped_loop}
+        return {
+            "skipped_unparseable": self.skipped_unparseable,
+            "skipped_loop": self.skipped_loop,
+            "skipped_unknown_candidate": self.unknown_candidate,
+        }
 
 
 _GAUGES: Final = (
@@ -86,6 +92,8 @@ def prometheus_lines(
     shed_episodes: int = 0,
     max_lag_s: float = 0.0,
     cpu_busy: float = 0.0,
+    shed_fraction: float = 0.0,
+    shed_reasons: Mapping[str, int] | None = None,
 ) -> Iterator[str]:
     """Prometheus text exposition lines for the mirror (HELP/TYPE included)."""
     yield "# HELP canary_mirror_copies_total Mirror copies by candidate and outcome."
@@ -105,14 +113,19 @@ def prometheus_lines(
     yield "# HELP canary_mirror_skipped_total Requests not mirrored at all, by reason."
     yield "# TYPE canary_mirror_skipped_total counter"
     for reason, value in process.items():
-        yield f'canary_mirror_skipped_total{{reason="{reason.removeprefix("skipped_")}"}} {value}'
+        if reason.startswith("skipped_"):
+            label = reason.removeprefix("skipped_")
+            yield f'canary_mirror_skipped_total{{reason="{label}"}} {value}'
+    yield "# HELP canary_mirror_out_of_order_turns_total Turns that arrived after a later one."
+    yield "# TYPE canary_mirror_out_of_order_turns_total counter"
+    yield f"canary_mirror_out_of_order_turns_total {process.get('out_of_order_turns', 0)}"
     yield "# HELP canary_mirror_memory_bytes Request bytes held by all ring buffers together."
     yield "# TYPE canary_mirror_memory_bytes gauge"
     yield f"canary_mirror_memory_bytes {budget_used}"
     yield "# HELP canary_mirror_memory_budget_bytes The process-wide mirror memory budget."
     yield "# TYPE canary_mirror_memory_budget_bytes gauge"
     yield f"canary_mirror_memory_budget_bytes {budget_limit}"
-    yield "# HELP canary_mirror_shedding 1 while new copies are shed because the loop lags."
+    yield "# HELP canary_mirror_shedding 1 while the mirror process sheds a share of new copies."
     yield "# TYPE canary_mirror_shedding gauge"
     yield f"canary_mirror_shedding {int(shedding)}"
     yield "# HELP canary_mirror_shed_episodes_total Times shedding switched on."
@@ -124,6 +137,13 @@ def prometheus_lines(
     yield "# HELP canary_mirror_cpu_busy Share of one core this process used, last window."
     yield "# TYPE canary_mirror_cpu_busy gauge"
     yield f"canary_mirror_cpu_busy {cpu_busy:.3f}"
+    yield "# HELP canary_mirror_shed_fraction Share of new copies shed now (sustained overload)."
+    yield "# TYPE canary_mirror_shed_fraction gauge"
+    yield f"canary_mirror_shed_fraction {shed_fraction:.3f}"
+    yield "# HELP canary_mirror_shed_total Copies shed, by the overload signal that shed them."
+    yield "# TYPE canary_mirror_shed_total counter"
+    for reason, value in (shed_reasons or {}).items():
+        yield f'canary_mirror_shed_total{{reason="{reason}"}} {value}'
 
 
 def _per_lane(

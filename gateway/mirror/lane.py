@@ -59,10 +59,18 @@ _decode_obj = msgspec.json.Decoder(dict[str, object]).decode
 _encode = msgspec.json.Encoder().encode
 
 
-class Copy:
-    """One mirrored production request, shared by every lane that accepted it (never copied)."""
+# Fixed bookkeeping of one queued copy (objects, slots, ring entry), charged with its bytes so
+# a flood of tiny copies cannot hide in the memory budget.
+COPY_OVERHEAD_BYTES: Final = 512
 
-    __slots__ = ("body", "exchange_id", "headers", "path_qs")
+
+class Copy:
+    """One mirrored production request, shared by every lane that accepted it (never copied).
+
+    `nbytes` is everything the copy holds: body, every header name and value, and a fixed
+    overhead; the rings and the memory budget count that, not just the body."""
+
+    __slots__ = ("body", "exchange_id", "headers", "nbytes", "path_qs")
 
     def __init__(
         self, exchange_id: str, path_qs: str, headers: CIMultiDictProxy[str], body: bytes
@@ -71,6 +79,12 @@ class Copy:
         self.path_qs = path_qs
         self.headers = headers
         self.body = body
+        self.nbytes = (
+            len(body)
+            + len(path_qs)
+            + sum(len(k) + len(v) for k, v in headers.items())
+            + COPY_OVERHEAD_BYTES
+        )
 
 
 class Lane:
@@ -202,7 +216,8 @@ class Lane:
 
     def offer(self, copy: Copy, digest: bytes, session: bytes | None, now: float) -> bool:
         """Queue a copy; synchronous, never awaits. True when the ring accepted it."""
-        if self.ring.offer(copy, id(copy.body), len(copy.body), digest, session, now) is not (
+        # The Copy object is shared by every ring that takes it: the budget counts it once.
+        if self.ring.offer(copy, id(copy), copy.nbytes, digest, session, now) is not (
             Offer.ACCEPTED
         ):
             return False

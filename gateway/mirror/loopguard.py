@@ -1,16 +1,20 @@
-"""Overload guard: shed new mirror copies while the gateway is overloaded (production first).
+"""Overload guard of the mirror process: shed a share of new copies while *it* is overloaded.
 
-A small owned task sleeps `interval_s` and measures how late it wakes up. Two signals switch
-`shedding` on, and the mirror's offer path (which only reads that boolean) then counts new copies
-as `shed_overload` instead of queueing them:
+The mirror runs in its own low-priority process, so production is protected structurally (the
+channel's bound and the OS scheduler), not by this guard. What is left for the guard is the
+mirror process's own sustained overload: copies it cannot meter in time would measure the
+candidate wrongly. A small owned task sleeps `interval_s` and measures how late it wakes up;
+two sustained signals over `window_s` set `shed_fraction` in [0, 1]:
 
-- loop lag above `mirror_shed_loop_lag_ms` (one late wake-up; one on-time wake-up clears it);
-- the event-loop thread busy on the CPU for more than `cpu_busy` of the last `cpu_window_s` of
-  wall time (its own thread's CPU time: a storage writer's thread does not count).
+- `lag`: the median lag of the wake-ups in the last `window_s` above `threshold_ms`; the share
+  shed grows with the excess (1 at twice the threshold). One late wake-up on a busy host, however
+  late, is one sample among about `window_s / interval_s` and moves the median not at all; only
+  a loop that is late most of the time sheds.
+- `cpu`: the process's event-loop thread busy for more than `cpu_busy` of the window's wall
+  time (1 at a whole core).
 
-The second exists because a saturated loop need not lag: a closed loop of clients keeps every
-iteration short while the core is 100 % busy, and then each copy's HTTP exchange and meter are
-taken straight from production's throughput. Copies may use spare CPU only.
+Which copies are shed is decided by the copy's body hash, so shedding is deterministic and
+proportional, not a window where everything goes. Every shed copy is counted by reason.
 """
 
 from __future__ import annotations
@@ -18,29 +22,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
+from typing import Final
 
 __all__ = ["LoopLagGuard"]
 
+# Lag samples kept for the median (a window of 2 s at 10 ms is 200); bounded whatever the window.
+SAMPLES_MAX: Final = 1024
+# The median is recomputed every this many samples (sorting ~200 floats every 50 ms: ~0.1 % CPU).
+_MEDIAN_EVERY: Final = 5
+
 
 class LoopLagGuard:
-    """Measures loop lag and CPU busy-ness in the background; `shedding` is what the hot path
-    reads."""
+    """Measures sustained loop lag and CPU use; `should_shed` is what the offer path asks."""
 
     __slots__ = (
-        "_cpu_over",
-        "_lag_over",
+        "_clock",
+        "_samples",
+        "_since_median",
         "_task",
         "_window_cpu",
         "_window_start",
+        "avg_lag_s",
         "busy",
         "cpu_busy",
         "cpu_window_s",
+        "frac_cpu",
+        "frac_lag",
         "interval_s",
         "last_lag_s",
         "max_lag_s",
+        "reasons",
+        "shed_fraction",
         "shedding",
         "sheds",
         "threshold_s",
+        "window_s",
     )
 
     def __init__(
@@ -49,41 +66,73 @@ class LoopLagGuard:
         interval_s: float = 0.01,
         *,
         cpu_busy: float | None = 0.9,
-        cpu_window_s: float = 0.2,
+        window_s: float = 2.0,
     ) -> None:
         self.threshold_s = threshold_ms / 1000.0
         self.interval_s = interval_s
         self.cpu_busy = cpu_busy  # None: the CPU signal is off
-        self.cpu_window_s = cpu_window_s
+        self.window_s = window_s
+        self.cpu_window_s = window_s
+        self.shed_fraction = 0.0
         self.shedding = False
+        self.frac_lag = 0.0
+        self.frac_cpu = 0.0
+        self.avg_lag_s = 0.0
         self.last_lag_s = 0.0
         self.max_lag_s = 0.0
         self.busy = 0.0  # CPU share of the last full window
         self.sheds = 0  # how many times shedding switched on
-        self._lag_over = False
-        self._cpu_over = False
+        self.reasons = {"lag": 0, "cpu": 0}  # copies shed, by the signal that shed them
         self._window_start = 0.0
         self._window_cpu = 0.0
+        self._clock = 0.0
+        self._samples: deque[tuple[float, float]] = deque(maxlen=SAMPLES_MAX)
+        self._since_median = 0
         self._task: asyncio.Task[None] | None = None
 
-    def observe(self, lag_s: float) -> None:
-        """Record one lag measurement (pure; the task calls it, tests may too)."""
+    def observe(self, lag_s: float, elapsed_s: float | None = None) -> None:
+        """Record one lag measurement taken `elapsed_s` after the previous one (pure)."""
         self.last_lag_s = lag_s
         self.max_lag_s = max(self.max_lag_s, lag_s)
-        self._lag_over = lag_s > self.threshold_s
+        self._clock += self.interval_s + lag_s if elapsed_s is None else elapsed_s
+        samples = self._samples
+        samples.append((self._clock, lag_s))
+        while samples[0][0] < self._clock - self.window_s:
+            samples.popleft()
+        self._since_median += 1
+        if self._since_median < _MEDIAN_EVERY and len(samples) > _MEDIAN_EVERY:
+            return
+        self._since_median = 0
+        ordered = sorted(lag for _, lag in samples)
+        self.avg_lag_s = ordered[len(ordered) // 2]  # the median: robust to single stalls
+        excess = self.avg_lag_s - self.threshold_s
+        self.frac_lag = min(1.0, excess / self.threshold_s) if excess > 0 else 0.0
         self._update()
 
     def observe_cpu(self, cpu_s: float, wall_s: float) -> None:
         """Record CPU seconds used over `wall_s` seconds of wall time (pure)."""
         self.busy = cpu_s / wall_s if wall_s > 0 else 0.0
-        self._cpu_over = self.cpu_busy is not None and self.busy > self.cpu_busy
+        limit = self.cpu_busy
+        if limit is None or self.busy <= limit:
+            self.frac_cpu = 0.0
+        else:
+            self.frac_cpu = min(1.0, (self.busy - limit) / max(1.0 - limit, 1e-9))
         self._update()
 
     def _update(self) -> None:
-        over = self._lag_over or self._cpu_over
-        if over and not self.shedding:
+        fraction = max(self.frac_lag, self.frac_cpu)
+        if fraction > 0 and not self.shedding:
             self.sheds += 1
-        self.shedding = over
+        self.shed_fraction = fraction
+        self.shedding = fraction > 0
+
+    def should_shed(self, digest: bytes) -> bool:
+        """Shed this copy? True for a `shed_fraction` share of body hashes; counts the reason."""
+        fraction = self.shed_fraction
+        if fraction <= 0 or int.from_bytes(digest[:8], "big") >= fraction * 2.0**64:
+            return False
+        self.reasons["lag" if self.frac_lag >= self.frac_cpu else "cpu"] += 1
+        return True
 
     def start(self) -> None:
         if self._task is None:
@@ -95,17 +144,20 @@ class LoopLagGuard:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self.shedding = self._lag_over = self._cpu_over = False
+        self.shed_fraction = self.frac_lag = self.frac_cpu = 0.0
+        self.shedding = False
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         interval = self.interval_s
         self._window_start, self._window_cpu = loop.time(), time.thread_time()
+        last = loop.time()
         while True:
             expected = loop.time() + interval
             await asyncio.sleep(interval)
             now = loop.time()
-            self.observe(max(0.0, now - expected))
+            self.observe(max(0.0, now - expected), now - last)
+            last = now
             if now - self._window_start >= self.cpu_window_s:
                 cpu = time.thread_time()
                 self.observe_cpu(cpu - self._window_cpu, now - self._window_start)

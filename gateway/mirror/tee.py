@@ -31,6 +31,7 @@ from gateway.mirror.counters import MirrorCounters
 from gateway.mirror.lane import MIRROR_HEADER, Copy, Lane
 from gateway.mirror.loopguard import LoopLagGuard
 from gateway.mirror.observe import observation
+from gateway.mirror.order import TurnOrder
 from gateway.mirror.ring import MemoryBudget
 from gateway.mirror.sampler import (
     SALT,
@@ -90,13 +91,15 @@ class Mirror:
         self._replica = replica
         self._session_header = config.session_header
         self.budget = MemoryBudget(config.mirror_memory_budget_bytes)
-        # Copies may use spare CPU only: above this share of a core they are shed (None: off).
+        # Sheds only on the mirror process's own sustained overload (see loopguard.py).
         self.guard = LoopLagGuard(
             config.mirror_shed_loop_lag_ms,
             lag_interval_s,
             cpu_busy=config.mirror_shed_cpu_busy or None,
+            window_s=config.mirror_shed_window_s,
         )
         self.process = MirrorCounters()
+        self.order = TurnOrder()
         self._lanes: dict[str, Lane] = {}
         self._offers: tuple[_Offer, ...] = ()
         self._retiring: set[asyncio.Task[None]] = set()
@@ -201,11 +204,25 @@ class Mirror:
         headers: CIMultiDictProxy[str],
         body: bytes,
         request_id: str,
+        *,
+        exchange_id: str | None = None,
+        live_name: str | None = None,
+        received_at: float | None = None,
+        only: Sequence[str] | None = None,
     ) -> object | None:
-        """Sample and offer copies; O(candidates), never awaits, never copies `body`."""
+        """Sample and offer copies; O(candidates), never awaits, never copies `body`.
+
+        In the mirror process the worker's `exchange_id`, `live_name` and `received_at` are
+        passed, so the records match what the worker saw when production served the request;
+        `only` is the worker's sampling decision (the same formula), taken as given."""
         offers = self._offers
         if not offers:
             return None
+        if only is not None:
+            offers = tuple(o for o in offers if o.lane.name in only)
+            self.process.unknown_candidate += len(only) - len(offers)
+            if not offers:
+                return None
         route = mirrored_route(method, path_qs)
         if route is None:
             return None
@@ -231,7 +248,7 @@ class Mirror:
                 key = skey
             else:
                 key = rkey = rkey or request_id.encode()
-            if is_sampled(offer.salt, key, offer.threshold):
+            if only is not None or is_sampled(offer.salt, key, offer.threshold):
                 chosen.append(offer)
         if not chosen:
             return None
@@ -240,7 +257,19 @@ class Mirror:
             if view is None:
                 self.process.skipped_unparseable += 1
                 return None
-        return self._offer(chosen, route, path_qs, headers, body, view, skey, header_value)
+        return self._offer(
+            chosen,
+            route,
+            path_qs,
+            headers,
+            body,
+            view,
+            skey,
+            header_value,
+            exchange_id or uuid7(),
+            live_name or self._live.endpoint.name,
+            received_at or time.time(),
+        )
 
     def _offer(
         self,
@@ -252,13 +281,19 @@ class Mirror:
         view: RequestView,
         skey: bytes | None,
         header_value: str | None,
+        exchange_id: str,
+        live_name: str,
+        received_at: float,
     ) -> _Token | None:
-        shedding = self.guard.shedding
         now = time.perf_counter()
         digest = xxhash.xxh3_128_digest(body)
+        shedding = self.guard.shed_fraction > 0 and self.guard.should_shed(digest)
         if skey is None:
             skey = session_key(view, header_value)
-        copy = Copy(uuid7(), path_qs, headers, body)
+        turn = turn_index(view)
+        if any(o.session_mode for o in chosen):
+            self.order.arrive(skey, turn)
+        copy = Copy(exchange_id, path_qs, headers, body)
         session_digest: bytes | None = None
         targets: list[str] = []
         for offer in chosen:
@@ -279,20 +314,20 @@ class Mirror:
             return None
         record = ExchangeRecord(
             id=copy.exchange_id,
-            received_at=time.time(),
+            received_at=received_at,
             route=route,
             model=view.model,
             stream=bool(view.stream),
             temperature=view.temperature,
             session_key=hash_key(skey),
-            turn_index=turn_index(view),
+            turn_index=turn,
             request_hash=digest.hex(),
             json_requested=view.json_requested,
             tools_requested=view.tools_requested,
             replica=self._replica,
             targets=tuple(targets),
         )
-        return _Token(record, self._live.endpoint.name)
+        return _Token(record, live_name)
 
     def on_response(self, token: object, result: MeterResult, error_kind: str | None) -> None:
         """Hand the exchange and production's observation to the sink."""
@@ -322,18 +357,21 @@ class Mirror:
         return {name: lane.snapshot() for name, lane in self._lanes.items()}
 
     def process_counters(self) -> dict[str, int]:
-        """Process-wide counters: requests never offered to any candidate, by reason."""
-        return self.process.as_dict()
+        """Process-wide counters: requests never offered to any candidate, by reason, and
+        conversation turns that arrived out of order."""
+        return {**self.process.as_dict(), "out_of_order_turns": self.order.out_of_order}
 
     def prometheus_lines(self) -> Iterable[str]:
         """Prometheus text lines, for the metrics registry's `add_collector`."""
         return counters_mod.prometheus_lines(
             self.counters(),
-            self.process.as_dict(),
+            self.process_counters(),
             self.budget.used,
             self.budget.limit,
             self.guard.shedding,
             self.guard.sheds,
             self.guard.max_lag_s,
             self.guard.busy,
+            self.guard.shed_fraction,
+            self.guard.reasons,
         )

@@ -73,6 +73,22 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     dedup_window_s: NonNegFloat = 60.0
     drain_timeout_s: NonNegFloat = 10.0
 
+    # --- mirror plane (one low-priority mirror process per host; see gateway/mirror/plane.py)
+    # Bytes of copies one worker may have queued toward the mirror process (beyond the kernel's
+    # socket buffer): past it a copy is `dropped_overflow` and production moves on. Bounded so a
+    # stalled mirror process costs each worker at most this much memory.
+    mirror_channel_max_bytes: PosInt = 32 * MiB
+    # Sustained overload of the mirror process itself: its loop lag averaged over this window
+    # (one late wake-up on a busy host moves it little) and its CPU share over the same window.
+    mirror_shed_window_s: PosFloat = 2.0
+    # "idle": SCHED_IDLE where the kernel allows it (only CPU nobody else wants), else nice;
+    # "nice": nice only; "normal": the same priority as production (benchmarks, debugging).
+    mirror_priority: Literal["idle", "nice", "normal"] = "idle"
+    mirror_nice: Annotated[int, Meta(ge=0, le=19)] = 10
+    # Production results awaited for copies already offered; a worker that died leaves its
+    # exchanges here until this bound or their age evicts them (counted `results_lost`).
+    mirror_results_max: PosInt = 100_000
+
     # --- storage
     db_url: str = "sqlite+aiosqlite:///./canary.db"
     store_text: bool = True

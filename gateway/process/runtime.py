@@ -1,13 +1,18 @@
-"""Assembles the whole gateway: storage, registry, mirror, observation writer, admin API, metrics.
+"""Assembles one worker: storage, registry, the mirror hand-off, admin API, metrics.
 
 `app.py` builds the proxy application; this module composes everything else around it, in the
 order start-up and shutdown need:
 
-    start:    schema check -> writer -> registry (seeds, loads, sets the live target)
-              -> mirror lanes -> counters flusher -> HTTP listener
+    start:    schema check -> registry (seeds, loads, sets the live target) -> the host's mirror
+              process (started here unless a supervisor passed its socket) -> hand-off connects
+              -> counters flusher -> HTTP listener
     shutdown: stop the listener (in-flight production requests finish) -> flusher stops
-              -> mirror drains (up to drain_timeout_s) -> last counters flush -> registry
-              -> writer flushes -> engine disposed
+              -> hand-off drains its channel (up to drain_timeout_s) -> last counters flush
+              -> mirror process stopped (it drains lanes, flushes its writer) -> registry
+              -> engine disposed
+
+The worker holds no ring, lane or observation writer: those live in the mirror process
+(`gateway.mirror.plane`), which production never awaits.
 
 Storage trouble after start-up never stops the proxy (the writer queues, retries, drops and
 counts); storage trouble *at* start-up (schema behind, database unreachable) is reported with
@@ -21,8 +26,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -37,15 +40,15 @@ from domain.errors import SchemaBehind, UsageError
 from evaluators.judge.settings import VerdictSettings
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry, Snapshot
-from gateway.mirror.tee import Mirror
+from gateway.mirror.handoff import Handoff
 from gateway.process.config import GatewayConfig, parse_admin_tokens
+from gateway.process.workers import PlaneProcess, replica_name
 from gateway.server.app import READY_CHECKS, AppCustomizer, RunningGateway, start_gateway
 from gateway.server.hooks import LiveTarget
 from gateway.server.metrics import Registry as MetricsRegistry
 from gateway.sim.server import SimServer, start_sim
 from storage import queries
 from storage.engine import ensure_schema, make_engine, masked
-from storage.writer import ObservationWriter
 
 log = logging.getLogger("canary.gateway")
 
@@ -60,22 +63,16 @@ class Components:
     replica: str
     engine: AsyncEngine
     live: LiveTarget
-    writer: ObservationWriter
     registry: Registry
-    mirror: Mirror
+    mirror: Handoff
     metrics: MetricsRegistry
     gateway: RunningGateway | None = None
+    plane: PlaneProcess | None = None  # the mirror process, when this worker started it
 
     @property
     def url(self) -> str:
         assert self.gateway is not None
         return self.gateway.url
-
-
-def replica_name(config: GatewayConfig) -> str:
-    """Unique per process lifetime, so summing stored counters never double counts."""
-    base = config.replica_name or f"{socket.gethostname()}-{os.getpid()}"
-    return f"{base[:40]}-{int(time.time() * 1000):x}"
 
 
 class _CountersFlusher:
@@ -187,8 +184,8 @@ def _customize(parts: Components) -> list[AppCustomizer]:
             registry=parts.registry,
             tokens=parse_admin_tokens(config.admin_token),
             insecure=config.insecure_admin,
-            counters=parts.mirror.counters,
-            writer_stats=parts.writer.stats,
+            counters=parts.mirror.host_counters,
+            writer_stats=parts.mirror.writer_stats,
             verdict_settings=_verdict_settings(config),
             listen_host=config.listen_host,
         )
@@ -197,7 +194,7 @@ def _customize(parts: Components) -> list[AppCustomizer]:
         async def storage_ready() -> tuple[bool, str]:
             # Reported, never gating: a database outage must not take every replica out of a
             # load balancer, because the proxy serves on (observations queue, then drop).
-            depth = parts.writer.stats().get("queue_depth", 0)
+            depth = parts.mirror.writer_stats().get("queue_depth", 0)
             try:
                 async with asyncio.timeout(2.0), parts.engine.connect() as conn:
                     await conn.execute(text("SELECT 1"))
@@ -219,12 +216,16 @@ def _verdict_settings(config: GatewayConfig) -> VerdictSettings:
 
 @contextlib.asynccontextmanager
 async def running(
-    config: GatewayConfig, *, simulator_url: str | None = None
+    config: GatewayConfig,
+    *,
+    simulator_url: str | None = None,
+    plane_socket: str | None = None,
 ) -> AsyncIterator[Components]:
     """Start a complete gateway on `config.listen`; stop it, in order, on exit.
 
     `simulator_url`: the built-in simulator a `--workers` supervisor started for all workers
-    (only when `config.live_url` is unset)."""
+    (only when `config.live_url` is unset). `plane_socket`: the host's mirror process the
+    supervisor started; without it this process starts (and owns) one."""
     engine = make_engine(config.db_url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(engine.dispose)
@@ -238,25 +239,25 @@ async def running(
         replica = replica_name(config)
         metrics = MetricsRegistry()
         live = LiveTarget(seed)
-        writer = ObservationWriter(
-            engine,
-            batch_size=config.writer_batch_size,
-            flush_interval_s=config.writer_flush_interval_s,
-            queue_max=config.writer_queue_max,
-            store_text=config.store_text,
-            store_text_max_chars=config.store_text_max_chars,
-        )
-        await writer.start()
-        stack.push_async_callback(writer.close, config.drain_timeout_s)
-        mirror = Mirror(config, live, writer, replica)
+        plane: PlaneProcess | None = None
+        if plane_socket is None:
+            plane = PlaneProcess(config)
+            try:
+                await asyncio.to_thread(plane.start)
+            except RuntimeError as exc:
+                await asyncio.to_thread(plane.stop, 1.0)
+                raise UsageError(str(exc)) from exc
+            stack.push_async_callback(asyncio.to_thread, plane.stop, 2 * config.drain_timeout_s)
+            plane_socket = plane.socket_path
+        handoff = Handoff(config, live, plane_socket, replica)
 
         def on_change(snapshot: Snapshot) -> None:
-            mirror.apply(snapshot.candidates)
+            handoff.apply(snapshot.candidates)
 
         registry = Registry(
             engine, live, poll_interval_s=config.registry_poll_interval_s, on_change=on_change
         )
-        parts = Components(config, replica, engine, live, writer, registry, mirror, metrics)
+        parts = Components(config, replica, engine, live, registry, handoff, metrics, plane=plane)
         try:
             await registry.start(
                 seed_live=seed, seed_candidates=[c.to_endpoint() for c in config.candidates]
@@ -264,19 +265,22 @@ async def running(
         except storage_errors.StorageError as exc:
             raise UsageError(f"storage {masked(config.db_url)}: {exc}") from exc
         stack.push_async_callback(registry.close)
+        await handoff.start()  # after seeding: the mirror process waits for a live endpoint
+        stack.push_async_callback(handoff.close, config.drain_timeout_s)
         flusher = _CountersFlusher(parts, config.counters_flush_interval_s)
-        stack.push_async_callback(flusher.flush)  # after the mirror drained: final totals
-        await mirror.start()
-        stack.push_async_callback(mirror.close)
+        stack.push_async_callback(flusher.flush)  # after the channel drained: final totals
         flusher.start()
         stack.push_async_callback(flusher.close)
-        metrics.add_collector(mirror.prometheus_lines)
-        metrics.add_collector(writer.prometheus_lines)
+        if plane is not None:
+            watch = asyncio.get_running_loop().create_task(_watch_plane(plane), name="plane-watch")
+            stack.push_async_callback(_cancel, watch)
+        metrics.add_collector(handoff.prometheus_lines)
+        metrics.add_collector(lambda: _plane_lines(parts))
         metrics.add_collector(lambda: _registry_lines(registry))
         parts.gateway = await start_gateway(
             config,
             live=live,
-            tee=mirror,
+            tee=handoff,
             metrics=metrics,
             customize=_customize(parts),
         )
@@ -284,10 +288,34 @@ async def running(
         yield parts
 
 
+async def _watch_plane(plane: PlaneProcess) -> None:
+    """Restart this worker's own mirror process when it dies (the supervisor does it for N)."""
+    while True:
+        await asyncio.sleep(1.0)
+        if not plane.alive and not await asyncio.to_thread(plane.restart):
+            return
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _plane_lines(parts: Components) -> list[str]:
+    restarts = parts.plane.restarts if parts.plane is not None else 0
+    return [
+        "# HELP canary_mirror_process_restarts_total Times this process restarted the mirror.",
+        "# TYPE canary_mirror_process_restarts_total counter",
+        f"canary_mirror_process_restarts_total {restarts}",
+    ]
+
+
 async def serve_until_stopped(
     config: GatewayConfig,
     *,
     simulator_url: str | None = None,
+    plane_socket: str | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """What each `canary serve` process runs: the complete gateway until SIGTERM/SIGINT."""
@@ -296,7 +324,7 @@ async def serve_until_stopped(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with running(config, simulator_url=simulator_url) as parts:
+        async with running(config, simulator_url=simulator_url, plane_socket=plane_socket) as parts:
             log.info(
                 "canary-gateway listening",
                 extra={

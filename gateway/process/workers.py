@@ -6,6 +6,11 @@ endpoint is configured (so every worker proxies to the same one), spawns N worke
 port with SO_REUSEPORT, restarts a worker that dies (within a budget), and forwards SIGTERM/SIGINT
 to its children. uvloop is used when installed, asyncio's default loop otherwise.
 
+Every host also runs one mirror process (`PlaneProcess`, `gateway.mirror.plane`): the supervisor
+starts it before the workers and every worker hands its copies to it over a Unix socket; with
+`workers == 1` the worker starts it itself. It runs at a lower CPU priority, dies with its parent
+(PR_SET_PDEATHSIG) and is restarted (within the same budget as workers) when it dies.
+
 The supervisor must never serve traffic itself and never leave a child running when it exits.
 """
 
@@ -17,9 +22,11 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Coroutine
@@ -36,6 +43,14 @@ log = logging.getLogger("canary.supervisor")
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def replica_name(config: GatewayConfig, role: str = "") -> str:
+    """Unique per process lifetime, so summing stored counters never double counts; the mirror
+    process adds `role` ("mirror") so its row is told apart from the workers' rows."""
+    base = config.replica_name or f"{socket.gethostname()}-{os.getpid()}"
+    tag = f"-{role}" if role else ""
+    return f"{base[:40]}{tag}-{int(time.time() * 1000):x}"
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -71,14 +86,122 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def _worker_main(
-    config: GatewayConfig, index: int, parent_pid: int, simulator_url: str | None
+    config: GatewayConfig,
+    index: int,
+    parent_pid: int,
+    simulator_url: str | None,
+    plane_socket: str | None,
 ) -> None:
     die_with_parent(parent_pid)
     from gateway.process.logs import setup_logging
     from gateway.process.runtime import serve_until_stopped
 
     setup_logging(config.log_format, config.log_level)
-    run_loop(serve_until_stopped(config, simulator_url=simulator_url))
+    run_loop(serve_until_stopped(config, simulator_url=simulator_url, plane_socket=plane_socket))
+
+
+def _plane_main(
+    config: GatewayConfig,
+    socket_path: str,
+    parent_pid: int,
+    conn: multiprocessing.connection.Connection,
+) -> None:
+    die_with_parent(parent_pid)
+    from gateway.mirror.plane import lower_priority, serve_plane
+    from gateway.process.logs import setup_logging
+
+    # After the imports (start-up is not slowed by a busy host), before any thread exists (the
+    # storage driver's), so every thread inherits the lower priority.
+    priority = lower_priority(config.mirror_priority, config.mirror_nice)
+    setup_logging(config.log_format, config.log_level)
+    replica = replica_name(config, role="mirror")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        logging.getLogger("canary.mirror.plane").info(
+            "mirror process started",
+            extra={"fields": {"pid": os.getpid(), "priority": priority, "replica": replica}},
+        )
+        await serve_plane(config, socket_path, replica, priority, lambda: conn.send("ready"), stop)
+
+    run_loop(main())
+
+
+class PlaneProcess:
+    """The host's mirror process: started, waited for, restarted when it dies, stopped last.
+
+    Blocking methods (`start`, `stop`): call them from a thread when on an event loop."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._config = config
+        self._dir = tempfile.mkdtemp(prefix="canary-mirror-")
+        self.socket_path = os.path.join(self._dir, "mirror.sock")
+        self._proc: BaseProcess | None = None
+        self._restarts: deque[float] = deque()
+        self.restarts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    @property
+    def sentinel(self) -> int | None:
+        return self._proc.sentinel if self._proc is not None else None
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Spawn it and wait until it listens; raises RuntimeError if it does not."""
+        ctx = multiprocessing.get_context("spawn")
+        parent_end, child_end = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_plane_main,
+            args=(self._config, self.socket_path, os.getpid(), child_end),
+            name="canary-mirror",
+        )
+        proc.start()
+        self._proc = proc
+        multiprocessing.connection.wait([parent_end, proc.sentinel], timeout_s)
+        if not parent_end.poll():
+            proc.kill()
+            proc.join()
+            raise RuntimeError(f"the mirror process did not start (exit code {proc.exitcode})")
+        parent_end.recv()
+
+    def restart(self) -> bool:
+        """Start a dead mirror process again; False once it died MAX_RESTARTS times a minute."""
+        now = time.monotonic()
+        while self._restarts and now - self._restarts[0] > RESTART_WINDOW_S:
+            self._restarts.popleft()
+        exitcode = self._proc.exitcode if self._proc is not None else None
+        if len(self._restarts) >= MAX_RESTARTS:
+            log.error(
+                "the mirror process keeps dying; mirroring stopped, production unaffected",
+                extra={"fields": {"exitcode": exitcode, "restarts": self.restarts}},
+            )
+            return False
+        self._restarts.append(now)
+        self.restarts += 1
+        log.warning("mirror process died; restarting", extra={"fields": {"exitcode": exitcode}})
+        self.start()
+        return True
+
+    def stop(self, timeout_s: float) -> None:
+        """SIGTERM it (it drains), wait `timeout_s`, then kill; remove its socket directory."""
+        proc = self._proc
+        if proc is not None:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(timeout_s)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _sim_main(conn: multiprocessing.connection.Connection, parent_pid: int) -> None:
@@ -113,9 +236,12 @@ def _supervise(config: GatewayConfig) -> int:
     sim: BaseProcess | None = None
     simulator_url: str | None = None
     reserved: socket.socket | None = None
+    plane: PlaneProcess | None = None
+    plane_ok = True
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
+        # The mirror process is stopped after the workers, so it receives their last copies.
         nonlocal stopping
         stopping = True
         for proc in [*children, sim]:
@@ -140,6 +266,9 @@ def _supervise(config: GatewayConfig) -> int:
         from gateway.process.runtime import prepare_storage
 
         run_loop(prepare_storage(config))
+        plane = PlaneProcess(config)
+        plane.start()
+        log.info("started the mirror process", extra={"fields": {"pid": plane.pid}})
         host, port = split_host_port(config.listen)
         if port == 0:
             reserved = _reserve_port(host)
@@ -149,7 +278,7 @@ def _supervise(config: GatewayConfig) -> int:
         def spawn(index: int) -> BaseProcess:
             proc = ctx.Process(
                 target=_worker_main,
-                args=(config, index, os.getpid(), simulator_url),
+                args=(config, index, os.getpid(), simulator_url, plane.socket_path),
                 name=f"canary-worker-{index}",
             )
             proc.start()
@@ -162,9 +291,14 @@ def _supervise(config: GatewayConfig) -> int:
         )
         restarts: deque[float] = deque()
         while not stopping:
-            multiprocessing.connection.wait([c.sentinel for c in children], timeout=1.0)
+            sentinels = [c.sentinel for c in children]
+            if plane_ok and plane.sentinel is not None:
+                sentinels.append(plane.sentinel)
+            multiprocessing.connection.wait(sentinels, timeout=1.0)
             if stopping:
                 break
+            if plane_ok and not plane.alive:
+                plane_ok = plane.restart()  # workers reconnect on their own
             for i, child in enumerate(children):
                 if child.is_alive():
                     continue
@@ -189,6 +323,8 @@ def _supervise(config: GatewayConfig) -> int:
     finally:
         on_signal(signal.SIGTERM, None)
         _join_all(children, config)
+        if plane is not None:
+            plane.stop(2 * config.drain_timeout_s + 5.0)
         if sim is not None:
             sim.join(5.0)
             if sim.is_alive():

@@ -1,0 +1,355 @@
+"""`Handoff`: the `RequestTee` a worker runs; hands sampled copies to the mirror process.
+
+The production loop does only this per request: decide the sample from the request id or the
+session header (one xxh3 per candidate, no body parsing), and when a copy is chosen write one
+frame (header, small msgpack meta, the body bytes it already read) into a Unix stream socket
+toward the host's mirror process. The write is non-blocking: the bytes go to the kernel's socket
+buffer, and what the kernel cannot take waits in the transport's buffer, which is capped at
+`mirror_channel_max_bytes`. A copy that would pass the cap is `dropped_overflow`; one larger than
+the cap or the mirror memory budget is `dropped_oversize` before a byte of it is copied; while
+the mirror process is down every chosen copy is `dropped_overflow` (reason counted). Nothing here
+ever awaits the mirror process on the request path, parses a body, or logs per request.
+
+A session-mode candidate without the session header on the request cannot be sampled without
+parsing the body; such requests are handed off undecided (`chosen` empty) and the mirror process
+samples them. If that hand-off fails the request is counted `undecided_dropped` (process-wide:
+it was perhaps not sampled at all).
+
+The worker's own counts (copies it chose but could not hand off) are stored under the worker's
+replica name; the mirror process stores everything else under its own. Each row satisfies the
+accounting identity on its own, so their sum does too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
+
+import msgspec
+from multidict import CIMultiDictProxy
+
+from domain.accounting import GAUGE_FIELDS, IDENTITY_FIELDS
+from domain.endpoint import Endpoint
+from domain.ids import uuid7
+from gateway.mirror import wire
+from gateway.mirror.lane import MIRROR_HEADER
+from gateway.mirror.sampler import SALT, is_sampled, mirrored_route, threshold_for
+from gateway.process.config import GatewayConfig
+from gateway.server.headers import COPY_SKIP
+from gateway.server.hooks import LiveTarget
+from gateway.server.meter import MeterResult
+
+__all__ = ["Handoff"]
+
+log = logging.getLogger("canary.mirror.handoff")
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_stats = msgspec.msgpack.Decoder(wire.StatsMeta).decode
+_decode_idle = msgspec.msgpack.Decoder(wire.IdleMeta).decode
+_SKIP: Final = COPY_SKIP | {MIRROR_HEADER.lower()}
+# Results are tiny and must not be refused when copies fill the channel: they get this headroom.
+_RESULT_HEADROOM: Final = 1 << 20
+_RECONNECT_S: Final = 0.2
+
+
+class _WOffer:
+    __slots__ = ("name", "session_mode", "threshold")
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.name = endpoint.name
+        self.threshold = threshold_for(endpoint.sample_rate)
+        self.session_mode = endpoint.sampling == "session"
+
+
+class _Protocol(asyncio.Protocol):
+    """Reads STATS and IDLE_ACK frames from the mirror process (off the request path)."""
+
+    def __init__(self, owner: Handoff) -> None:
+        self._owner = owner
+        self._buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        while len(buf) >= wire.FRAME.size:
+            kind, mlen, blen = wire.FRAME.unpack_from(buf)
+            end = wire.FRAME.size + mlen + blen
+            if len(buf) < end:
+                return
+            meta = bytes(buf[wire.FRAME.size : wire.FRAME.size + mlen])
+            del buf[:end]
+            self._owner._on_frame(kind, meta)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._owner._on_lost()
+
+
+class Handoff:
+    """Samples production requests and hands the chosen copies to the mirror process."""
+
+    def __init__(self, config: GatewayConfig, live: LiveTarget, socket_path: str, worker: str):
+        self._config = config
+        self._live = live
+        self._path = socket_path
+        self.worker = worker
+        self._session_header = config.session_header
+        self._limit = config.mirror_channel_max_bytes
+        self._oversize = min(config.mirror_channel_max_bytes, config.mirror_memory_budget_bytes)
+        self._offers: tuple[_WOffer, ...] = ()
+        self._transport: asyncio.WriteTransport | None = None
+        self._lost = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._idle_seq = 0
+        self._idle_waiters: dict[int, asyncio.Future[None]] = {}
+        # Per candidate: [sampled, dropped_overflow, dropped_oversize] of copies never handed off.
+        self._lanes: dict[str, list[int]] = {}
+        self.process: dict[str, int] = {
+            "skipped_loop": 0,
+            "undecided_dropped": 0,
+            "channel_down": 0,
+            "results_dropped": 0,
+            "handed_off": 0,
+        }
+        self.stats: wire.StatsMeta | None = None
+        self.stats_at = 0.0
+        self._stats_event = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Connect (the mirror process is already listening), wait for its first stats (so
+        metrics and counters are complete from the first scrape), then keep reconnecting."""
+        if await self._connect():
+            await self.wait_stats(after=0.0)
+        self._task = asyncio.get_running_loop().create_task(self._keep(), name="mirror-handoff")
+
+    async def _connect(self) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await loop.create_unix_connection(lambda: _Protocol(self), self._path)
+        except OSError:
+            return False
+        self._transport = transport
+        self._lost.clear()
+        return True
+
+    async def _keep(self) -> None:
+        while True:
+            await self._lost.wait()
+            while not await self._connect():  # noqa: ASYNC110 - retrying a connect, no event
+                await asyncio.sleep(_RECONNECT_S)
+            log.info("mirror process reachable again", extra={"fields": {"worker": self.worker}})
+
+    def _on_lost(self) -> None:
+        self._transport = None
+        self._lost.set()
+        for fut in self._idle_waiters.values():
+            if not fut.done():
+                fut.set_result(None)
+        self._idle_waiters.clear()
+
+    async def close(self, timeout_s: float) -> None:
+        """Stop handing off; give the channel up to `timeout_s` to drain, then close it."""
+        self._closed = True
+        self._offers = ()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        transport, self._transport = self._transport, None
+        if transport is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while transport.get_write_buffer_size() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # the transport has no drained event; bounded by deadline
+        transport.close()
+
+    # ------------------------------------------------------------------ registry
+
+    def apply(self, candidates: Sequence[Endpoint]) -> None:
+        """Sample toward these candidates from now on; tell the mirror process to reload."""
+        if self._closed:
+            return
+        self._offers = tuple(
+            _WOffer(e)
+            for e in candidates
+            if e.role == "candidate" and e.state == "active" and e.sample_rate > 0
+        )
+        for offer in self._offers:
+            self._lanes.setdefault(offer.name, [0, 0, 0])
+        self._send_small(wire.KIND_RELOAD, b"")
+
+    # ------------------------------------------------------------------ RequestTee
+
+    def on_request(
+        self,
+        method: str,
+        path_qs: str,
+        headers: CIMultiDictProxy[str],
+        body: bytes,
+        request_id: str,
+    ) -> object | None:
+        """Decide the sample (no body parsing) and write one frame; never awaits."""
+        offers = self._offers
+        if not offers or mirrored_route(method, path_qs) is None:
+            return None
+        if MIRROR_HEADER in headers:
+            self.process["skipped_loop"] += 1
+            return None
+        header_value = headers.get(self._session_header)
+        skey = header_value.encode() if header_value else None
+        rkey = request_id.encode()
+        chosen: list[str] = []
+        undecided = False
+        for offer in offers:
+            if offer.session_mode:
+                if skey is None:
+                    undecided = True  # the mirror process parses the body and samples
+                    continue
+                key = skey
+            else:
+                key = rkey
+            if is_sampled(SALT, key, offer.threshold):
+                chosen.append(offer.name)
+        if not chosen and not undecided:
+            return None
+        hdrs = [(k, v) for k, v in headers.items() if k.lower() not in _SKIP]
+        exchange_id = uuid7()
+        meta = _encode(
+            wire.CopyMeta(
+                exchange_id,
+                method,
+                path_qs,
+                request_id,
+                time.time(),
+                self._live.endpoint.name,
+                self.worker,
+                hdrs,
+                [] if undecided else chosen,
+                header_value,
+            )
+        )
+        size = wire.FRAME.size + len(meta) + len(body)
+        transport = self._transport
+        failure: int | None = None
+        if size > self._oversize:
+            failure = 2
+        elif transport is None:
+            self.process["channel_down"] += 1
+            failure = 1
+        elif transport.get_write_buffer_size() + size > self._limit:
+            failure = 1
+        if failure is not None:
+            if undecided:
+                self.process["undecided_dropped"] += 1
+            for name in chosen:
+                row = self._lanes.setdefault(name, [0, 0, 0])
+                row[0] += 1
+                row[failure] += 1
+            return None
+        assert transport is not None
+        transport.writelines((wire.frame_header(wire.KIND_COPY, len(meta), len(body)), meta, body))
+        self.process["handed_off"] += 1
+        return exchange_id
+
+    def on_response(self, token: object, result: MeterResult, error_kind: str | None) -> None:
+        """Send production's result for a handed-off copy (tiny; refused only if down)."""
+        if not isinstance(token, str):
+            return
+        meta = _encode(wire.ResultMeta(token, error_kind, result))
+        if not self._send_small(wire.KIND_RESULT, meta):
+            self.process["results_dropped"] += 1
+
+    def _send_small(self, kind: int, meta: bytes) -> bool:
+        transport = self._transport
+        if transport is None:
+            return False
+        if transport.get_write_buffer_size() > self._limit + _RESULT_HEADROOM:
+            return False
+        transport.writelines((wire.frame_header(kind, len(meta), 0), meta))
+        return True
+
+    def _on_frame(self, kind: int, meta: bytes) -> None:
+        if kind == wire.KIND_STATS:
+            self.stats = _decode_stats(meta)
+            self.stats_at = time.monotonic()
+            self._stats_event.set()
+        elif kind == wire.KIND_IDLE_ACK:
+            fut = self._idle_waiters.pop(_decode_idle(meta).seq, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    async def wait_idle(self) -> None:
+        """Return once every copy handed off so far has finished (tests, benchmarks)."""
+        self._idle_seq += 1
+        seq = self._idle_seq
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle_waiters[seq] = fut
+        if not self._send_small(wire.KIND_IDLE, _encode(wire.IdleMeta(seq))):
+            self._idle_waiters.pop(seq, None)
+            return
+        await fut
+
+    async def wait_stats(self, after: float | None = None) -> wire.StatsMeta | None:
+        """The next STATS frame received after `after` (default: now), within 5 s."""
+        after = time.monotonic() if after is None else after
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                while self.stats_at <= after:
+                    self._stats_event.clear()
+                    await self._stats_event.wait()
+        return self.stats
+
+    # ------------------------------------------------------------------ export
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """This worker's own rows: copies it chose but could not hand off (identity holds)."""
+        out: dict[str, dict[str, int]] = {}
+        for name, (sampled, overflow, oversize) in self._lanes.items():
+            row = dict.fromkeys((*IDENTITY_FIELDS, *GAUGE_FIELDS, "dropped_on_stop"), 0)
+            row.update(sampled=sampled, dropped_overflow=overflow, dropped_oversize=oversize)
+            out[name] = row
+        return out
+
+    def host_counters(self) -> dict[str, dict[str, int]]:
+        """The mirror process's counters plus this worker's hand-off losses (admin view)."""
+        merged = {n: dict(c) for n, c in (self.stats.counters if self.stats else {}).items()}
+        for name, row in self.counters().items():
+            into = merged.setdefault(name, dict.fromkeys(row, 0))
+            for key in ("sampled", "dropped_overflow", "dropped_oversize"):
+                into[key] = into.get(key, 0) + row[key]
+        return merged
+
+    def writer_stats(self) -> dict[str, int]:
+        return dict(self.stats.writer) if self.stats else {}
+
+    def prometheus_lines(self) -> Iterable[str]:
+        """This worker's hand-off counters, then the mirror process's lines (host-wide)."""
+        yield from _handoff_lines(self.counters(), self.process, self._transport is not None)
+        if self.stats is not None:
+            yield from self.stats.prometheus.splitlines()
+
+
+def _handoff_lines(
+    lanes: Mapping[str, Mapping[str, int]], process: Mapping[str, int], connected: bool
+) -> Iterable[str]:
+    yield "# HELP canary_mirror_handoff_dropped_total Copies a worker chose but never handed off."
+    yield "# TYPE canary_mirror_handoff_dropped_total counter"
+    for name, c in lanes.items():
+        esc = name.replace("\\", "\\\\").replace('"', '\\"')
+        for key in ("dropped_overflow", "dropped_oversize"):
+            labels = f'candidate="{esc}",reason="{key}"'
+            yield f"canary_mirror_handoff_dropped_total{{{labels}}} {c[key]}"
+    yield "# HELP canary_mirror_handoff_total This worker's hand-off events, by event."
+    yield "# TYPE canary_mirror_handoff_total counter"
+    for key, value in process.items():
+        yield f'canary_mirror_handoff_total{{event="{key}"}} {value}'
+    yield "# HELP canary_mirror_channel_up 1 while this worker is connected to the mirror process."
+    yield "# TYPE canary_mirror_channel_up gauge"
+    yield f"canary_mirror_channel_up {int(connected)}"

@@ -1,0 +1,297 @@
+"""The mirror plane: what the host's mirror process runs (rings, lanes, metering, the writer).
+
+One mirror process per host serves every worker. It listens on a Unix socket; each worker
+connects once and writes COPY / RESULT / RELOAD / IDLE frames (`gateway.mirror.wire`). The plane
+turns a COPY into `Mirror.on_request` (body parsing, session keys, turn indexes, model
+overrides, rings and lanes all happen here, never on a production loop), keeps the returned
+token until the worker's RESULT for that exchange arrives, then hands the exchange and
+production's observation to the storage writer. It runs its own registry (polling, and reloading
+at once when a worker says RELOAD), saves its copy accounting under its own replica name, and
+sends every worker a STATS frame about twice a second, which is how workers export the mirror's
+metrics and the admin API shows its counters.
+
+It must never be awaited by a worker, and it never writes to a worker more than a STATS frame
+backlog of `_STATS_BACKLOG` bytes (a worker that does not read misses stats, nothing else).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final
+
+import msgspec
+from multidict import CIMultiDict, CIMultiDictProxy
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from domain import errors
+from domain.endpoint import Endpoint
+from gateway.control.registry import Registry, Snapshot
+from gateway.mirror import wire
+from gateway.mirror.tee import Mirror
+from gateway.process.config import GatewayConfig
+from gateway.server.hooks import LiveTarget
+from storage import queries
+from storage.engine import make_engine
+from storage.writer import ObservationWriter
+
+__all__ = ["lower_priority", "serve_plane"]
+
+log = logging.getLogger("canary.mirror.plane")
+
+_STATS_INTERVAL_S: Final = 0.5
+_STATS_BACKLOG: Final = 1 << 20  # bytes of unread STATS per worker before we skip sending
+_encode = msgspec.msgpack.Encoder().encode
+_decode_copy = msgspec.msgpack.Decoder(wire.CopyMeta).decode
+_decode_result = msgspec.msgpack.Decoder(wire.ResultMeta).decode
+_decode_idle = msgspec.msgpack.Decoder(wire.IdleMeta).decode
+
+
+def lower_priority(mode: str, niceness: int) -> str:
+    """Lower this process's CPU priority; returns what the kernel granted ("SCHED_IDLE",
+    "nice+N" or "normal"). Lowering priority never needs privileges on Linux; if SCHED_IDLE is
+    not available (another OS, a seccomp policy) nice is the fallback."""
+    if mode == "idle":
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.nice(niceness)  # inert under SCHED_IDLE; applies if the policy is reset
+            return "SCHED_IDLE"
+        except (AttributeError, OSError):
+            pass
+    if mode in ("idle", "nice"):
+        try:
+            os.nice(niceness)
+            return f"nice+{niceness}"
+        except OSError:
+            pass
+    return "normal"
+
+
+class _Plane:
+    """The mirror core behind the socket: frames in, records to the writer, stats out."""
+
+    def __init__(
+        self, config: GatewayConfig, mirror: Mirror, writer: ObservationWriter, priority: str
+    ) -> None:
+        self.config = config
+        self.mirror = mirror
+        self.writer = writer
+        self.priority = priority
+        self.tokens: OrderedDict[str, object] = OrderedDict()
+        self.counts = {"copies": 0, "results": 0, "results_lost": 0, "results_unmatched": 0}
+        self.conns: set[asyncio.StreamWriter] = set()
+        self.reload = asyncio.Event()
+        self.ready = asyncio.Event()
+        self.idle_tasks: set[asyncio.Task[None]] = set()
+
+    def on_copy(self, meta: bytes, body: bytes) -> None:
+        m = _decode_copy(meta)
+        self.counts["copies"] += 1
+        headers = CIMultiDictProxy(CIMultiDict(m.headers))
+        token = self.mirror.on_request(
+            m.method,
+            m.path_qs,
+            headers,
+            body,
+            m.request_id,
+            exchange_id=m.exchange_id,
+            live_name=m.live_name,
+            received_at=m.received_at,
+            only=m.chosen or None,
+        )
+        if token is None:
+            return
+        self.tokens[m.exchange_id] = token
+        while len(self.tokens) > self.config.mirror_results_max:
+            self.tokens.popitem(last=False)  # its worker died or dropped the result
+            self.counts["results_lost"] += 1
+
+    def on_result(self, meta: bytes) -> None:
+        m = _decode_result(meta)
+        token = self.tokens.pop(m.exchange_id, None)
+        if token is None:
+            self.counts["results_unmatched"] += 1
+            return
+        self.counts["results"] += 1
+        self.mirror.on_response(token, m.result, m.error_kind)
+
+    async def answer_idle(self, writer: asyncio.StreamWriter, seq: int) -> None:
+        await self.mirror.wait_idle()
+        if not writer.is_closing():
+            meta = _encode(wire.IdleMeta(seq))
+            writer.write(wire.frame_header(wire.KIND_IDLE_ACK, len(meta), 0) + meta)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One worker's connection: frames in order until EOF."""
+        await self.ready.wait()
+        self.conns.add(writer)
+        writer.write(self.stats_frame())  # the worker's first /metrics already has the mirror
+        try:
+            while True:
+                try:
+                    head = await reader.readexactly(wire.FRAME.size)
+                    kind, mlen, blen = wire.FRAME.unpack(head)
+                    meta = await reader.readexactly(mlen)
+                    body = await reader.readexactly(blen) if blen else b""
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                try:
+                    self.dispatch(kind, meta, body, writer)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    log.warning("dropped a malformed frame", extra={"fields": {"kind": kind}})
+        finally:
+            self.conns.discard(writer)
+            writer.close()
+
+    def dispatch(self, kind: int, meta: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
+        if kind == wire.KIND_COPY:
+            self.on_copy(meta, body)
+        elif kind == wire.KIND_RESULT:
+            self.on_result(meta)
+        elif kind == wire.KIND_RELOAD:
+            self.reload.set()
+        elif kind == wire.KIND_IDLE:
+            task = asyncio.get_running_loop().create_task(
+                self.answer_idle(writer, _decode_idle(meta).seq), name="mirror-idle-ack"
+            )
+            self.idle_tasks.add(task)
+            task.add_done_callback(self.idle_tasks.discard)
+
+    def stats_frame(self) -> bytes:
+        mirror = self.mirror
+        lines = [*mirror.prometheus_lines(), *self.writer.prometheus_lines(), *self._own_lines()]
+        meta = _encode(
+            wire.StatsMeta(
+                pid=os.getpid(),
+                priority=self.priority,
+                counters=mirror.counters(),
+                process={**mirror.process_counters(), **self.counts},
+                writer=self.writer.stats(),
+                prometheus="\n".join(lines),
+            )
+        )
+        return wire.frame_header(wire.KIND_STATS, len(meta), 0) + meta
+
+    def _own_lines(self) -> list[str]:
+        out = [
+            "# HELP canary_mirror_process_info The mirror process and the priority it runs at.",
+            "# TYPE canary_mirror_process_info gauge",
+            f'canary_mirror_process_info{{pid="{os.getpid()}",priority="{self.priority}"}} 1',
+            "# HELP canary_mirror_plane_total Mirror-process frame events, by event.",
+            "# TYPE canary_mirror_plane_total counter",
+        ]
+        out.extend(f'canary_mirror_plane_total{{event="{k}"}} {v}' for k, v in self.counts.items())
+        out.append("# HELP canary_mirror_results_waiting Copies whose production result is due.")
+        out.append("# TYPE canary_mirror_results_waiting gauge")
+        out.append(f"canary_mirror_results_waiting {len(self.tokens)}")
+        return out
+
+    async def broadcast(self) -> None:
+        while True:
+            await asyncio.sleep(_STATS_INTERVAL_S)
+            if not self.conns:
+                continue
+            frame = self.stats_frame()
+            for conn in list(self.conns):
+                transport = conn.transport
+                if not conn.is_closing() and transport.get_write_buffer_size() < _STATS_BACKLOG:
+                    conn.write(frame)
+
+
+async def _reloads(plane: _Plane, registry: Registry) -> None:
+    while True:
+        await plane.reload.wait()
+        plane.reload.clear()
+        await registry.refresh()
+
+
+async def _flush_counters(
+    engine: AsyncEngine, replica: str, mirror: Mirror, every_s: float
+) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        with contextlib.suppress(errors.StorageError):  # the next flush carries the totals
+            await queries.upsert_counters(engine, replica, mirror.counters())
+
+
+async def _owned(*tasks: asyncio.Task[None]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def serve_plane(
+    config: GatewayConfig,
+    socket_path: str,
+    replica: str,
+    priority: str,
+    ready: Callable[[], None],
+    stop: asyncio.Event,
+) -> None:
+    """Run the mirror plane until `stop` is set, then: wait for workers to close their channels
+    (up to `drain_timeout_s`), drain the lanes, save the counters, flush the writer."""
+    engine = make_engine(config.db_url)
+    writer = ObservationWriter(
+        engine,
+        batch_size=config.writer_batch_size,
+        flush_interval_s=config.writer_flush_interval_s,
+        queue_max=config.writer_queue_max,
+        store_text=config.store_text,
+        store_text_max_chars=config.store_text_max_chars,
+    )
+    placeholder = Endpoint(name=config.live_name, url="http://127.0.0.1:9", role="live")
+    live = LiveTarget(placeholder)
+    mirror = Mirror(config, live, writer, replica)
+    plane = _Plane(config, mirror, writer, priority)
+
+    def on_change(snapshot: Snapshot) -> None:
+        mirror.apply(snapshot.candidates)
+
+    registry = Registry(
+        engine, live, poll_interval_s=config.registry_poll_interval_s, on_change=on_change
+    )
+    loop = asyncio.get_running_loop()
+    server = await asyncio.start_unix_server(plane.handle, socket_path)
+    await writer.start()
+    await mirror.start()
+    ready()
+    # Workers seed the registry; until the live endpoint exists there is nothing to mirror.
+    while not stop.is_set():
+        try:
+            await registry.start(seed_live=None)
+            break
+        except errors.StorageError:
+            await asyncio.sleep(0.1)
+    plane.ready.set()
+    tasks = (
+        loop.create_task(plane.broadcast(), name="mirror-stats"),
+        loop.create_task(_reloads(plane, registry), name="mirror-reload"),
+        loop.create_task(
+            _flush_counters(engine, replica, mirror, config.counters_flush_interval_s),
+            name="mirror-counters",
+        ),
+    )
+    try:
+        await stop.wait()
+        log.info("mirror process stopping", extra={"fields": {"workers": len(plane.conns)}})
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(config.drain_timeout_s):
+                while plane.conns:  # noqa: ASYNC110 - workers close on their own schedule
+                    await asyncio.sleep(0.02)
+    finally:
+        server.close()
+        await _owned(*tasks, *plane.idle_tasks)
+        await mirror.close()
+        plane.counts["results_lost"] += len(plane.tokens)
+        plane.tokens.clear()
+        with contextlib.suppress(errors.StorageError):
+            await queries.upsert_counters(engine, replica, mirror.counters())
+        await registry.close()
+        await writer.close(config.drain_timeout_s)
+        await engine.dispose()
