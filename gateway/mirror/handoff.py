@@ -219,7 +219,7 @@ class Handoff:
                 chosen.append(offer.name)
         if not chosen and not undecided:
             return None
-        hdrs = [(k, v) for k, v in headers.items() if k.lower() not in _SKIP]
+        hdrs = [(str(k), v) for k, v in headers.items() if k.lower() not in _SKIP]
         exchange_id = uuid7()
         meta = _encode(
             wire.CopyMeta(

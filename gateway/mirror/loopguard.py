@@ -9,7 +9,11 @@ two sustained signals over `window_s` set `shed_fraction` in [0, 1]:
 - `lag`: the median lag of the wake-ups in the last `window_s` above `threshold_ms`; the share
   shed grows with the excess (1 at twice the threshold). One late wake-up on a busy host, however
   late, is one sample among about `window_s / interval_s` and moves the median not at all; only
-  a loop that is late most of the time sheds.
+  a loop that is late most of the time sheds. Lag counts only while the process itself uses
+  at least `LAG_NEEDS_BUSY` of a core: a loop that is late because other processes hold the CPU
+  (a busy host, a SCHED_IDLE mirror behind production) is the host's load, not the mirror's,
+  and copies then wait in the rings (bounded, counted) instead of being shed. Nothing sheds on
+  lag before a whole window of samples exists.
 - `cpu`: the process's event-loop thread busy for more than `cpu_busy` of the window's wall
   time (1 at a whole core).
 
@@ -31,6 +35,8 @@ __all__ = ["LoopLagGuard"]
 SAMPLES_MAX: Final = 1024
 # The median is recomputed every this many samples (sorting ~200 floats every 50 ms: ~0.1 % CPU).
 _MEDIAN_EVERY: Final = 5
+# Share of a core the mirror process must itself use for its lag to mean its own overload.
+LAG_NEEDS_BUSY: Final = 0.5
 
 
 class LoopLagGuard:
@@ -105,9 +111,17 @@ class LoopLagGuard:
         self._since_median = 0
         ordered = sorted(lag for _, lag in samples)
         self.avg_lag_s = ordered[len(ordered) // 2]  # the median: robust to single stalls
-        excess = self.avg_lag_s - self.threshold_s
-        self.frac_lag = min(1.0, excess / self.threshold_s) if excess > 0 else 0.0
+        self._lag_fraction()
         self._update()
+
+    def _lag_fraction(self) -> None:
+        excess = self.avg_lag_s - self.threshold_s
+        samples = self._samples
+        full = bool(samples) and samples[-1][0] - samples[0][0] >= 0.9 * self.window_s
+        if excess <= 0 or not full or self.busy < LAG_NEEDS_BUSY:
+            self.frac_lag = 0.0
+        else:
+            self.frac_lag = min(1.0, excess / self.threshold_s)
 
     def observe_cpu(self, cpu_s: float, wall_s: float) -> None:
         """Record CPU seconds used over `wall_s` seconds of wall time (pure)."""
@@ -117,6 +131,7 @@ class LoopLagGuard:
             self.frac_cpu = 0.0
         else:
             self.frac_cpu = min(1.0, (self.busy - limit) / max(1.0 - limit, 1e-9))
+        self._lag_fraction()
         self._update()
 
     def _update(self) -> None:

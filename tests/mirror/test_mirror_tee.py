@@ -247,6 +247,7 @@ def test_sustained_lag_sheds_a_proportional_share(run: Run[None]) -> None:
             mirror_shed_loop_lag_ms=20.0,
         )
         guard = mirror.guard
+        guard.observe_cpu(0.6, 1.0)  # the mirror process itself is busy (its own load)
         for _ in range(100):
             guard.observe(0.002, 0.01)
         guard.observe(0.5, 0.5)  # one wake-up 500 ms late (a busy host): one sample of many
@@ -254,6 +255,9 @@ def test_sustained_lag_sheds_a_proportional_share(run: Run[None]) -> None:
         for _ in range(400):  # 4 s of wake-ups 30 ms late: sustained, 1.5x the threshold
             guard.observe(0.030, 0.01)
         assert 0.4 < guard.shed_fraction < 0.6
+        guard.observe_cpu(0.1, 1.0)  # the same lag while the mirror idles: the host's load
+        assert not guard.shedding
+        guard.observe_cpu(0.6, 1.0)
         shed = sum(send(mirror, chat(f"s{i}"), f"r{i}") is None for i in range(200))
         counters = mirror.counters()["a"]
         assert counters["shed_overload"] == shed == guard.reasons["lag"]
@@ -410,7 +414,9 @@ def test_guard_sheds_on_cpu_saturation_and_lag() -> None:
     guard.observe_cpu(0.3, 1.0)
     assert not guard.shedding
     for _ in range(10):
-        guard.observe(0.1, 0.1)  # a whole window at 100 ms lag: sustained, 5x the threshold
+        guard.observe(0.1, 0.1)  # a whole window at 100 ms lag, the process idle: host load
+    assert not guard.shedding
+    guard.observe_cpu(0.6, 1.0)  # the same lag with the mirror itself busy: its own overload
     assert guard.shedding and guard.sheds == 2 and guard.shed_fraction == 1.0
     assert guard.max_lag_s == 0.1
     off = LoopLagGuard(20.0, cpu_busy=None)
