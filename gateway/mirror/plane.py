@@ -102,6 +102,7 @@ class _Plane:
             live_name=m.live_name,
             received_at=m.received_at,
             only=m.chosen or None,
+            replica=m.worker,
         )
         if token is None:
             return

@@ -209,12 +209,14 @@ class Mirror:
         live_name: str | None = None,
         received_at: float | None = None,
         only: Sequence[str] | None = None,
+        replica: str | None = None,
     ) -> object | None:
         """Sample and offer copies; O(candidates), never awaits, never copies `body`.
 
         In the mirror process the worker's `exchange_id`, `live_name` and `received_at` are
         passed, so the records match what the worker saw when production served the request;
-        `only` is the worker's sampling decision (the same formula), taken as given."""
+        `only` is the worker's sampling decision (the same formula), taken as given; `replica`
+        the worker that served production (stored on the exchange)."""
         offers = self._offers
         if not offers:
             return None
@@ -269,6 +271,7 @@ class Mirror:
             exchange_id or uuid7(),
             live_name or self._live.endpoint.name,
             received_at or time.time(),
+            replica or self._replica,
         )
 
     def _offer(
@@ -284,6 +287,7 @@ class Mirror:
         exchange_id: str,
         live_name: str,
         received_at: float,
+        replica: str,
     ) -> _Token | None:
         now = time.perf_counter()
         digest = xxhash.xxh3_128_digest(body)
@@ -324,7 +328,7 @@ class Mirror:
             request_hash=digest.hex(),
             json_requested=view.json_requested,
             tools_requested=view.tools_requested,
-            replica=self._replica,
+            replica=replica,
             targets=tuple(targets),
         )
         return _Token(record, live_name)
