@@ -49,7 +49,9 @@ _COPIES = re.compile(r'canary_mirror_copies_total\{candidate="([^"]+)",outcome="
 # ---------------------------------------------------------------- child processes
 
 
-async def _serve_sim(profile: str, time_scale: float, max_tokens: int) -> None:
+async def _serve_sim(
+    profile: str, time_scale: float, max_tokens: int, overhead_s: float | None = None
+) -> None:
     from gateway.sim.profiles import get_profile
     from gateway.sim.server import start_sim
 
@@ -63,6 +65,8 @@ async def _serve_sim(profile: str, time_scale: float, max_tokens: int) -> None:
     }
     if max_tokens:
         knobs.update(min_output_tokens=max_tokens, max_output_tokens=max_tokens)
+    if overhead_s is not None:
+        knobs["overhead_s"] = overhead_s  # a slow candidate: this TTFT on every answer
     sim = await start_sim(get_profile(profile, **knobs))
     print(f"READY {sim.url}", flush=True)
     await _until_signalled()
@@ -153,6 +157,35 @@ async def _serve_gateway(
     await gw.close()
 
 
+async def _serve_plane_gateway(
+    live: str, candidates: Sequence[str], rate: float, budget: int, priority: str
+) -> None:
+    """The product as `canary serve` runs it: worker + the host's mirror process + SQLite."""
+    from gateway.process.config import load_config
+    from gateway.process.runtime import running
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(
+            None,
+            environ={},
+            overrides={
+                "listen": "127.0.0.1:0",
+                "live_url": live,
+                "db_url": f"sqlite+aiosqlite:///{tmp}/bench.db",
+                "mirror_memory_budget_bytes": budget,
+                "drain_timeout_s": 0.5,
+                "mirror_priority": priority,
+                "candidates": [
+                    {"name": name, "url": url, "sample_rate": rate, "timeout_s": 300.0}
+                    for name, _, url in (c.partition("=") for c in candidates)
+                ],
+            },
+        )
+        async with running(cfg) as parts:
+            print(f"READY {parts.url}", flush=True)
+            await _until_signalled()
+
+
 async def _until_signalled() -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -183,12 +216,35 @@ class Proc:
         return self.popen.pid
 
     def rss_bytes(self) -> int:
-        status = Path(f"/proc/{self.pid}/status").read_text()
-        return int(status.split("VmRSS:")[1].split()[0]) * 1024
+        return _rss(self.pid)
+
+    def tree_pids(self) -> list[int]:
+        """This process and its descendants (the mirror process of a plane gateway)."""
+        out, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            with contextlib.suppress(OSError):
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    todo += [int(c) for c in (task / "children").read_text().split()]
+        return out
+
+    def tree_rss_bytes(self) -> int:
+        total = 0
+        for pid in self.tree_pids():
+            with contextlib.suppress(OSError, IndexError):
+                total += _rss(pid)
+        return total
+
+    def tree_cpu_seconds(self) -> float:
+        total = 0.0
+        for pid in self.tree_pids():
+            with contextlib.suppress(OSError):
+                total += _cpu(pid)
+        return total
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _cpu(self.pid)
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -200,15 +256,31 @@ class Proc:
                 self.popen.wait()
 
 
+def _rss(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) * 1024
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _me(*args: str) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *args]
 
 
 @contextlib.contextmanager
 def sim(
-    profile: str, time_scale: float = 1.0, cpu: int | None = None, max_tokens: int = 0
+    profile: str,
+    time_scale: float = 1.0,
+    cpu: int | None = None,
+    max_tokens: int = 0,
+    overhead_s: float | None = None,
 ) -> Iterator[Proc]:
     argv = ["--role", "sim", "--profile", profile, "--time-scale", str(time_scale)]
+    if overhead_s is not None:
+        argv += ["--overhead-s", str(overhead_s)]
     proc = Proc(_me(*argv, "--max-tokens", str(max_tokens)), cpu)
     try:
         yield proc
@@ -233,8 +305,11 @@ def gateway(
     budget: int = 256 * MiB,
     cpu: int | None = None,
     lag_ms: float = 20.0,
+    model: str = "plane",
+    priority: str = "idle",
 ) -> Iterator[Proc]:
     argv = ["--role", "gateway", "--live", live, "--budget", str(budget), "--lag-ms", str(lag_ms)]
+    argv += ["--model", model, "--priority", priority]
     for c in candidates:
         argv += ["--candidate", c]
     proc = Proc(_me(*argv), cpu)
@@ -588,6 +663,117 @@ async def bench(args: argparse.Namespace) -> None:
         print(f"copies, {note}")
 
 
+async def plane_bench(args: argparse.Namespace) -> None:
+    """The mirror-process model against the previous in-loop mirror, interleaved: open loop at
+    each rate, every fault candidate at 100 %, latency over the whole run from the first
+    request after start-up (the candidate is registered at start), then RSS at overload."""
+    rates = [float(r) for r in args.rates.split(",")]
+    secs = args.seconds
+    notes: list[str] = [f"start {_load()}"]
+    models = ["plane", "inline"]
+    with (
+        live_engine(args.max_tokens, args.gap) as live,
+        live_engine(args.max_tokens, 0.0) as fast,
+        sim("hang") as hang,
+        sim("baseline", max_tokens=args.max_tokens, overhead_s=1.0) as slow,
+        sim("reset-mid-stream", max_tokens=args.max_tokens) as reset,
+    ):
+        scenarios: list[tuple[str, list[str]]] = [
+            ("off", []),
+            ("hung", [f"hang={hang.url}"]),
+            ("slow 1 s TTFT", [f"slow={slow.url}"]),
+            ("reset mid-stream", [f"reset={reset.url}"]),
+            ("fast", [f"fast={fast.url}"]),
+        ]
+        runs: dict[tuple[float, str, str], list[Sample]] = {}
+        observed: dict[tuple[float, str, str], list[float]] = {}
+        plane_cpu: dict[tuple[float, str], float] = {}
+        for rnd in range(args.rounds):
+            for rate in rates:
+                for label, cands in scenarios:
+                    for model in models:
+                        with gateway(live.url, cands, model=model, priority=args.priority) as gw:
+                            tree0 = gw.tree_cpu_seconds()
+                            sample = await on_gateway(gw, open_loop(gw.url, rate, secs, 0.0))
+                            mirror_cpu = gw.tree_cpu_seconds() - tree0 - sample.gw_cpu_s
+                            cp = await copies(gw.url)
+                        key = (rate, label, model)
+                        runs.setdefault(key, []).append(sample)
+                        for name, c in cp.items():
+                            if name != "loop" and c.get("sampled"):
+                                done = sum(c.get(k, 0) for k in ("observed_ok", "observed_error"))
+                                observed.setdefault(key, []).append(done / c["sampled"])
+                        if model == "plane" and label == "fast":
+                            plane_cpu[(rate, label)] = mirror_cpu
+                        notes.append(f"r{rnd} {rate:g}/s {label} {model}: {cp} {_load()}")
+                        print(f"{rate:g}/s {label:18} {model:6} {_row(pool(label, [sample]))}")
+                with contextlib.suppress(FileNotFoundError):  # the anchor row, when nginx exists
+                    with nginx_mirror(live.url, hang.url) as url:
+                        sample = await open_loop(url, rate, secs, 0.0)
+                    runs.setdefault((rate, "nginx mirror, hung", "nginx"), []).append(sample)
+                    print(f"{rate:g}/s nginx mirror, hung  {_row(pool('nginx', [sample]))}")
+        # RSS of the whole plane gateway (worker + mirror process) at overload, 100 KB prompts.
+        with (
+            live_engine(args.max_tokens, 0.0) as live_fast,
+            gateway(live_fast.url, [f"hang={hang.url}"], budget=MiB, priority=args.priority) as gw,
+        ):
+            idle_rss = gw.tree_rss_bytes()
+            rss: list[int] = []
+
+            async def sample_rss() -> None:
+                while True:
+                    rss.append(gw.tree_rss_bytes())
+                    await asyncio.sleep(0.25)
+
+            async with asyncio.TaskGroup() as tg:
+                sampler = tg.create_task(sample_rss())
+                mem = await closed_loop(gw.url, args.concurrency, args.rss_seconds, pad=100_000)
+                sampler.cancel()
+            mem_copies = await copies(gw.url)
+    notes.append(f"end {_load()}")
+    print()
+    print(
+        "| req/s | candidate at 100 % | model | requests | errors | p50 ms | p99 ms "
+        "| p50 / off | p99 / off | copies observed |"
+    )
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for rate in rates:
+        for model in models:
+            off = pool("off", runs[(rate, "off", model)])
+            for label, _ in scenarios:
+                st = pool(label, runs[(rate, label, model)])
+                obs = observed.get((rate, label, model))
+                share = f"{100 * min(obs):.1f} %" if obs else "–"
+                print(
+                    f"| {rate:g} | {label} | {model} | {st.n} | {st.errors} | {st.p50_ms:.2f} "
+                    f"| {st.p99_ms:.2f} | {st.p50_ms / off.p50_ms:.3f} "
+                    f"| {st.p99_ms / off.p99_ms:.3f} | {share} |"
+                )
+    for rate in rates:
+        if (rate, "nginx mirror, hung", "nginx") in runs:
+            off = pool("off", runs[(rate, "off", "plane")])
+            st = pool("nginx", runs[(rate, "nginx mirror, hung", "nginx")])
+            print(
+                f"| {rate:g} | hung (nginx `mirror`, anchor) | nginx | {st.n} | {st.errors} "
+                f"| {st.p50_ms:.2f} | {st.p99_ms:.2f} | {st.p50_ms / off.p50_ms:.3f} "
+                f"| {st.p99_ms / off.p99_ms:.3f} | – |"
+            )
+    for (rate, _), cpu in plane_cpu.items():
+        n = runs[(rate, "fast", "plane")][-1].sent
+        print(
+            f"mirror process CPU at {rate:g}/s fast: {cpu:.2f} s for {n} copies "
+            f"= {n / cpu if cpu else float('nan'):.0f} copies per CPU-second"
+        )
+    print(
+        f"RSS (worker + mirror process): idle {idle_rss / MiB:.1f} MiB, peak {max(rss) / MiB:.1f}"
+        f" MiB over {args.rss_seconds:.0f} s ({len(mem.lat)} requests of 100 KB, errors "
+        f"{mem.errors}); budget 1 MiB; target <= 65 MiB above the budget"
+    )
+    print(f"RSS run copies: {mem_copies}")
+    for note in notes:
+        print(f"copies, {note}")
+
+
 def _load() -> str:
     return "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
@@ -601,7 +787,19 @@ def _row(s: Stats) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--role", choices=["bench", "sim", "live", "gateway"], default="bench")
+    p.add_argument(
+        "--role", choices=["bench", "plane-bench", "sim", "live", "gateway"], default="bench"
+    )
+    p.add_argument(
+        "--model",
+        choices=["plane", "inline"],
+        default="plane",
+        help="gateway: the mirror process (plane, what canary serve runs) or the mirror on the "
+        "proxy's loop (inline, the previous design, for comparison)",
+    )
+    p.add_argument("--priority", default="idle", help="plane gateway: mirror_priority")
+    p.add_argument("--overhead-s", type=float, default=None, help="sim: fixed TTFT, s")
+    p.add_argument("--rates", default="300,1000", help="plane-bench: open-loop rates, req/s")
     p.add_argument("--gap", type=float, default=0.002, help="live engine gap between chunks, s")
     p.add_argument("--profile", default="baseline")
     p.add_argument("--time-scale", type=float, default=0.25, help="live engine speed (latency)")
@@ -634,11 +832,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.nice is not None and args.role == "bench":
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # children inherit it
     if args.role == "sim":
-        uvloop.run(_serve_sim(args.profile, args.time_scale, args.max_tokens))
+        uvloop.run(_serve_sim(args.profile, args.time_scale, args.max_tokens, args.overhead_s))
     elif args.role == "live":
         uvloop.run(_serve_live(args.max_tokens, args.gap))
+    elif args.role == "gateway" and args.model == "plane":
+        uvloop.run(_serve_plane_gateway(args.live, args.candidate, 1.0, args.budget, args.priority))
     elif args.role == "gateway":
         uvloop.run(_serve_gateway(args.live, args.candidate, 1.0, args.budget, args.lag_ms))
+    elif args.role == "plane-bench":
+        uvloop.run(plane_bench(args))
     else:
         uvloop.run(bench(args))
 
