@@ -1,9 +1,11 @@
 """The seams between the proxy, the mirror and storage, as small protocols.
 
-The proxy knows only `RequestTee` (the mirror implements it) and `LiveTarget` (the registry
-swaps it); the mirror hands finished records to an `ObservationSink` (storage's writer
-implements it; tests use an in-memory one). Every method here is synchronous and must never
-block: they are called on the request path.
+The proxy knows only `RequestTee` and `LiveTarget` (the registry swaps it). In a worker the
+tee is `gateway.mirror.handoff.Handoff`: it samples and writes each chosen copy into the bounded
+channel to the host's mirror process, never parsing the body and never awaiting. In the mirror
+process the same interface is implemented by `gateway.mirror.tee.Mirror`, which hands finished
+records to an `ObservationSink` (storage's writer implements it; tests use an in-memory one).
+Every method here is synchronous and must never block: they are called on the request path.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ class RequestTee(Protocol):
         body: bytes,
         request_id: str,
     ) -> object | None:
-        """Called once the body is read, before forwarding. O(candidates), never awaits, never
-        copies `body`. Returns a token for `on_response`, or None when nothing was mirrored."""
+        """Called once the body is read, before forwarding. O(candidates), never awaits; in a
+        worker it never parses `body` and copies it at most once, into the bounded channel.
+        Returns a token for `on_response`, or None when nothing was mirrored."""
 
     def on_response(self, token: object, result: MeterResult, error_kind: str | None) -> None:
         """Called once the production response is over (complete, failed or aborted)."""
