@@ -243,7 +243,8 @@ async def running(
         if plane_socket is None:
             plane = PlaneProcess(config)
             try:
-                await asyncio.to_thread(plane.start)
+                plane.spawn()  # on this (the main) thread: see PlaneProcess.spawn
+                await asyncio.to_thread(plane.wait_ready)
             except RuntimeError as exc:
                 await asyncio.to_thread(plane.stop, 1.0)
                 raise UsageError(str(exc)) from exc
@@ -292,8 +293,12 @@ async def _watch_plane(plane: PlaneProcess) -> None:
     """Restart this worker's own mirror process when it dies (the supervisor does it for N)."""
     while True:
         await asyncio.sleep(1.0)
-        if not plane.alive and not await asyncio.to_thread(plane.restart):
+        if plane.alive:
+            continue
+        if not plane.restart(spawn_only=True):  # spawned on the loop thread: milliseconds
             return
+        with contextlib.suppress(RuntimeError):  # it died again: the next tick retries
+            await asyncio.to_thread(plane.wait_ready)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

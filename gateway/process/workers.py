@@ -140,6 +140,7 @@ class PlaneProcess:
         self._dir = tempfile.mkdtemp(prefix="canary-mirror-")
         self.socket_path = os.path.join(self._dir, "mirror.sock")
         self._proc: BaseProcess | None = None
+        self._ready: multiprocessing.connection.Connection | None = None
         self._restarts: deque[float] = deque()
         self.restarts = 0
 
@@ -155,10 +156,12 @@ class PlaneProcess:
     def sentinel(self) -> int | None:
         return self._proc.sentinel if self._proc is not None else None
 
-    def start(self, timeout_s: float = 30.0) -> None:
-        """Spawn it and wait until it listens; raises RuntimeError if it does not."""
+    def spawn(self) -> None:
+        """Start the process (a fork and exec, milliseconds). Call it from the thread that
+        lives as long as this process (the main thread): PR_SET_PDEATHSIG fires when the
+        spawning *thread* exits, so a pool thread would take the mirror process down with it."""
         ctx = multiprocessing.get_context("spawn")
-        parent_end, child_end = ctx.Pipe(duplex=False)
+        self._ready, child_end = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_plane_main,
             args=(self._config, self.socket_path, os.getpid(), child_end),
@@ -166,6 +169,16 @@ class PlaneProcess:
         )
         proc.start()
         self._proc = proc
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Spawn it and wait until it listens; raises RuntimeError if it does not."""
+        self.spawn()
+        self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Block until the spawned process listens (any thread); RuntimeError if it does not."""
+        proc, parent_end = self._proc, self._ready
+        assert proc is not None and parent_end is not None
         multiprocessing.connection.wait([parent_end, proc.sentinel], timeout_s)
         if not parent_end.poll():
             proc.kill()
@@ -173,8 +186,9 @@ class PlaneProcess:
             raise RuntimeError(f"the mirror process did not start (exit code {proc.exitcode})")
         parent_end.recv()
 
-    def restart(self) -> bool:
-        """Start a dead mirror process again; False once it died MAX_RESTARTS times a minute."""
+    def restart(self, spawn_only: bool = False) -> bool:
+        """Start a dead mirror process again; False once it died MAX_RESTARTS times a minute.
+        `spawn_only`: do not wait until it listens (the caller waits with `wait_ready`)."""
         now = time.monotonic()
         while self._restarts and now - self._restarts[0] > RESTART_WINDOW_S:
             self._restarts.popleft()
@@ -188,7 +202,10 @@ class PlaneProcess:
         self._restarts.append(now)
         self.restarts += 1
         log.warning("mirror process died; restarting", extra={"fields": {"exitcode": exitcode}})
-        self.start()
+        if spawn_only:
+            self.spawn()
+        else:
+            self.start()
         return True
 
     def stop(self, timeout_s: float) -> None:
