@@ -32,9 +32,12 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # in the first pairs (or identical simulated arms) producing a zero-width interval.
     latency_sigma_floor: float = 0.01
 
-    # Failures (status not 2xx, connect/reset/timeout/garbage): rate difference.
-    error_delta: float = 0.001
-    error_critical: float = 0.01
+    # Failures (status not 2xx, connect/reset/timeout/garbage): rate difference. Showing a rate
+    # within δ needs about log(1/α)/(0.8 δ) units with no failure at all (3.7/δ at α = 0.05):
+    # 0.5 pp is ~750 sessions, under an hour at 20 req/s sampled 10 % in 6-turn sessions.
+    # The strict preset (0.1 pp) needs ~3,700 (STRICT below).
+    error_delta: float = 0.005
+    error_critical: float = 0.02
 
     # Agreement with production (exact match at temperature 0, tool calls, finish reason) and
     # JSON validity: rate difference against the production-vs-control noise floor.
@@ -56,6 +59,10 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # `quantized` must show cost per output token below this ratio.
     goal_ttft_ratio: float = 1.0
     goal_cost_ratio: float = 1.0
+
+    # Sessions: a gap longer than this between two turns of one session ends a unit of
+    # independence; a unit is used once it is this old (and older than the candidate's timeout).
+    session_idle_s: float = 30.0
 
     # Gates.
     min_pairs: int = 200  # promote needs at least this many usable pairs
@@ -125,6 +132,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             "slo_e2e_s",
             "goal_ttft_ratio",
             "goal_cost_ratio",
+            "session_idle_s",
             "min_pairs",
             "min_metric_pairs",
             "hl_max_pairs",
@@ -138,3 +146,15 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             problems.append("min_discordant must be >= 0")
         if problems:
             raise ValueError("; ".join(problems))
+
+
+# The strict preset (`--strict`): the margins of a slow, careful rollout. About 3,700 sessions
+# for the failure margin and 1,900 for agreement: hours at tens of req/s sampled at 10 %.
+STRICT: dict[str, float] = {
+    "alpha": 0.025,
+    "error_delta": 0.001,
+    "error_critical": 0.01,
+    "agreement_delta": 0.005,
+    "slo_exceedance_delta": 0.005,
+    "latency_delta": 1.03,
+}

@@ -22,6 +22,7 @@ from evaluators.judge.metric import (
     empty_result,
     judge_bounded,
     judge_mean,
+    ungate,
 )
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs.types import ArmColumns
@@ -30,6 +31,13 @@ from evaluators.stats.sequential import benjamini_hochberg
 
 F = NDArray[np.float64]
 B = NDArray[np.bool_]
+
+# Without a control, production ran at its own live load and the candidate at the mirrored one:
+# a latency difference mixes the configuration with the load, so nothing is decided on it.
+NO_SAME_LOAD = (
+    "no control: production's latency is at its live load, not the candidate's, so this is "
+    "not a fair comparison; register a control (kind = control) to gate on it"
+)
 
 # Turn buckets of the by-turn table: 1, 2, 3, 4, and 5 or more.
 TURN_BUCKETS = 5
@@ -76,16 +84,9 @@ def _latency(
     x, use = log_ratio(c_all, r_all, ok)
     if len(x) == 0:
         return empty_result(spec, ctx.reference, "no pair where both arms answered")
-    groups = ctx.session_groups
     detail = hl_detail(x, ctx, c_all[use].astype(np.float64), r_all[use].astype(np.float64))
-    return judge_mean(
-        spec,
-        x,
-        ctx,
-        reference=ctx.reference,
-        detail=detail,
-        groups=None if groups is None else groups[use],
-    )
+    res = judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)
+    return res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=True)
 
 
 def latency_spec(s: VerdictSettings, name: str, label: str, critical: bool = True) -> MetricSpec:
@@ -146,6 +147,27 @@ def e2e(ctx: EvalContext) -> list[MetricResult]:
     return [_latency(ctx, latency_spec(ctx.settings, "e2e", "E2E"), "e2e")]
 
 
+def first_turn_spec(s: VerdictSettings) -> MetricSpec:
+    """TTFT on the first turn of a session: critical for kinds in `kinds.GATES_FIRST_TURN`."""
+    return MetricSpec(
+        name="ttft_first_turn",
+        label="TTFT, turn 1",
+        role="critical",
+        harm="higher",
+        scale="ratio",
+        delta=s.latency_delta,
+        critical=s.latency_critical,
+        unit="ratio",
+    )
+
+
+def ttft_first_turn(ctx: EvalContext) -> list[MetricResult]:
+    """TTFT on turn 1: a KV-reuse candidate can trade turn 1 for later turns, so it is gated."""
+    if ctx.candidate.kind not in kinds.GATES_FIRST_TURN:
+        return []
+    return [_latency(ctx, first_turn_spec(ctx.settings), "ttft", extra=ctx.pairs.turn == 0)]
+
+
 def ttft_later_turns(ctx: EvalContext) -> list[MetricResult]:
     """TTFT on turns >= 2 of a conversation: the goal of a KV-reuse (`bi-kv`) candidate."""
     spec = later_turns_spec(ctx.settings, ctx.candidate.kind)
@@ -180,7 +202,8 @@ def slo_exceedance(ctx: EvalContext) -> list[MetricResult]:
             "mcnemar_p": mn.p if np.isfinite(mn.p) else None,
         }
         d = over_c.astype(np.float64) - over_r.astype(np.float64)
-        out.append(judge_bounded(spec, d, ctx, reference=ctx.reference, detail=detail))
+        res = judge_bounded(spec, d, ctx, use=use, reference=ctx.reference, detail=detail)
+        out.append(res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=True))
     return out
 
 
