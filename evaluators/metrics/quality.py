@@ -169,16 +169,19 @@ def similarity(ctx: EvalContext) -> list[MetricResult]:
     if not np.any(use):
         return [empty_result(spec, reference, "no pair with both texts stored")]
     d = sim_c[use] - sim_k[use]
-    hl = hodges_lehmann(d, 0.05, s.hl_max_pairs)
     detail: Detail = {
         "mean_candidate": float(sim_c[use].mean()),
         "mean_control": float(sim_k[use].mean()) if has_floor else None,
-        "hl_difference": hl.estimate,
-        "hl_low": hl.low if np.isfinite(hl.low) else None,
-        "hl_high": hl.high if np.isfinite(hl.high) else None,
-        "wilcoxon_p": hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
         "sample_fraction": ps.similarity_fraction,
     }
+    if ctx.planned_look:  # fixed-sample numbers only where a fixed-sample reading is valid
+        hl = hodges_lehmann(d, 2 * s.alpha, s.hl_max_pairs)
+        detail.update(
+            hl_difference=hl.estimate,
+            hl_low=hl.low if np.isfinite(hl.low) else None,
+            hl_high=hl.high if np.isfinite(hl.high) else None,
+            wilcoxon_p=hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
+        )
     res = judge_bounded(spec, d, ctx, use=use, reference=reference, detail=detail)
     if not has_floor:
         res.notes.append(NO_CONTROL + " (1.0 = identical): diagnostic only")
@@ -242,14 +245,15 @@ def output_length(ctx: EvalContext) -> list[MetricResult]:
     if not np.any(use):
         return [empty_result(spec, ctx.reference, "no pair with token counts")]
     x = np.log(c[use] / r[use])
-    hl = hodges_lehmann(x, 0.05, s.hl_max_pairs)
     detail: Detail = {
-        "hl_ratio": float(np.exp(hl.estimate)),
-        "wilcoxon_p": hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
         "mean_tokens_candidate": float(c[use].mean()),
         "mean_tokens_reference": float(r[use].mean()),
         "counted_from_chunks": int(np.count_nonzero(ps.candidate.tokens_from_chunks[use])),
     }
+    if ctx.planned_look:  # fixed-sample numbers only where a fixed-sample reading is valid
+        hl = hodges_lehmann(x, 2 * s.alpha, s.hl_max_pairs)
+        detail["hl_ratio"] = float(np.exp(hl.estimate))
+        detail["wilcoxon_p"] = hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None
     res = judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)
     if detail["counted_from_chunks"]:
         res.notes.append("some token counts were counted from chunks (no usage reported)")

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from evaluators.judge.metric import MetricResult
-from evaluators.judge.verdict import fmt
+from evaluators.judge.verdict import fmt, fmt_duration
 from evaluators.report.model import Report
 
 WIDTH = 80
@@ -43,6 +43,14 @@ def _estimate(r: MetricResult) -> str:
     return "–" if r.status == "insufficient" else fmt(r, r.estimate)
 
 
+def _to_go(r: MetricResult) -> str:
+    """Pairs still needed and the ETA at the observed pair rate, for an undecided metric."""
+    if not r.more_pairs:
+        return ""
+    eta = f" ≈{fmt_duration(r.eta_s)}" if r.eta_s is not None else ""
+    return f"+{r.more_pairs:,}{eta}"
+
+
 def _table(header: Sequence[str], rows: list[list[str]], align: str) -> list[str]:
     """Fixed-width columns; `align` has one "<" or ">" per column."""
     widths = [
@@ -63,12 +71,12 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
     """(title, header, rows, alignment) of every table, shared by text and markdown."""
     out: list[tuple[str, list[str], list[list[str]], str]] = []
     rows = [
-        [r.label, _ROLE[r.role], _estimate(r), _interval(r), f"{r.n:,}", r.status]
+        [r.label, _ROLE[r.role], _estimate(r), _interval(r), f"{r.n:,}", r.status, _to_go(r)]
         for r in report.metrics.values()
     ]
-    header = ["metric", "role", "estimate", "interval", "n", "status"]
+    header = ["metric", "role", "estimate", "interval", "n", "status", "to decide"]
     title = "Metrics (role: * critical, + guardrail, ^ goal; intervals always-valid)"
-    out.append((title, header, rows, "<<>>><"))
+    out.append((title, header, rows, "<<>>><>"))
     acc = report.accounting
     rows = [[name, f"{value:,}"] for name, value in acc.items()]
     out.append(("Copy accounting", ["counter", "copies"], rows, "<>"))
@@ -84,8 +92,9 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
         ]
         for row in report.ttft_by_turn
     ]
-    header = ["turn", "n", "cand s", "ref s", "ratio", "95% HL interval", "cached"]
-    out.append(("TTFT by turn (medians; ratio candidate/reference)", header, rows, "<>>>>><"))
+    header = ["turn", "n", "cand s", "ref s", "ratio", "always-valid interval", "cached"]
+    title = "TTFT by turn (medians; ratio = the verdict's estimand, intervals Bonferroni over rows)"
+    out.append((title, header, rows, "<>>>>><"))
     rows = [
         [
             arm,
@@ -112,7 +121,7 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
             ]
             for s in ttft.slices
         ]
-        header = ["slice", "n", "TTFT ratio", "95% HL interval", "BH q"]
+        header = ["slice", "n", "TTFT ratio", "always-valid interval", "adj. p"]
         out.append(("Diagnostic slices (not gating)", header, rows, "<>>><"))
     return out
 

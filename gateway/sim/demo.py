@@ -70,8 +70,12 @@ concurrency = 16
 price_per_hour_usd = {price}
 # 100 sessions can show a rate within about 3.7/100 ≈ 4 pp at best (sessions are the unit of
 # independence); the defaults (0.5 pp failures, 1 pp agreement) need ~750 / ~375 sessions.
-# The demo accepts 5 pp so that it can decide within a minute.
+# The demo accepts 5 pp so that it can decide within a minute; and its four simulators share
+# this machine's cores with the gateway, so their timings carry scheduling noise that a real
+# engine's would not (TPOT of the KV-keeping simulator moves with its batch): latency gets a
+# 20 % margin, under the 25 % critical one.
 [candidates.verdict]
+latency_delta = 1.2
 error_delta = 0.05
 error_critical = 0.1
 slo_exceedance_delta = 0.05
