@@ -189,13 +189,18 @@ class EvalContext:
         if by_session:
             object.__setattr__(self, "session_groups", _groups(ps.session[: ps.n]))
         as_of = math.inf if self.as_of is None or self.planned_look else self.as_of
+        t = ps.received_at[: ps.n]
+        ref = ps.control if ps.has_control else ps.production
+        # Settled: every arm answered (or failed), or the copy is past the candidate's timeout.
+        answered = ps.candidate.present[: ps.n] & ref.present[: ps.n]
+        settled = answered | (t + self.candidate.timeout_s <= as_of)
         units = build_units(
-            ps.received_at[: ps.n],
+            t,
             ps.session[: ps.n],
             by_session=by_session,
             as_of=as_of,
             idle_s=self.settings.session_idle_s,
-            settle_s=self.candidate.timeout_s,
+            settled=settled,
         )
         object.__setattr__(self, "units", units)
 

@@ -33,11 +33,12 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     latency_sigma_floor: float = 0.01
 
     # Failures (status not 2xx, connect/reset/timeout/garbage): rate difference. Showing a rate
-    # within δ needs about log(1/α)/(0.8 δ) units with no failure at all (3.7/δ at α = 0.05):
-    # 0.5 pp is ~750 sessions, under an hour at 20 req/s sampled 10 % in 6-turn sessions.
-    # The strict preset (0.1 pp) needs ~3,700 (STRICT below).
-    error_delta: float = 0.005
-    error_critical: float = 0.02
+    # within δ needs at least log(1/α)/(0.8 δ) units even with no failure at all (382 at 1 pp,
+    # α = 0.05), more with background failures (~600 sessions of 6 turns at 0.05 % per arm):
+    # about half an hour at 20 req/s sampled 10 %. `canary plan` computes it for a deployment;
+    # the strict preset (0.1 pp at α = 0.025, STRICT below) needs 4,708 units even then.
+    error_delta: float = 0.01
+    error_critical: float = 0.03
 
     # Agreement with production (exact match at temperature 0, tool calls, finish reason) and
     # JSON validity: rate difference against the production-vs-control noise floor.
@@ -148,8 +149,8 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ValueError("; ".join(problems))
 
 
-# The strict preset (`--strict`): the margins of a slow, careful rollout. About 3,700 sessions
-# for the failure margin and 1,900 for agreement: hours at tens of req/s sampled at 10 %.
+# The strict preset (`--strict`): the margins of a slow, careful rollout. At least 4,708 units
+# for the failure margin and ~940 for agreement: many hours at tens of req/s sampled at 10 %.
 STRICT: dict[str, float] = {
     "alpha": 0.025,
     "error_delta": 0.001,

@@ -5,11 +5,14 @@ answers diverge together), so when sampling is by session a *unit* is a burst of
 pairs (no gap longer than `idle_s` between them) and a statistic bets on each unit's mean,
 never on its pairs one by one. Without sessions each pair is its own unit.
 
-A unit enters the statistics only once it is *closed*: its last pair is older than both the
-idle gap (no further turn can join it) and the candidate's timeout (every copy in it has
-answered or timed out, so a look is not biased toward the fast copies). Units are ordered by
-closing time, so the units of an earlier look are a prefix of a later look's, in the same
-order, with the same values: the betting martingales stay martingales over looks.
+A unit enters the statistics only once it is *closed* and *settled*. Closed: its last pair is
+older than the idle gap (no further turn can join it; a lone pair closes when it arrives).
+Units are ordered by closing time, which depends on arrival times only, never on how fast an
+arm answered. Settled: every pair in it has all its answers, or is older than the candidate's
+timeout. A look uses the longest run of closed units, in order, that are all settled: it stops
+at the first unit still waiting for a copy, so a look is never biased toward the fast copies.
+The units of an earlier look are then a prefix of a later look's, in the same order, with the
+same values: the betting martingales stay martingales over looks.
 
 Pure numpy; never reads a clock (the caller says what time "now" is).
 """
@@ -59,25 +62,34 @@ def build_units(
     by_session: bool,
     as_of: float,
     idle_s: float,
-    settle_s: float,
+    settled: B,
 ) -> Units:
-    """Assign pairs to units and rank the units closed by `as_of` (inf: all closed)."""
+    """Assign pairs to units and rank the usable ones at `as_of` (inf: all closed).
+
+    `settled` marks the pairs whose outcome can no longer change (all answers in, or timed out).
+    """
     n = len(received_at)
     t = np.asarray(received_at, dtype=np.float64)
     if n == 0:
         return Units(np.zeros(0, dtype=np.int64), 0, 0, by_session)
     if by_session:
         unit, last = _session_bursts(t, session, idle_s)
-        close = last + max(idle_s, settle_s)
+        close = last + idle_s
     else:
         unit = np.arange(n, dtype=np.int64)
-        close = t + settle_s
+        close = t
     closed = close <= as_of
     # Rank closed units by (closing time, first pair): a stable order every later look repeats.
     first = np.full(len(close), n, dtype=np.int64)
     np.minimum.at(first, unit, np.arange(n, dtype=np.int64))
     ids = np.flatnonzero(closed)
     order = ids[np.lexsort((first[ids], close[ids]))]
+    # Stop at the first unit (in that order) that still waits for a copy.
+    unsettled = np.zeros(len(close), dtype=bool)
+    np.logical_or.at(unsettled, unit, ~np.asarray(settled, dtype=bool))
+    waiting = np.flatnonzero(unsettled[order])
+    if len(waiting):
+        order = order[: waiting[0]]
     rank_of_unit = np.full(len(close), -1, dtype=np.int64)
     rank_of_unit[order] = np.arange(len(order), dtype=np.int64)
     rank = rank_of_unit[unit]

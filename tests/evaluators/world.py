@@ -144,7 +144,7 @@ def draw(world: World, sessions: int, rng: np.random.Generator) -> list[Pair]:
     canon = np.array([" ".join(rng.choice(_VOCAB, 6)) for _ in range(n)])
     # Some conversations are fragile: their answers diverge far more often.
     sess_div = np.where(rng.random(sessions) < 0.2, 3.0, 0.5)
-    common = (turn, sess, sessions, base_ttft, base_tpot, n_turns[sess], canon, sess_div)
+    common = (turn, sess, sessions, base_ttft, base_tpot, n_turns, canon, sess_div)
     t, s, ns, bt, bp, nt, cn, sd = common
     prod = _arm(world.production, rng, t, s, ns, bt, bp, nt, world.live_load, cn, sd)
     cand = _arm(world.candidate, rng, t, s, ns, bt, bp, nt, 1.0, cn, sd)
@@ -241,3 +241,107 @@ def run(
     assert report is not None
     gating = {m.name: m.status for m in report.metrics.values() if m.gating}
     return Outcome(report.verdict, int(k), gating)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A row of the validation table: a world, a kind, a size, and what must (not) happen."""
+
+    label: str
+    world: World
+    kind: str
+    sessions: int
+    # The bad outcomes and the largest rate each may have ("promote", "reject", or a metric
+    # status "errors=critical"), and the good one with its smallest rate ("promote", or
+    # "ttft_later_turns=improved").
+    at_most: dict[str, float] = field(default_factory=dict)
+    at_least: dict[str, float] = field(default_factory=dict)
+
+
+def happened(outcome: Outcome, what: str) -> bool:
+    """Whether `what` ("promote", "reject", "metric=status") describes the outcome."""
+    if "=" in what:
+        metric, status = what.split("=")
+        return outcome.statuses.get(metric) == status
+    return outcome.decision == what
+
+
+_CLEAN = Engine(fail=0.0005, nondeterminism=0.01)
+_S = VerdictSettings()
+
+CASES: tuple[Case, ...] = (
+    Case(
+        "failures at the critical margin, clustered by session",
+        World(candidate=Engine(extra_fail=_S.error_critical), production=_CLEAN, control=_CLEAN),
+        "bi-kv",
+        333,
+        at_most={"promote": 0.05, "errors=critical": 0.05},
+    ),
+    Case(
+        "A/A, failures clustered by session (5 % of sessions per arm)",
+        World(
+            candidate=Engine(bad_sessions=0.05),
+            control=Engine(bad_sessions=0.05),
+            production=Engine(bad_sessions=0.05),
+        ),
+        "bi-kv",
+        333,
+        at_most={"promote": 0.05, "reject": 0.05},
+    ),
+    Case(
+        "A/A quantized at equal price, session effect sd 0.1 on TPOT",
+        World(candidate=Engine(session_sd_tpot=0.1)),
+        "quantized",
+        333,
+        at_most={"promote": 0.05, "reject": 0.05},
+    ),
+    Case(
+        "A/A, no control, engines 15 % nondeterministic at T=0",
+        World(
+            candidate=Engine(nondeterminism=0.15),
+            production=Engine(nondeterminism=0.15),
+            control=None,
+        ),
+        "bi-kv",
+        333,
+        at_most={"promote": 0.05, "reject": 0.05},
+    ),
+    Case(
+        "same config as live, no control, live 15 % slower under its own load, bi-kv",
+        World(control=None, live_load=1.15),
+        "bi-kv",
+        333,
+        at_most={"promote": 0.05, "reject": 0.05},
+    ),
+    Case(
+        "bi-kv: turn-1 TTFT x1.3 (past the 1.25 critical margin), later turns x0.8",
+        World(candidate=Engine(ttft_turn1=1.3, ttft_later=0.8)),
+        "bi-kv",
+        333,
+        at_most={"promote": 0.05},
+    ),
+    Case(
+        "20 % faster later turns, default margins, horizon 1,000 sessions",
+        World(
+            candidate=Engine(ttft_later=0.8, fail=0.0005, nondeterminism=0.01),
+            production=_CLEAN,
+            control=_CLEAN,
+        ),
+        "bi-kv",
+        1000,
+        at_least={"promote": 0.95},
+    ),
+    Case(
+        "3 % faster TTFT at 10 % per-arm noise, goal shown by 300 pairs (per request)",
+        World(
+            candidate=Engine(ttft=0.97, noise=0.058),
+            production=Engine(noise=0.058),
+            control=Engine(noise=0.058),
+            sessions=False,
+            turns=(6, 6),
+        ),
+        "bi-kv",
+        50,
+        at_least={"ttft_later_turns=improved": 0.90},
+    ),
+)
