@@ -6,8 +6,8 @@ can beat, not an estimate from a formula of another method:
 
 * a rate margin δ (failures, agreement, SLO exceedance) with no discordant unit at all: the
   betting wealth against "harm >= δ" grows by about (1 + 0.8 δ) per unit, so ≈ log(1/α)/(0.8 δ)
-  units (3.7/δ at α = 0.05); a background discordance q per unit adds variance and needs more
-  (computed on a seeded stream with that discordance, median over runs);
+  units (3.7/δ at α = 0.05); a background discordance q per pair adds variance and needs more
+  (computed on seeded streams with that discordance: the units by which 95 % have shown it);
 * a latency margin (ratio δ) at true ratio 1 with per-unit log-ratio sd σ: the normal-mixture
   half-width must shrink below log δ;
 * a goal (ratio g expected, goal threshold 1): the half-width must shrink below |log g|.
@@ -29,8 +29,10 @@ from evaluators.stats.sequential import BoundedStat, MeanStat
 
 # Longest experiment sized, in units: past this a margin is "out of reach".
 MAX_UNITS = 200_000
-# Seeded streams averaged when a background discordance is given.
-_RUNS = 16
+# Seeded streams drawn when a background discordance is given; the plan states the units by
+# which QUANTILE of them have shown the margin (a plan met by half the runs is no plan).
+_RUNS = 40
+QUANTILE = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,9 @@ class Traffic:
     sd_pair: float = 0.14  # sd of one pair's latency log-ratio (10 % per-arm noise: 0.14)
     sd_session: float = 0.05  # sd of a session's shared shift of that log-ratio
     discordance: float = 0.0  # share of pairs where exactly one arm failed (background)
+    # share of pairs where exactly one of candidate / control differs from production at T=0
+    # (engine nondeterminism: 1 % per arm gives about 2 %)
+    disagreement: float = 0.0
     goal_ratio: float = 0.8  # the improvement the goal is expected to show (later-turn TTFT)
 
     @property
@@ -67,30 +72,34 @@ class Need:
     seconds: float | None
 
 
-def rate_units(delta: float, alpha: float, discordance: float = 0.0) -> int | None:
-    """Units until a rate difference is shown within δ (true difference 0)."""
+def rate_units(delta: float, alpha: float, discordance: float = 0.0, turns: int = 1) -> int | None:
+    """Units until a rate difference is shown within δ (true difference 0).
+
+    `discordance` is the share of pairs where exactly one arm is "bad"; a unit is the mean of
+    `turns` such pairs.
+    """
     if discordance <= 0:
         d = np.zeros(MAX_UNITS)
         w = BoundedStat(d, None)
         log_w = np.cumsum(w._log_factors(delta, "below"))
         hit = np.flatnonzero(log_w >= math.log(1 / alpha))
         return int(hit[0]) + 1 if len(hit) else None
-    n = _grow(lambda k: _rate_median(delta, alpha, discordance, k))
-    return n
+    return _grow(lambda k: _rate_median(delta, alpha, discordance, max(1, turns), k))
 
 
-def _rate_median(delta: float, alpha: float, q: float, n: int) -> float:
+def _rate_median(delta: float, alpha: float, q: float, turns: int, n: int) -> float:
     rng = np.random.default_rng(7)
-    u = rng.random((_RUNS, n))
-    d = np.where(u < q / 2, 1.0, np.where(u < q, -1.0, 0.0))
+    u = rng.random((_RUNS, n, turns))
+    d = np.where(u < q / 2, 1.0, np.where(u < q, -1.0, 0.0)).mean(axis=-1)
     stat = BoundedStat(d, np.arange(1, n + 1))
     crossed = stat.log_wealth(delta, "below") >= math.log(1 / alpha)
     first = np.where(crossed.any(axis=1), np.argmax(crossed, axis=1) + 1, np.inf)
-    return float(np.median(first))
+    k = min(len(first) - 1, math.ceil(QUANTILE * len(first)) - 1)
+    return float(np.sort(first)[k])  # inf while more than 5 % of the runs have not shown it
 
 
 def _grow(f: Callable[[int], float]) -> int | None:
-    """The median crossing, on horizons growing ×4 until it is finite."""
+    """The crossing quantile, on horizons growing ×4 until it is finite."""
     n = 512
     while n <= MAX_UNITS:
         m = f(n)
@@ -121,10 +130,18 @@ def mean_units(width: float, sd: float, alpha: float, tau: float) -> int | None:
 
 def needs(traffic: Traffic, s: VerdictSettings, *, goal: bool = True) -> list[Need]:
     """What each gating test needs under `traffic` and the settings `s`."""
-    q = min(1.0, traffic.discordance * traffic.turns)  # a unit is discordant if any pair is
+    turns = round(traffic.turns)
     rows: list[tuple[str, str, int | None]] = [
-        ("failures", f"+{s.error_delta * 100:g} pp", rate_units(s.error_delta, s.alpha, q)),
-        ("agreement", f"+{s.agreement_delta * 100:g} pp", rate_units(s.agreement_delta, s.alpha)),
+        (
+            "failures",
+            f"+{s.error_delta * 100:g} pp",
+            rate_units(s.error_delta, s.alpha, traffic.discordance, turns),
+        ),
+        (
+            "agreement",
+            f"+{s.agreement_delta * 100:g} pp",
+            rate_units(s.agreement_delta, s.alpha, traffic.disagreement, turns),
+        ),
         (
             "SLO exceedance",
             f"+{s.slo_exceedance_delta * 100:g} pp",

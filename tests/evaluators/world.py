@@ -285,15 +285,15 @@ CASES: tuple[Case, ...] = (
             production=Engine(bad_sessions=0.05),
         ),
         "bi-kv",
-        333,
-        at_most={"promote": 0.05, "reject": 0.05},
+        800,
+        at_most={"promote": 0.05, "reject": 0.05, "ttft_later_turns=improved": 0.05},
     ),
     Case(
         "A/A quantized at equal price, session effect sd 0.1 on TPOT",
         World(candidate=Engine(session_sd_tpot=0.1)),
         "quantized",
-        333,
-        at_most={"promote": 0.05, "reject": 0.05},
+        800,
+        at_most={"promote": 0.05, "reject": 0.05, "cost=improved": 0.05},
     ),
     Case(
         "A/A, no control, engines 15 % nondeterministic at T=0",
@@ -303,14 +303,14 @@ CASES: tuple[Case, ...] = (
             control=None,
         ),
         "bi-kv",
-        333,
+        800,
         at_most={"promote": 0.05, "reject": 0.05},
     ),
     Case(
         "same config as live, no control, live 15 % slower under its own load, bi-kv",
         World(control=None, live_load=1.15),
         "bi-kv",
-        333,
+        800,
         at_most={"promote": 0.05, "reject": 0.05},
     ),
     Case(
@@ -321,14 +321,15 @@ CASES: tuple[Case, ...] = (
         at_most={"promote": 0.05},
     ),
     Case(
-        "20 % faster later turns, default margins, horizon 1,000 sessions",
+        # `canary plan --turns 6` (defaults, 0.1 % one-arm failures, 2 % disagreement): 788.
+        "20 % faster later turns, default margins, horizon 800 sessions (canary plan: 788)",
         World(
             candidate=Engine(ttft_later=0.8, fail=0.0005, nondeterminism=0.01),
             production=_CLEAN,
             control=_CLEAN,
         ),
         "bi-kv",
-        1000,
+        800,
         at_least={"promote": 0.95},
     ),
     Case(
@@ -344,4 +345,21 @@ CASES: tuple[Case, ...] = (
         50,
         at_least={"ttft_later_turns=improved": 0.90},
     ),
+)
+
+# The mutation sentinel: long sessions that run mostly one after another, each failing whole on
+# one arm in 10 % of sessions. With sessions as units it is an easy A/A; bet on pairs, and a
+# single bad session is twenty failures in a row, which "shows" decisive harm.
+SENTINEL = Case(
+    "A/A, 10 % of long sessions fail on an arm, sessions in sequence (mutation sentinel)",
+    World(
+        candidate=Engine(fail=0.0, bad_sessions=0.1),
+        control=Engine(fail=0.0, bad_sessions=0.1),
+        production=Engine(fail=0.0, bad_sessions=0.1),
+        turns=(15, 25),
+        sessions_per_s=0.02,
+    ),
+    "bi-kv",
+    100,
+    at_most={"reject": 0.05},
 )

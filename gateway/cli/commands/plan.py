@@ -76,6 +76,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--failures", type=float, default=0.001, help="share of pairs where one arm failed"
     )
     p.add_argument(
+        "--disagreement",
+        type=float,
+        default=0.02,
+        help="share of pairs where one of candidate / control differs at T=0 (0.02)",
+    )
+    p.add_argument(
         "--goal-ratio", type=float, default=0.8, help="improvement the goal should show (0.8)"
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
@@ -106,6 +112,8 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--noise", args.noise, "> 0")
     if not 0 <= args.failures < 1:
         raise bad("--failures", args.failures, "in [0, 1)")
+    if not 0 <= args.disagreement < 1:
+        raise bad("--disagreement", args.disagreement, "in [0, 1)")
     if not 0 < args.goal_ratio < 1:
         raise bad("--goal-ratio", args.goal_ratio, "in (0, 1): an improvement")
 
@@ -205,6 +213,7 @@ def build_plan(args: argparse.Namespace, rate: float) -> Plan:
         turns=args.turns,
         sd_pair=args.noise,
         discordance=args.failures,
+        disagreement=args.disagreement,
         goal_ratio=args.goal_ratio,
     )
     rows = [
