@@ -25,7 +25,7 @@ from scipy import stats
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tests.evaluators import world  # noqa: E402
+from tests.evaluators import world
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
