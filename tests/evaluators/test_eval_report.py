@@ -150,14 +150,17 @@ def test_sessions_and_turns_are_reported() -> None:
 
 
 def test_every_format_renders() -> None:
-    """Text, markdown, JSON and HTML all render the same report."""
+    """Text, markdown, JSON and HTML all render the same report; the page plots four fixed
+    charts plus one interval-against-pairs chart per gating metric with a trajectory."""
     r = report(synthetic.Scenario(json_fraction=0.1, tools_fraction=0.1), 300)
     text = render(r, "text")
     assert text.splitlines()[0] == "canary report: cand (bi-kv): HOLD"
     assert render(r, "markdown").startswith("# canary report: cand")
     assert json.loads(render(r, "json"))["candidate"] == "cand"
     page = render(r, "html")
-    assert page.startswith("<!doctype html>") and page.count("<svg") == 4
+    drawn = sum(1 for m in r.metrics.values() if m.gating and len(m.trajectory) >= 2)
+    assert drawn >= 5 and "interval against pairs" in page
+    assert page.startswith("<!doctype html>") and page.count("<svg") == 4 + drawn
     with pytest.raises(ValueError, match="unknown format"):
         render(r, "pdf")  # type: ignore[arg-type]
 
