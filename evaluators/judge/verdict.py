@@ -132,6 +132,7 @@ def judge(
             # Nothing measurable (no such pairs, no closed unit yet): say so, do not gate.
             r.status, r.ungated = "ungated", r.reason or "no data"
             r.ungated_blocks = r.role == "goal"  # a goal not shown is not a goal met
+            r.reason = f"not gating: {r.ungated}"
     judged = [r for r in results if r.status == "undecided"]  # the ones judge_* produced
     coverage_ok = coverage is None or coverage >= s.min_coverage
     reasons: list[Reason] = []

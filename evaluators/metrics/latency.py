@@ -87,7 +87,8 @@ def _latency(
     c_all, r_all = getattr(cand, field), getattr(ref, field)
     x, use = log_ratio(c_all, r_all, ok)
     if len(x) == 0:
-        return empty_result(spec, ctx.reference, "no pair where both arms answered")
+        why = f"no pair where both arms answered with a measurable {field.upper()}"
+        return empty_result(spec, ctx.reference, why)
     detail = hl_detail(x, ctx, c_all[use].astype(np.float64), r_all[use].astype(np.float64))
     res = judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)
     return res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=True)
