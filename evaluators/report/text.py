@@ -44,11 +44,8 @@ def _estimate(r: MetricResult) -> str:
 
 
 def _to_go(r: MetricResult) -> str:
-    """Pairs still needed and the ETA at the observed pair rate, for an undecided metric."""
-    if not r.more_pairs:
-        return ""
-    eta = f" ≈{fmt_duration(r.eta_s)}" if r.eta_s is not None else ""
-    return f"+{r.more_pairs:,}{eta}"
+    """The ETA of an undecided metric's pairs still needed, at the observed pair rate."""
+    return f"≈{fmt_duration(r.eta_s)}" if r.eta_s is not None else "–"
 
 
 def _table(header: Sequence[str], rows: list[list[str]], align: str) -> list[str]:
@@ -71,12 +68,22 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
     """(title, header, rows, alignment) of every table, shared by text and markdown."""
     out: list[tuple[str, list[str], list[list[str]], str]] = []
     rows = [
-        [r.label, _ROLE[r.role], _estimate(r), _interval(r), f"{r.n:,}", r.status, _to_go(r)]
+        [r.label, _ROLE[r.role], _estimate(r), _interval(r), f"{r.n:,}", r.status]
         for r in report.metrics.values()
     ]
-    header = ["metric", "role", "estimate", "interval", "n", "status", "to decide"]
+    header = ["metric", "role", "estimate", "interval", "n", "status"]
     title = "Metrics (role: * critical, + guardrail, ^ goal; intervals always-valid)"
-    out.append((title, header, rows, "<<>>><>"))
+    out.append((title, header, rows, "<<>>><"))
+    rows = [
+        [r.label, f"{r.more_pairs:,}", _to_go(r)]
+        for r in report.metrics.values()
+        if r.gating and r.status == "undecided" and r.more_pairs
+    ]
+    if rows:
+        header = ["undecided metric", "pairs still needed", "ETA at the observed pair rate"]
+        out.append(
+            ("To decide (rough: extrapolates the interval's shrink rate)", header, rows, "<>>")
+        )
     acc = report.accounting
     rows = [[name, f"{value:,}"] for name, value in acc.items()]
     out.append(("Copy accounting", ["counter", "copies"], rows, "<>"))
@@ -93,7 +100,7 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
         for row in report.ttft_by_turn
     ]
     header = ["turn", "n", "cand s", "ref s", "ratio", "always-valid interval", "cached"]
-    title = "TTFT by turn (medians; ratio = the verdict's estimand, intervals Bonferroni over rows)"
+    title = "TTFT by turn (medians; ratio as in the verdict; intervals always-valid)"
     out.append((title, header, rows, "<>>>>><"))
     rows = [
         [

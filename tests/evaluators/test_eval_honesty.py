@@ -71,7 +71,7 @@ def test_a_metric_with_nothing_to_measure_is_listed_as_not_gating() -> None:
 
 def test_an_undecided_metric_says_how_many_more_pairs_and_when() -> None:
     """An undecided guardrail carries the pairs still needed and an ETA at the observed pair
-    rate, in the JSON and in the text report's "to decide" column."""
+    rate, in the JSON and in the text report's "To decide" table."""
     scenario = synthetic.Scenario(candidate=synthetic.Arm(later_turn_ttft_ratio=0.8))
     r = report(scenario, 600)
     undecided = [m for m in r.metrics.values() if m.gating and m.status == "undecided"]
@@ -80,6 +80,6 @@ def test_an_undecided_metric_says_how_many_more_pairs_and_when() -> None:
         if m.more_pairs:
             assert m.eta_s is not None and m.eta_s > 0
     text = render(r, "text")
-    assert "to decide" in text and "more pairs" in text
+    assert "TO DECIDE" in text and "more pairs" in text
     decided = [m for m in r.metrics.values() if m.status in ("inside", "improved")]
     assert all(m.more_pairs is None and m.eta_s is None for m in decided)
