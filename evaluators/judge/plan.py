@@ -181,22 +181,24 @@ def needs(traffic: Traffic, s: VerdictSettings, *, goal: bool = True) -> list[Ne
 
 
 def margin_for(budget_s: float, traffic: Traffic, s: VerdictSettings) -> tuple[float | None, float]:
-    """(smallest rate margin δ, smallest latency ratio margin) shown within `budget_s`."""
+    """(smallest failure-rate margin δ, smallest latency ratio margin) shown within `budget_s`,
+    at the traffic's background failures."""
     units = budget_s * traffic.pairs_per_s / traffic.turns
     if units < 2:
         return None, math.inf
+    turns = round(traffic.turns)
+
+    def fits(delta: float) -> bool:
+        need = rate_units(delta, s.alpha, traffic.discordance, turns)
+        return need is not None and need <= units
+
+    rate: float | None = None
     lo, hi = 1e-4, 0.5
-    alpha = s.alpha
-    if (rate_units(hi, alpha) or MAX_UNITS + 1) > units:
-        rate: float | None = None
-    else:
-        for _ in range(30):
+    if fits(hi):
+        for _ in range(14):  # ~5 % precision on a log scale
             mid = math.sqrt(lo * hi)
-            if (rate_units(mid, alpha) or MAX_UNITS + 1) <= units:
-                hi = mid
-            else:
-                lo = mid
+            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
         rate = hi
     n = int(units)
     stat = MeanStat(np.zeros(n), np.array([n]), tau=s.latency_tau, sigma_floor=traffic.sd_unit)
-    return rate, math.exp(float(stat.halfwidth(alpha)[0]))
+    return rate, math.exp(float(stat.halfwidth(s.alpha)[0]))

@@ -46,7 +46,7 @@ async def test_plan_text_names_every_test_and_the_dominant_one() -> None:
     assert code == 0, err
     for test in ("failures", "agreement", "SLO exceedance", "latency", "goal", "dominates:"):
         assert test in out
-    assert "within 60 min: rate margins down to" in out
+    assert "within 60 min: a failure-rate margin down to" in out
 
 
 async def test_plan_json_matches_the_sizing_core() -> None:

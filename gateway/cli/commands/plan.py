@@ -273,16 +273,14 @@ def render_text(plan: Plan) -> str:
         rate_m = plan.rate_margin_in_budget
         lat_m = plan.latency_margin_in_budget
         lines.append(
-            f"within {fd(plan.budget_s)}: rate margins down to "
+            f"within {fd(plan.budget_s)}: a failure-rate margin down to "
             + ("none (too few units)" if rate_m is None else f"+{rate_m * 100:.2g} pp")
-            + ", latency margins down to "
+            + ", a latency margin down to "
             + ("none" if lat_m is None else f"×{lat_m:.3g}")
         )
-    lines.append(
-        "floors: a rate within δ needs ≥ log(1/α)/(0.8 δ) units with no discordant unit "
-        "(≈3.7/δ at α = 0.05), more with background failures; add the session idle gap "
-        "for the last sessions to close"
-    )
+    lines.append("floors: a rate within δ needs ≥ log(1/α)/(0.8 δ) units even with no")
+    lines.append("discordant unit (≈3.7/δ at α = 0.05), more with background failures; add")
+    lines.append("the session idle gap for the last sessions to close.")
     return "\n".join(lines) + "\n"
 
 
