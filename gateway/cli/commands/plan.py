@@ -276,7 +276,7 @@ def render_text(plan: Plan) -> str:
             f"within {fd(plan.budget_s)}: a failure-rate margin down to "
             + ("none (too few units)" if rate_m is None else f"+{rate_m * 100:.2g} pp")
             + ", a latency margin down to "
-            + ("none" if lat_m is None else f"×{lat_m:.3g}")
+            + ("none" if lat_m is None else f"×{lat_m:.4g}")
         )
     lines.append("floors: a rate within δ needs ≥ log(1/α)/(0.8 δ) units even with no")
     lines.append("discordant unit (≈3.7/δ at α = 0.05), more with background failures; add")
