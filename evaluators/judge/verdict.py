@@ -12,9 +12,9 @@ Rules (STATISTICS.md), on always-valid p-values so any number of looks stays hon
 
 A gating metric that cannot be judged fairly or at all is "ungated" and says why: without a
 control, latency (no same-load reference) and agreement (no noise floor); with no usable pair,
-any metric. An ungated goal or latency metric keeps the verdict from promoting (the verdict
-says which and why); an ungated agreement metric or one with nothing to measure only stops
-gating, and is listed in the reasons so it never drops out of the verdict unnoticed.
+any metric. An ungated goal keeps the verdict from promoting (a goal not shown is not met; the
+verdict says which and why); any other ungated metric only stops gating, and is named in the
+verdict line and the reasons so it never drops out of the verdict unnoticed.
 
 `decide_arrays` is vectorized (metrics on axis 0, then runs/looks) so the simulation tests run
 the very rules a report runs.
@@ -264,9 +264,13 @@ def summary(verdict: VerdictName, results: list[MetricResult], reasons: list[Rea
         bad = [r.label for r in results if r.status in ("critical", "beyond") and r.gating]
         return "reject: harm shown on " + ", ".join(bad)
     if verdict == "promote":
-        return "promote: every guardrail within its margin" + (
+        line = "promote: every guardrail within its margin" + (
             ", goal shown" if any(r.role == "goal" for r in results) else ""
         )
+        ungated = [r.label for r in results if r.status == "ungated" and r.n]
+        if ungated:
+            line += "; not gating (see below): " + ", ".join(ungated)
+        return line
     parts = [f"{g.metric} {g.status}" for g in reasons[:2] if g.status != "ok"]
     for r in results:
         if r.gating and r.status in ("undecided", "insufficient", "beyond"):

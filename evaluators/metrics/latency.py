@@ -91,7 +91,8 @@ def _latency(
         return empty_result(spec, ctx.reference, why)
     detail = hl_detail(x, ctx, c_all[use].astype(np.float64), r_all[use].astype(np.float64))
     res = judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)
-    return res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=True)
+    # A goal that cannot be shown fairly blocks promotion; a guardrail only stops gating.
+    return res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=spec.role == "goal")
 
 
 def latency_spec(s: VerdictSettings, name: str, label: str, critical: bool = True) -> MetricSpec:
@@ -208,7 +209,7 @@ def slo_exceedance(ctx: EvalContext) -> list[MetricResult]:
         }
         d = over_c.astype(np.float64) - over_r.astype(np.float64)
         res = judge_bounded(spec, d, ctx, use=use, reference=ctx.reference, detail=detail)
-        out.append(res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=True))
+        out.append(res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=False))
     return out
 
 

@@ -76,7 +76,8 @@ def _caveats(
     if not ctx.has_control:
         out.append(
             "no control candidate: latency is compared with production, which ran at a "
-            "different load, and the quality noise floor is assumed to be 0"
+            "different load, and agreement with an unknown noise floor, so neither gates "
+            "(the candidate cannot be promoted on latency); register a control (kind = control)"
         )
     dropped = sum(accounting.get(k, 0) for k in ("dropped_overflow", "dropped_oversize"))
     dropped += accounting.get("shed_overload", 0)
@@ -228,8 +229,11 @@ async def evaluate(
     finally:
         close()
     accounting = await store.load_accounting(engine, candidate_name)
-    # Units close against the clock: a live look must not use sessions still under way.
-    as_of = time.time() if until is None else min(until, time.time())
+    # Units close against the clock: a live look must not use sessions still under way. "Now"
+    # is never before the newest pair: a replica's clock may run ahead of this one's.
+    now = time.time() if until is None else min(until, time.time())
+    newest = float(np.nanmax(ps.received_at[: ps.n])) if ps.n else now
+    as_of = max(now, newest)
     # The statistics are CPU work: run them off the event loop, so a report requested from a
     # running gateway (admin API, rollout gate) never stalls the proxy for its whole duration.
     return await asyncio.to_thread(

@@ -21,18 +21,29 @@ LOOSE = {
 
 
 def test_without_control_latency_and_agreement_do_not_gate_and_the_verdict_says_so() -> None:
-    """Without a control a KV-reuse candidate is not promoted on production's latency (another
-    load), agreement is not gating (unknown noise floor), and the verdict names the reason."""
+    """Without a control latency does not gate (production ran at another load), agreement does
+    not gate (unknown noise floor), a KV-reuse candidate's latency goal cannot be shown so it
+    is not promoted, and the verdict names the reason."""
     scenario = synthetic.Scenario(candidate=synthetic.Arm(later_turn_ttft_ratio=0.8), control=None)
     r = report(scenario, 600, overrides=LOOSE)
     assert r.verdict == "hold"
     for name in ("ttft", "tpot", "e2e", "ttft_later_turns", "ttft_first_turn", "ttft_slo"):
         m = r.metrics[name]
-        assert m.status == "ungated" and m.ungated_blocks and "no control" in m.ungated
+        assert m.status == "ungated" and "no control" in m.ungated
+        assert m.ungated_blocks == (m.role == "goal")
     for name in ("exact_match", "finish_reason"):
         m = r.metrics[name]
         assert m.status == "ungated" and not m.ungated_blocks and "noise floor" in m.ungated
-    assert "cannot promote without a fair reference" in r.reasons[0].reason
+    assert "cannot promote without a fair reference for TTFT, turns ≥ 2" in r.reasons[0].reason
+
+
+def test_a_kind_without_goal_is_promoted_without_control_and_says_what_was_not_gated() -> None:
+    """A candidate without a goal and without a control can be promoted on what can be judged
+    (failures, length, JSON), and the verdict line names the latency and agreement metrics that
+    did not gate."""
+    r = report(synthetic.Scenario(control=None), 600, kind="", overrides=LOOSE)
+    assert r.verdict == "promote", r.reasons[0]
+    assert "not gating" in r.reasons[0].reason and "TTFT" in r.reasons[0].reason
 
 
 def test_a_nondeterministic_engine_without_control_is_not_rejected_for_it() -> None:
