@@ -11,6 +11,7 @@ runs the same rows on a few fixed seeds.
 
     .venv/bin/python bench/simulate.py                 # 300 runs per row, 20 looks
     .venv/bin/python bench/simulate.py --runs 100 --looks 10 --rows 1,2,3
+    .venv/bin/python bench/simulate.py --rows 9 --drop-sessions   # the mutation, measured
 """
 
 from __future__ import annotations
@@ -42,7 +43,21 @@ def main() -> int:
     ap.add_argument("--looks", type=int, default=20)
     ap.add_argument("--rows", help="comma-separated row numbers (1-based); default all")
     ap.add_argument("--seed", type=int, default=10_000, help="first seed (CI uses 0..)")
+    ap.add_argument(
+        "--drop-sessions",
+        action="store_true",
+        help="mutation: every pair its own unit (shows what the session units are for)",
+    )
     args = ap.parse_args()
+    if args.drop_sessions:
+        import evaluators.judge.metric as metric_module
+
+        real = metric_module.build_units
+
+        def per_pair(*a: object, **k: object) -> object:
+            return real(*a, **{**k, "by_session": False})  # type: ignore[arg-type]
+
+        metric_module.build_units = per_pair  # type: ignore[assignment]
     cases = [*world.CASES, world.SENTINEL]
     if args.rows:
         cases = [cases[int(i) - 1] for i in args.rows.split(",")]
