@@ -1,10 +1,14 @@
 """What a metric is, what evidence it yields, and how one is judged from per-pair values.
 
 A metric evaluator (see `evaluators.metrics.registry`) turns the PairSet into per-pair values and
-calls
-`judge_mean` (unbounded, e.g. log-ratios) or `judge_bounded` (in [-1, 1], e.g. paired rate
-differences). Both return a `MetricResult` carrying its always-valid p-values at the metric's
-margins; `evaluators.judge.verdict` turns those into statuses and the overall verdict.
+calls `judge_mean` (unbounded, e.g. log-ratios) or `judge_bounded` (in [-1, 1], e.g. paired rate
+differences) with the mask of pairs they came from. Both average the values over units of
+independence first (`evaluators.stats.units`: session bursts when sampling by session, else
+pairs; only closed units) and bet on the unit means, so every gating interval holds under
+session correlation. The estimand of every metric is therefore the mean over units of the
+unit's mean per-pair statistic (for ratios: exp of the mean log-ratio); the verdict, the tables
+and the plots all show that one number. Both return a `MetricResult` carrying its always-valid
+p-values at the metric's margins; `evaluators.judge.verdict` turns those into statuses.
 
 Scales: a "ratio" metric's statistic is a mean log-ratio (margins are ratios, 1.05); a
 "difference" metric's is a mean difference (margins are absolute, 0.001 = 0.1 pp).
@@ -13,6 +17,7 @@ Scales: a "ratio" metric's statistic is a mean log-ratio (margins are ratios, 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -24,13 +29,25 @@ from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs.types import PairSet
 from evaluators.stats.sequential import BoundedStat, MeanStat, pairs_needed
+from evaluators.stats.units import Units, build_units
 
 Role = Literal["critical", "guardrail", "goal", "diagnostic"]
 Harm = Literal["higher", "lower", "both"]
 Scale = Literal["ratio", "difference"]
 Status = Literal[
-    "inside", "improved", "undecided", "beyond", "critical", "insufficient", "n/a", "info"
+    "inside",
+    "improved",
+    "undecided",
+    "beyond",
+    "critical",
+    "insufficient",
+    "n/a",
+    "info",
+    "ungated",
 ]
+B = NDArray[np.bool_]
+# Looks at which a gating metric's always-valid interval is drawn against pairs (HTML plot).
+TRAJECTORY_LOOKS = 16
 Detail = dict[str, float | int | str | None]
 
 
@@ -126,6 +143,18 @@ class MetricResult(msgspec.Struct, kw_only=True):
     p_critical: float | None = None
     p_goal: float | None = None
     more_pairs: int | None = None
+    # Units of independence behind n (sessions when sampling by session, else pairs).
+    units: int | None = None
+    # Seconds until `more_pairs` arrive at the observed pair rate (undecided metrics only).
+    eta_s: float | None = None
+    # Why a metric that would gate does not (no control, nothing measurable); "" = it gates.
+    ungated: str = ""
+    # Whether an ungated metric keeps the candidate from being promoted (a goal that cannot be
+    # shown, latency without a same-load reference) or only stops gating (agreement without a
+    # noise floor, nothing measurable).
+    ungated_blocks: bool = False
+    # [pairs, low, high] of the always-valid interval at earlier looks (gating metrics).
+    trajectory: list[list[float | None]] = msgspec.field(default_factory=list)
     detail: Detail = msgspec.field(default_factory=dict)
     notes: list[str] = msgspec.field(default_factory=list)
     slices: list[Detail] = msgspec.field(default_factory=list)  # diagnostic, BH-adjusted
@@ -145,13 +174,35 @@ class EvalContext:
     live: Endpoint | None = None
     control: Endpoint | None = None
     planned_look: bool = False
+    # "Now" for deciding which units are closed; None = every unit is closed (the pairs given
+    # are final). A planned (final) look closes every unit too: no look follows it.
+    as_of: float | None = None
+    # Draw each gating metric's interval at earlier looks (off in bulk simulations).
+    trajectories: bool = True
     # Group code per pair when turns of a session are in the sample (computed once).
     session_groups: NDArray[np.int64] | None = field(init=False, default=None)
+    units: Units = field(init=False)
 
     def __post_init__(self) -> None:
         ps = self.pairs
-        if self.candidate.sampling == "session" or np.any(ps.session[: ps.n]):
+        by_session = bool(self.candidate.sampling == "session" or np.any(ps.session[: ps.n]))
+        if by_session:
             object.__setattr__(self, "session_groups", _groups(ps.session[: ps.n]))
+        as_of = math.inf if self.as_of is None or self.planned_look else self.as_of
+        t = ps.received_at[: ps.n]
+        ref = ps.control if ps.has_control else ps.production
+        # Settled: every arm answered (or failed), or the copy is past the candidate's timeout.
+        answered = ps.candidate.present[: ps.n] & ref.present[: ps.n]
+        settled = answered | (t + self.candidate.timeout_s <= as_of)
+        units = build_units(
+            t,
+            ps.session[: ps.n],
+            by_session=by_session,
+            as_of=as_of,
+            idle_s=self.settings.session_idle_s,
+            settled=settled,
+        )
+        object.__setattr__(self, "units", units)
 
     @property
     def has_control(self) -> bool:
@@ -178,7 +229,13 @@ def _fnum(v: float) -> float | None:
 
 
 def _result(
-    spec: MetricSpec, stat: Stat, n: int, reference: str, detail: Detail, alpha: float
+    spec: MetricSpec,
+    stat: Stat,
+    n: int,
+    units: int,
+    reference: str,
+    detail: Detail,
+    alpha: float,
 ) -> MetricResult:
     ev = evidence(spec, stat)
     lo, hi = stat.bounds(alpha)
@@ -203,9 +260,12 @@ def _result(
         p_critical=_fnum(float(ev.p_critical[-1])),
         p_goal=_fnum(float(ev.p_goal[-1])),
         status="undecided",  # until evaluators.judge.verdict judges it with the other metrics
+        units=units,
         detail=detail,
     )
-    res.more_pairs = _more_pairs(spec, stat, n, est, lo, hi)
+    more_units = _more_pairs(spec, stat, units, est, lo, hi)
+    # Units still needed, in pairs at the observed pairs per unit.
+    res.more_pairs = None if more_units is None else math.ceil(more_units * n / max(units, 1))
     return res
 
 
@@ -242,6 +302,15 @@ def _looks(n: int) -> NDArray[np.int64]:
     return np.array([max(n // 2, 1), n], dtype=np.int64)
 
 
+def ungate(res: MetricResult, why: str, *, blocks: bool) -> MetricResult:
+    """Mark a gating metric as not gating, saying why; diagnostics are returned unchanged."""
+    if res.role == "diagnostic":
+        return res
+    res.status, res.ungated, res.ungated_blocks = "ungated", why, blocks
+    res.more_pairs = None
+    return res
+
+
 def empty_result(spec: MetricSpec, reference: str, reason: str) -> MetricResult:
     """A metric with no data (e.g. no temperature-0 pairs): not applicable."""
     return MetricResult(
@@ -260,29 +329,61 @@ def empty_result(spec: MetricSpec, reference: str, reason: str) -> MetricResult:
     )
 
 
+def _unit_values(
+    x: NDArray[np.float64], use: B, ctx: EvalContext
+) -> tuple[NDArray[np.float64], NDArray[np.int64], int]:
+    """Per-unit means of x (one value per pair in `use`), in closing order; pairs used."""
+    return ctx.units.means(x, use)
+
+
+def _trajectory(
+    spec: MetricSpec, make: Callable[[NDArray[np.int64]], Stat], sizes: NDArray[np.int64], a: float
+) -> list[list[float | None]]:
+    """[pairs, low, high] at up to TRAJECTORY_LOOKS looks spaced evenly over the units."""
+    k = len(sizes)
+    if k < 2:
+        return []
+    looks = np.unique(np.linspace(1, k, min(TRAJECTORY_LOOKS, k)).round().astype(np.int64))
+    stat = make(looks)
+    lo, hi = stat.bounds(a)
+    pairs = np.cumsum(sizes)[looks - 1]
+    return [
+        [float(p), _fnum(spec.to_natural(float(low))), _fnum(spec.to_natural(float(high)))]
+        for p, low, high in zip(pairs, lo, hi, strict=True)
+    ]
+
+
+def _no_units(spec: MetricSpec, ctx: EvalContext, reference: str, n_open: int) -> MetricResult:
+    why = "no usable pairs"
+    if n_open:
+        why = f"no closed unit yet ({n_open:,} pairs wait for their session or timeout to end)"
+    return empty_result(spec, reference, why)
+
+
 def judge_mean(
     spec: MetricSpec,
     x: NDArray[np.float64],
     ctx: EvalContext,
     *,
+    use: B,
     reference: str,
     detail: Detail | None = None,
-    groups: NDArray[np.int64] | None = None,
     tau: float | None = None,
 ) -> MetricResult:
-    """Judge the mean of an unbounded per-pair statistic (time-ordered)."""
-    n = len(x)
-    if n == 0:
-        return empty_result(spec, reference, "no usable pairs")
+    """Judge the mean of an unbounded per-pair statistic; `x` holds the values of `use`."""
+    v, sizes, n = _unit_values(x, use, ctx)
+    if len(v) == 0:
+        return _no_units(spec, ctx, reference, len(x))
     s = ctx.settings
-    stat = MeanStat(
-        x,
-        _looks(n),
-        tau=tau if tau is not None else s.latency_tau,
-        sigma_floor=s.latency_sigma_floor,
-        groups=groups,
-    )
-    return _result(spec, stat, n, reference, detail or {}, s.alpha)
+    t = tau if tau is not None else s.latency_tau
+
+    def make(looks: NDArray[np.int64]) -> MeanStat:
+        return MeanStat(v, looks, tau=t, sigma_floor=s.latency_sigma_floor)
+
+    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail or {}, s.alpha)
+    if ctx.trajectories and spec.role != "diagnostic":
+        res.trajectory = _trajectory(spec, make, sizes, s.alpha)
+    return res
 
 
 def judge_bounded(
@@ -290,12 +391,20 @@ def judge_bounded(
     d: NDArray[np.float64],
     ctx: EvalContext,
     *,
+    use: B,
     reference: str,
     detail: Detail | None = None,
 ) -> MetricResult:
-    """Judge the mean of a per-pair statistic in [-1, 1] (time-ordered)."""
-    n = len(d)
-    if n == 0:
-        return empty_result(spec, reference, "no usable pairs")
-    stat = BoundedStat(d, _looks(n))
-    return _result(spec, stat, n, reference, detail or {}, ctx.settings.alpha)
+    """Judge the mean of a per-pair statistic in [-1, 1]; `d` holds the values of `use`."""
+    v, sizes, n = _unit_values(d, use, ctx)
+    if len(v) == 0:
+        return _no_units(spec, ctx, reference, len(d))
+
+    def make(looks: NDArray[np.int64]) -> BoundedStat:
+        return BoundedStat(v, looks)
+
+    a = ctx.settings.alpha
+    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail or {}, a)
+    if ctx.trajectories and spec.role != "diagnostic":
+        res.trajectory = _trajectory(spec, make, sizes, a)
+    return res

@@ -32,9 +32,13 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # in the first pairs (or identical simulated arms) producing a zero-width interval.
     latency_sigma_floor: float = 0.01
 
-    # Failures (status not 2xx, connect/reset/timeout/garbage): rate difference.
-    error_delta: float = 0.001
-    error_critical: float = 0.01
+    # Failures (status not 2xx, connect/reset/timeout/garbage): rate difference. Showing a rate
+    # within δ needs at least log(1/α)/(0.8 δ) units even with no failure at all (382 at 1 pp,
+    # α = 0.05), more with background failures (~600 sessions of 6 turns at 0.05 % per arm):
+    # about half an hour at 20 req/s sampled 10 %. `canary plan` computes it for a deployment;
+    # the strict preset (0.1 pp at α = 0.025, STRICT below) needs 4,708 units even then.
+    error_delta: float = 0.01
+    error_critical: float = 0.03
 
     # Agreement with production (exact match at temperature 0, tool calls, finish reason) and
     # JSON validity: rate difference against the production-vs-control noise floor.
@@ -56,6 +60,10 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # `quantized` must show cost per output token below this ratio.
     goal_ttft_ratio: float = 1.0
     goal_cost_ratio: float = 1.0
+
+    # Sessions: a gap longer than this between two turns of one session ends a unit of
+    # independence; a unit is used once it is this old (and older than the candidate's timeout).
+    session_idle_s: float = 30.0
 
     # Gates.
     min_pairs: int = 200  # promote needs at least this many usable pairs
@@ -125,6 +133,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             "slo_e2e_s",
             "goal_ttft_ratio",
             "goal_cost_ratio",
+            "session_idle_s",
             "min_pairs",
             "min_metric_pairs",
             "hl_max_pairs",
@@ -138,3 +147,15 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             problems.append("min_discordant must be >= 0")
         if problems:
             raise ValueError("; ".join(problems))
+
+
+# The strict preset (`--strict`): the margins of a slow, careful rollout. At least 4,708 units
+# for the failure margin and ~940 for agreement: many hours at tens of req/s sampled at 10 %.
+STRICT: dict[str, float] = {
+    "alpha": 0.025,
+    "error_delta": 0.001,
+    "error_critical": 0.01,
+    "agreement_delta": 0.005,
+    "slo_exceedance_delta": 0.005,
+    "latency_delta": 1.03,
+}

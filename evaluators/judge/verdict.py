@@ -10,6 +10,12 @@ Rules (STATISTICS.md), on always-valid p-values so any number of looks stays hon
   sampled copies >= `min_coverage`. Kinds without a goal promote on non-inferiority alone.
 * hold — otherwise, naming the undecided metrics and about how many more pairs each needs.
 
+A gating metric that cannot be judged fairly or at all is "ungated" and says why: without a
+control, latency (no same-load reference) and agreement (no noise floor); with no usable pair,
+any metric. An ungated goal keeps the verdict from promoting (a goal not shown is not met; the
+verdict says which and why); any other ungated metric only stops gating, and is named in the
+verdict line and the reasons so it never drops out of the verdict unnoticed.
+
 `decide_arrays` is vectorized (metrics on axis 0, then runs/looks) so the simulation tests run
 the very rules a report runs.
 """
@@ -40,6 +46,7 @@ STATUSES: tuple[Status, ...] = (
     "improved",
     "beyond",
     "critical",
+    "ungated",
 )
 _S = {name: i for i, name in enumerate(STATUSES)}
 
@@ -120,13 +127,19 @@ def judge(
 ) -> tuple[VerdictName, list[Reason]]:
     """Set each result's status and reason; return the verdict and its reasons, gates first."""
     s = settings
+    for r in results:
+        if r.gating and r.status == "n/a" and not r.ungated:
+            # Nothing measurable (no such pairs, no closed unit yet): say so, do not gate.
+            r.status, r.ungated = "ungated", r.reason or "no data"
+            r.ungated_blocks = r.role == "goal"  # a goal not shown is not a goal met
+            r.reason = f"not gating: {r.ungated}"
     judged = [r for r in results if r.status == "undecided"]  # the ones judge_* produced
     coverage_ok = coverage is None or coverage >= s.min_coverage
     reasons: list[Reason] = []
     if judged:
         evidence = [
             Evidence(
-                np.array(float(r.n)),
+                np.array(float(r.units if r.units is not None else r.n)),
                 np.array(_p(r.p_inside)),
                 np.array(_p(r.p_beyond)),
                 np.array(_p(r.p_critical)),
@@ -147,8 +160,12 @@ def judge(
             r.status = STATUSES[int(code)]
             if r.status != "undecided":
                 r.more_pairs = None  # only an open question has "pairs still needed"
+                r.eta_s = None
             r.reason = reason_line(r, s, planned)
     else:
+        verdict = "hold"
+    blocking = [r for r in results if r.status == "ungated" and r.ungated_blocks]
+    if verdict == "promote" and blocking:
         verdict = "hold"
     for r in results:
         if not r.reason:
@@ -200,11 +217,18 @@ def reason_line(r: MetricResult, s: VerdictSettings, planned: bool) -> str:
     """One line: the estimate with its interval and n, and what it means for the verdict."""
     if r.status == "n/a":
         return r.reason or "no data"
+    if r.status == "ungated" and (r.n == 0 or r.estimate is None):
+        return f"not gating: {r.ungated}"
     if r.status == "insufficient":  # no number that would look precise
         return r.reason or f"insufficient data: n={r.n:,} < {s.min_metric_pairs} pairs"
-    head = f"{fmt(r, r.estimate)} [{fmt(r, r.ci_low)}, {fmt(r, r.ci_high)}] n={r.n:,}"
+    units = f" ({r.units:,} sessions)" if r.units is not None and r.units < r.n else ""
+    head = f"{fmt(r, r.estimate)} [{fmt(r, r.ci_low)}, {fmt(r, r.ci_high)}] n={r.n:,}{units}"
     more = f"; ≈{r.more_pairs:,} more pairs" if r.more_pairs else ""
+    if r.more_pairs and r.eta_s is not None:
+        more += f" (≈{fmt_duration(r.eta_s)} at the observed pair rate)"
     match r.status:
+        case "ungated":
+            return f"{head}: not gating: {r.ungated}"
         case "critical":
             return f"{head}: beyond the critical margin {fmt_margin(r, r.critical_margin)}"
         case "beyond":
@@ -223,18 +247,40 @@ def reason_line(r: MetricResult, s: VerdictSettings, planned: bool) -> str:
     return head
 
 
+def fmt_duration(seconds: float) -> str:
+    """A duration as 45 s, 12 min, 3.5 h or 2.1 days."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
 def summary(verdict: VerdictName, results: list[MetricResult], reasons: list[Reason]) -> str:
     """The verdict in one sentence."""
     if verdict == "reject":
         bad = [r.label for r in results if r.status in ("critical", "beyond") and r.gating]
         return "reject: harm shown on " + ", ".join(bad)
     if verdict == "promote":
-        return "promote: every guardrail within its margin" + (
+        line = "promote: every guardrail within its margin" + (
             ", goal shown" if any(r.role == "goal" for r in results) else ""
         )
+        ungated = [r.label for r in results if r.status == "ungated" and r.n]
+        if ungated:
+            line += "; not gating (see below): " + ", ".join(ungated)
+        return line
     parts = [f"{g.metric} {g.status}" for g in reasons[:2] if g.status != "ok"]
     for r in results:
         if r.gating and r.status in ("undecided", "insufficient", "beyond"):
-            more = f" (≈{r.more_pairs:,} more pairs)" if r.more_pairs else ""
-            parts.append(f"{r.label} {r.status}{more}")
+            more = f" (≈{r.more_pairs:,} more pairs" if r.more_pairs else ""
+            if more and r.eta_s is not None:
+                more += f", ≈{fmt_duration(r.eta_s)}"
+            parts.append(f"{r.label} {r.status}{more}{')' if more else ''}")
+    blocked = [r.label for r in results if r.status == "ungated" and r.ungated_blocks]
+    if blocked:
+        parts.append(
+            "cannot promote without a fair reference for " + ", ".join(blocked) + " (see below)"
+        )
     return "hold: " + ("; ".join(parts) if parts else "nothing decided yet")

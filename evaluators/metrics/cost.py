@@ -20,9 +20,10 @@ from evaluators.judge.metric import (
     MetricSpec,
     empty_result,
     judge_mean,
+    ungate,
 )
 from evaluators.judge.settings import VerdictSettings
-from evaluators.metrics.latency import both_ok, log_ratio
+from evaluators.metrics.latency import NO_SAME_LOAD, both_ok, log_ratio
 from evaluators.metrics.throughput import Row
 
 CAVEAT = (
@@ -66,12 +67,13 @@ def cost(ctx: EvalContext) -> list[MetricResult]:
             )
         ]
     cand, ref, ok = both_ok(ctx)
-    x, _ = log_ratio(cand.tpot, ref.tpot, ok)
+    x, use = log_ratio(cand.tpot, ref.tpot, ok)
     if len(x) == 0:
         return [empty_result(spec, ctx.reference, "no pair with more than one output token")]
     x = x + math.log(price_c / price_l)
     detail: Detail = {"price_ratio": price_c / price_l}
-    return [judge_mean(spec, x, ctx, reference=ctx.reference, detail=detail)]
+    res = judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)
+    return [res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=True)]
 
 
 def cost_table(ctx: EvalContext, loads: dict[str, Row]) -> dict[str, Row]:

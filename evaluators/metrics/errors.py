@@ -77,7 +77,7 @@ def failures(ctx: EvalContext) -> list[MetricResult]:
         if code and count:
             detail[f"candidate_{ERROR_KINDS[code]}"] = int(count)
     d = bad_c.astype(np.float64) - bad_r.astype(np.float64)
-    res = judge_bounded(spec, d, ctx, reference=ctx.reference, detail=detail)
+    res = judge_bounded(spec, d, ctx, use=use, reference=ctx.reference, detail=detail)
     if np.isnan(mn.p) and len(d):
         res.notes.append(
             f"McNemar p withheld: {mn.worse + mn.better} discordant pairs < {s.min_discordant}"
@@ -108,7 +108,7 @@ def timeouts(ctx: EvalContext) -> list[MetricResult]:
         "mcnemar_p": mn.p if np.isfinite(mn.p) else None,
     }
     d = to_c.astype(np.float64) - to_r.astype(np.float64)
-    return [judge_bounded(spec, d, ctx, reference=ctx.reference, detail=detail)]
+    return [judge_bounded(spec, d, ctx, use=use, reference=ctx.reference, detail=detail)]
 
 
 def lost(ctx: EvalContext) -> list[MetricResult]:

@@ -22,19 +22,25 @@ from evaluators.judge.metric import (
     empty_result,
     judge_bounded,
     judge_mean,
+    ungate,
 )
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs.types import ArmColumns
 from evaluators.stats.paired import bootstrap_quantile_ratio, hodges_lehmann, mcnemar, subsample
-from evaluators.stats.sequential import benjamini_hochberg
+from evaluators.stats.sequential import MeanStat
 
 F = NDArray[np.float64]
 B = NDArray[np.bool_]
 
+# Without a control, production ran at its own live load and the candidate at the mirrored one:
+# a latency difference mixes the configuration with the load, so nothing is decided on it.
+NO_SAME_LOAD = (
+    "no control: production's latency is at its live load, not the candidate's, so this is "
+    "not a fair comparison; register a control (kind = control) to gate on it"
+)
+
 # Turn buckets of the by-turn table: 1, 2, 3, 4, and 5 or more.
 TURN_BUCKETS = 5
-# Descriptive tables (by turn, slices) compute Hodges–Lehmann on at most this many pairs.
-TABLE_HL_PAIRS = 5000
 
 
 def both_ok(ctx: EvalContext) -> tuple[ArmColumns, ArmColumns, B]:
@@ -53,16 +59,22 @@ def log_ratio(cand: NDArray[np.float32], ref: NDArray[np.float32], mask: B) -> t
 
 
 def hl_detail(x: F, ctx: EvalContext, c: F, r: F) -> Detail:
-    """Hodges–Lehmann ratio with its 95 % interval, Wilcoxon p and per-arm medians."""
-    hl = hodges_lehmann(x, 0.05, ctx.settings.hl_max_pairs)
-    return {
+    """Per-arm medians, and at planned looks the Hodges–Lehmann ratio with its fixed-sample
+    interval (at the report's one level, 1 - 2α) and the Wilcoxon p: fixed-sample numbers are
+    computed only where a fixed-sample reading is valid, and decide nothing."""
+    medians: Detail = {
+        "median_candidate_s": float(np.median(c)) if len(c) else None,
+        "median_reference_s": float(np.median(r)) if len(r) else None,
+    }
+    if not ctx.planned_look:
+        return medians
+    hl = hodges_lehmann(x, 2 * ctx.settings.alpha, ctx.settings.hl_max_pairs)
+    return medians | {
         "hl_ratio": float(np.exp(hl.estimate)),
         "hl_low": float(np.exp(hl.low)) if np.isfinite(hl.low) else None,
         "hl_high": float(np.exp(hl.high)) if np.isfinite(hl.high) else None,
         "hl_n": hl.n,
         "wilcoxon_p": hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
-        "median_candidate_s": float(np.median(c)) if len(c) else None,
-        "median_reference_s": float(np.median(r)) if len(r) else None,
     }
 
 
@@ -75,17 +87,12 @@ def _latency(
     c_all, r_all = getattr(cand, field), getattr(ref, field)
     x, use = log_ratio(c_all, r_all, ok)
     if len(x) == 0:
-        return empty_result(spec, ctx.reference, "no pair where both arms answered")
-    groups = ctx.session_groups
+        why = f"no pair where both arms answered with a measurable {field.upper()}"
+        return empty_result(spec, ctx.reference, why)
     detail = hl_detail(x, ctx, c_all[use].astype(np.float64), r_all[use].astype(np.float64))
-    return judge_mean(
-        spec,
-        x,
-        ctx,
-        reference=ctx.reference,
-        detail=detail,
-        groups=None if groups is None else groups[use],
-    )
+    res = judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)
+    # A goal that cannot be shown fairly blocks promotion; a guardrail only stops gating.
+    return res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=spec.role == "goal")
 
 
 def latency_spec(s: VerdictSettings, name: str, label: str, critical: bool = True) -> MetricSpec:
@@ -146,6 +153,27 @@ def e2e(ctx: EvalContext) -> list[MetricResult]:
     return [_latency(ctx, latency_spec(ctx.settings, "e2e", "E2E"), "e2e")]
 
 
+def first_turn_spec(s: VerdictSettings) -> MetricSpec:
+    """TTFT on the first turn of a session: critical for kinds in `kinds.GATES_FIRST_TURN`."""
+    return MetricSpec(
+        name="ttft_first_turn",
+        label="TTFT, turn 1",
+        role="critical",
+        harm="higher",
+        scale="ratio",
+        delta=s.latency_delta,
+        critical=s.latency_critical,
+        unit="ratio",
+    )
+
+
+def ttft_first_turn(ctx: EvalContext) -> list[MetricResult]:
+    """TTFT on turn 1: a KV-reuse candidate can trade turn 1 for later turns, so it is gated."""
+    if ctx.candidate.kind not in kinds.GATES_FIRST_TURN:
+        return []
+    return [_latency(ctx, first_turn_spec(ctx.settings), "ttft", extra=ctx.pairs.turn == 0)]
+
+
 def ttft_later_turns(ctx: EvalContext) -> list[MetricResult]:
     """TTFT on turns >= 2 of a conversation: the goal of a KV-reuse (`bi-kv`) candidate."""
     spec = later_turns_spec(ctx.settings, ctx.candidate.kind)
@@ -180,7 +208,8 @@ def slo_exceedance(ctx: EvalContext) -> list[MetricResult]:
             "mcnemar_p": mn.p if np.isfinite(mn.p) else None,
         }
         d = over_c.astype(np.float64) - over_r.astype(np.float64)
-        out.append(judge_bounded(spec, d, ctx, reference=ctx.reference, detail=detail))
+        res = judge_bounded(spec, d, ctx, use=use, reference=ctx.reference, detail=detail)
+        out.append(res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=False))
     return out
 
 
@@ -231,8 +260,33 @@ def tail_quantiles(ctx: EvalContext) -> list[MetricResult]:
     return out
 
 
+def _table_row(ctx: EvalContext, x: F, use: B, k: int) -> dict[str, float | int | str | None]:
+    """A table row on the verdict's estimand: exp(mean over units of the unit's mean log-ratio),
+    with an always-valid interval at α / k (Bonferroni over the table's k rows, so that at every
+    look the whole table errs with probability <= α), and its always-valid two-sided p."""
+    s = ctx.settings
+    v, _, n = ctx.units.means(x, use)
+    row: dict[str, float | int | str | None] = {"n": n, "units": len(v)}
+    if len(v) < 2:
+        return row
+    stat = MeanStat(v, None, tau=s.latency_tau, sigma_floor=s.latency_sigma_floor)
+    lo, hi = stat.bounds(s.alpha / k)
+    p = min(1.0, 2 * float(min(stat.p(0.0, "below")[0], stat.p(0.0, "above")[0])))
+    row.update(
+        ratio=float(np.exp(stat.mean[0])),
+        ci_low=float(np.exp(lo[0])),
+        ci_high=float(np.exp(hi[0])),
+        p=p,
+    )
+    return row
+
+
 def ttft_by_turn(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
-    """Rows of the TTFT-by-turn table: per turn bucket, n, medians per arm, ratio and interval."""
+    """Rows of the TTFT-by-turn table: per turn bucket, n, medians per arm, ratio and interval.
+
+    The ratio is the verdict's estimand and its interval always-valid (Bonferroni over the
+    buckets), so the table can be read at every look.
+    """
     ps = ctx.pairs
     cand, ref, ok = both_ok(ctx)
     turn = np.minimum(ps.turn.astype(np.int64) + 1, TURN_BUCKETS)
@@ -240,16 +294,13 @@ def ttft_by_turn(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
     for bucket in range(1, TURN_BUCKETS + 1):
         x, use = log_ratio(cand.ttft, ref.ttft, ok & (turn == bucket))
         label = f"{bucket}+" if bucket == TURN_BUCKETS else str(bucket)
-        row: dict[str, float | int | str | None] = {"turn": label, "n": len(x)}
+        row: dict[str, float | int | str | None] = {"turn": label}
+        row.update(_table_row(ctx, x, use, TURN_BUCKETS))
         if len(x):
-            hl = hodges_lehmann(x, 0.05, min(TABLE_HL_PAIRS, ctx.settings.hl_max_pairs))
             row.update(
                 median_candidate_s=float(np.median(cand.ttft[use])),
                 median_reference_s=float(np.median(ref.ttft[use])),
                 median_production_s=float(np.nanmedian(ps.production.ttft[use])),
-                ratio=float(np.exp(hl.estimate)),
-                ci_low=float(np.exp(hl.low)) if np.isfinite(hl.low) else None,
-                ci_high=float(np.exp(hl.high)) if np.isfinite(hl.high) else None,
                 cached_fraction_candidate=_cached_fraction(cand, use),
                 cached_fraction_reference=_cached_fraction(ref, use),
             )
@@ -266,9 +317,11 @@ def _cached_fraction(arm: ArmColumns, use: B) -> float | None:
 
 
 def ttft_slices(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
-    """TTFT ratio per diagnostic slice (turn, prompt length, model, streaming), BH-adjusted.
+    """TTFT ratio per diagnostic slice (turn, prompt length, model, streaming); never gating.
 
-    Reported, never gating: q-values control the false-discovery rate across the slices.
+    Each row is the verdict's estimand with an always-valid interval at α / k and `q` its
+    always-valid p-value times k (Bonferroni over the k slices), so no look of the table
+    shows a slice "significant" by chance with probability above α.
     """
     ps = ctx.pairs
     cand, ref, ok = both_ok(ctx)
@@ -287,26 +340,16 @@ def ttft_slices(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
             slices.append(("prompt tokens", name, known & (bins == b)))
     if len(ps.models) > 1:
         slices.extend(("model", m or "?", ps.model == i) for i, m in enumerate(ps.models))
+    k = len(slices)
     rows: list[dict[str, float | int | str | None]] = []
-    pvals = []
     for dim, value, mask in slices:
-        x, _ = log_ratio(cand.ttft, ref.ttft, ok & mask)
+        x, use = log_ratio(cand.ttft, ref.ttft, ok & mask)
         if len(x) < 10:
             continue
-        hl = hodges_lehmann(x, 0.05, min(TABLE_HL_PAIRS, ctx.settings.hl_max_pairs))
-        rows.append(
-            {
-                "slice": dim,
-                "value": value,
-                "n": len(x),
-                "ratio": float(np.exp(hl.estimate)),
-                "ci_low": float(np.exp(hl.low)) if np.isfinite(hl.low) else None,
-                "ci_high": float(np.exp(hl.high)) if np.isfinite(hl.high) else None,
-                "p": hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
-            }
-        )
-        pvals.append(hl.p_wilcoxon)
-    q = benjamini_hochberg(np.array(pvals, dtype=np.float64))
-    for row, qv in zip(rows, q, strict=True):
-        row["q"] = float(qv) if np.isfinite(qv) else None
+        row: dict[str, float | int | str | None] = {"slice": dim, "value": value}
+        row.update(_table_row(ctx, x, use, k))
+        p = row.get("p")
+        row["q"] = min(1.0, k * p) if isinstance(p, float) else None
+        if "ratio" in row:
+            rows.append(row)
     return rows

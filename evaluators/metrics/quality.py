@@ -4,9 +4,10 @@ Production's output is the reference for quality. LLM outputs differ run to run 
 temperature 0 (batching), so every agreement metric is judged against the noise floor, the
 production-vs-control disagreement, when a control runs: per exchange,
 1{candidate differs from production} - 1{control differs from production}. Without a control
-the noise floor is taken as 0 and the report says so (the candidate is then blamed for all the
-engine's own nondeterminism). JSON validity compares each arm's own validity (candidate minus
-control, else minus production); output length is the ratio candidate / control (else / prod).
+the floor is unknown: the disagreement is shown against 0 but does not gate (assuming a floor of
+0 would reject every candidate of a nondeterministic engine), and the verdict says so.
+JSON validity compares each arm's own validity (candidate minus control, else minus
+production); output length is the ratio candidate / control (else / production).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from evaluators.judge.metric import (
     empty_result,
     judge_bounded,
     judge_mean,
+    ungate,
 )
 from evaluators.judge.settings import VerdictSettings
 from evaluators.stats.paired import hodges_lehmann, mcnemar
@@ -31,6 +33,10 @@ F = NDArray[np.float64]
 B = NDArray[np.bool_]
 
 NO_CONTROL = "no control: the noise floor is assumed to be 0"
+NO_FLOOR = (
+    "no control: the engine's own run-to-run disagreement (the noise floor) is unknown, so "
+    "agreement does not gate; register a control (kind = control) to gate on it"
+)
 # The agreement metrics (plotted against the noise floor in the HTML report).
 AGREEMENT = ("exact_match", "json_validity", "tool_calls", "finish_reason")
 
@@ -63,7 +69,7 @@ def _against_floor(
     res = _paired_rate(ctx, spec, bad_c, np.zeros_like(bad_c), applicable, extra)
     if res.n:
         res.notes.append(NO_CONTROL)
-    return res
+    return ungate(res, NO_FLOOR, blocks=False)
 
 
 def _paired_rate(
@@ -89,7 +95,7 @@ def _paired_rate(
         "mcnemar_p": mn.p if np.isfinite(mn.p) else None,
     }
     detail.update(extra or {})
-    return judge_bounded(spec, c - r, ctx, reference=reference, detail=detail)
+    return judge_bounded(spec, c - r, ctx, use=use, reference=reference, detail=detail)
 
 
 def _tri(values: NDArray[np.int8], bad_when: int) -> F:
@@ -163,17 +169,20 @@ def similarity(ctx: EvalContext) -> list[MetricResult]:
     if not np.any(use):
         return [empty_result(spec, reference, "no pair with both texts stored")]
     d = sim_c[use] - sim_k[use]
-    hl = hodges_lehmann(d, 0.05, s.hl_max_pairs)
     detail: Detail = {
         "mean_candidate": float(sim_c[use].mean()),
         "mean_control": float(sim_k[use].mean()) if has_floor else None,
-        "hl_difference": hl.estimate,
-        "hl_low": hl.low if np.isfinite(hl.low) else None,
-        "hl_high": hl.high if np.isfinite(hl.high) else None,
-        "wilcoxon_p": hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
         "sample_fraction": ps.similarity_fraction,
     }
-    res = judge_bounded(spec, d, ctx, reference=reference, detail=detail)
+    if ctx.planned_look:  # fixed-sample numbers only where a fixed-sample reading is valid
+        hl = hodges_lehmann(d, 2 * s.alpha, s.hl_max_pairs)
+        detail.update(
+            hl_difference=hl.estimate,
+            hl_low=hl.low if np.isfinite(hl.low) else None,
+            hl_high=hl.high if np.isfinite(hl.high) else None,
+            wilcoxon_p=hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
+        )
+    res = judge_bounded(spec, d, ctx, use=use, reference=reference, detail=detail)
     if not has_floor:
         res.notes.append(NO_CONTROL + " (1.0 = identical): diagnostic only")
     if ps.similarity_fraction < 1:
@@ -236,15 +245,16 @@ def output_length(ctx: EvalContext) -> list[MetricResult]:
     if not np.any(use):
         return [empty_result(spec, ctx.reference, "no pair with token counts")]
     x = np.log(c[use] / r[use])
-    hl = hodges_lehmann(x, 0.05, s.hl_max_pairs)
     detail: Detail = {
-        "hl_ratio": float(np.exp(hl.estimate)),
-        "wilcoxon_p": hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None,
         "mean_tokens_candidate": float(c[use].mean()),
         "mean_tokens_reference": float(r[use].mean()),
         "counted_from_chunks": int(np.count_nonzero(ps.candidate.tokens_from_chunks[use])),
     }
-    res = judge_mean(spec, x, ctx, reference=ctx.reference, detail=detail)
+    if ctx.planned_look:  # fixed-sample numbers only where a fixed-sample reading is valid
+        hl = hodges_lehmann(x, 2 * s.alpha, s.hl_max_pairs)
+        detail["hl_ratio"] = float(np.exp(hl.estimate))
+        detail["wilcoxon_p"] = hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None
+    res = judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)
     if detail["counted_from_chunks"]:
         res.notes.append("some token counts were counted from chunks (no usage reported)")
     return [res]

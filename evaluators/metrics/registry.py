@@ -18,6 +18,8 @@ EVALUATORS: tuple[Evaluator, ...] = (
     # goals first: they are why the candidate exists
     latency.ttft_later_turns,
     cost.cost,
+    # what a kind must not trade for its goal (turn 1 of a KV-reuse candidate)
+    latency.ttft_first_turn,
     # latency
     latency.ttft,
     latency.tpot,

@@ -41,7 +41,7 @@ def decode_speed(ctx: EvalContext) -> list[MetricResult]:
     detail = hl_detail(x, ctx, speed_c, speed_r)
     detail["median_candidate_tps"] = detail.pop("median_candidate_s")
     detail["median_reference_tps"] = detail.pop("median_reference_s")
-    return [judge_mean(spec, x, ctx, reference=ctx.reference, detail=detail)]
+    return [judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)]
 
 
 def arm_load(pairs: PairSet, name: str) -> Row:

@@ -76,7 +76,8 @@ def _caveats(
     if not ctx.has_control:
         out.append(
             "no control candidate: latency is compared with production, which ran at a "
-            "different load, and the quality noise floor is assumed to be 0"
+            "different load, and agreement with an unknown noise floor, so neither gates "
+            "(the candidate cannot be promoted on latency); register a control (kind = control)"
         )
     dropped = sum(accounting.get(k, 0) for k in ("dropped_overflow", "dropped_oversize"))
     dropped += accounting.get("shed_overload", 0)
@@ -85,19 +86,45 @@ def _caveats(
             f"{dropped:,} sampled copies were dropped before reaching the candidate; drops "
             "happen under load, so the observed pairs under-represent busy periods"
         )
-    if ctx.session_groups is not None:
+    if ctx.units.by_session:
         out.append(
-            "sampling by session: latency intervals use session-robust variances and bootstraps "
-            "resample whole sessions; rate intervals treat the pairs as independent"
+            "sampling by session: every gating interval bets on whole sessions (each session's "
+            "mean per-pair difference), so n counts sessions as the unit of independence, and "
+            "bootstraps resample whole sessions"
+        )
+    if ctx.units.open_pairs:
+        out.append(
+            f"{ctx.units.open_pairs:,} pairs wait for their session to end (idle "
+            f"{ctx.settings.session_idle_s:g} s) or their copies' timeout: a look uses only "
+            "pairs whose outcome cannot change any more"
         )
     out.append(cost.CAVEAT)
     out.append(
-        "intervals are always-valid (each bound holds at level α over every look); "
-        "Hodges–Lehmann intervals and McNemar/Wilcoxon p-values are fixed-sample estimates"
+        f"intervals are always-valid (each bound holds at one-sided level α = "
+        f"{ctx.settings.alpha:g} over every look, i.e. {1 - 2 * ctx.settings.alpha:.0%} "
+        "two-sided); Hodges–Lehmann estimates and McNemar/Wilcoxon p-values in the details "
+        "are fixed-sample and decide nothing"
     )
     if any(r.more_pairs and r.more_pairs > 0 for r in results if r.gating):
         out.append("'more pairs' extrapolates the interval's shrink rate: a rough guide only")
     return out
+
+
+def pair_rate(pairs: PairSet, used: int) -> float | None:
+    """Usable pairs per second over the window, or None when the window has no length."""
+    t = pairs.received_at[: pairs.n]
+    if used < 2 or len(t) < 2:
+        return None
+    span = float(np.nanmax(t) - np.nanmin(t))
+    return used / span if span > 0 else None
+
+
+def _set_eta(results: list[MetricResult], pairs: PairSet, used: int) -> None:
+    """Seconds until each metric's `more_pairs` arrive at the observed pair rate."""
+    rate = pair_rate(pairs, used)
+    for r in results:
+        if rate and r.more_pairs:
+            r.eta_s = r.more_pairs / rate
 
 
 def build_report(
@@ -109,10 +136,14 @@ def build_report(
     accounting: dict[str, int],
     settings: VerdictSettings,
     planned_look: bool = False,
+    as_of: float | None = None,
+    trajectories: bool = True,
 ) -> Report:
     """The report for one candidate over the given pairs (pure: no IO, no clock but the stamp).
 
-    The candidate's own `verdict_overrides` are applied on top of `settings`.
+    The candidate's own `verdict_overrides` are applied on top of `settings`. `as_of` is "now"
+    for deciding which sessions are over and which copies may still answer (None: all of the
+    given pairs are final); `trajectories=False` skips the interval-against-pairs plot data.
     """
     if candidate.verdict_overrides:
         settings = settings.with_overrides(candidate.verdict_overrides)
@@ -123,11 +154,14 @@ def build_report(
         live=live,
         control=control,
         planned_look=planned_look,
+        as_of=as_of,
+        trajectories=trajectories,
     )
     results = run_all(ctx)
     _, _, ok = latency.both_ok(ctx)
     used = int(np.count_nonzero(ok))
     coverage = coverage_of(accounting, pairs)
+    _set_eta(results, pairs, used)
     verdict, reasons = judge(
         results, n_pairs=used, coverage=coverage, planned=planned_look, settings=settings
     )
@@ -195,6 +229,11 @@ async def evaluate(
     finally:
         close()
     accounting = await store.load_accounting(engine, candidate_name)
+    # Units close against the clock: a live look must not use sessions still under way. "Now"
+    # is never before the newest pair: a replica's clock may run ahead of this one's.
+    now = time.time() if until is None else min(until, time.time())
+    newest = float(np.nanmax(ps.received_at[: ps.n])) if ps.n else now
+    as_of = max(now, newest)
     # The statistics are CPU work: run them off the event loop, so a report requested from a
     # running gateway (admin API, rollout gate) never stalls the proxy for its whole duration.
     return await asyncio.to_thread(
@@ -206,4 +245,5 @@ async def evaluate(
         accounting=accounting,
         settings=settings,
         planned_look=planned_look,
+        as_of=as_of,
     )

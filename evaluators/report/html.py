@@ -1,7 +1,8 @@
 """One self-contained HTML page: the text report's sections as tables, plus inline SVG plots.
 
-Plots: latency CDFs per arm (TTFT, E2E), TTFT ratio by turn with intervals, and agreement
-metrics against the production-vs-control noise floor. No scripts, no external resources.
+Plots: latency CDFs per arm (TTFT, E2E), TTFT ratio by turn with intervals, each gating
+metric's always-valid interval against pairs with its margin (the decision coming), and
+agreement metrics against the production-vs-control noise floor. No scripts, no external resources.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 import time
 from html import escape
 
+from evaluators.judge.metric import MetricResult
 from evaluators.metrics.quality import AGREEMENT
 from evaluators.metrics.throughput import CDF_LEVELS
 from evaluators.report import svg
@@ -34,6 +36,21 @@ def _num(v: object) -> float:
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else math.nan
 
 
+def _lines(m: MetricResult) -> dict[str, float]:
+    """The horizontal references of a metric's trajectory plot: its margins and no change."""
+    out: dict[str, float] = {"no change": 1.0 if m.scale == "ratio" else 0.0}
+    if m.goal is not None:
+        out["goal"] = m.goal
+    for label, value in (("margin", m.margin), ("critical", m.critical_margin)):
+        if value is None:
+            continue
+        if m.harm in ("higher", "both"):
+            out[label] = value
+        if m.harm in ("lower", "both"):
+            out[label + " (low)"] = 1 / value if m.scale == "ratio" else -value
+    return out
+
+
 def _plots(report: Report) -> list[str]:
     out = []
     for field, label in (("ttft_cdf", "TTFT"), ("e2e_cdf", "E2E")):
@@ -52,6 +69,11 @@ def _plots(report: Report) -> list[str]:
             [_num(r.get("ci_low")) for r in rows],
             [_num(r.get("ci_high")) for r in rows],
         )
+    )
+    out.extend(
+        svg.trajectory_chart(f"{m.label}: interval against pairs", m.trajectory, _lines(m))
+        for m in report.metrics.values()
+        if m.gating and len(m.trajectory) >= 2
     )
     agree = [m for m in report.metrics.values() if m.name in AGREEMENT and m.n]
     out.append(

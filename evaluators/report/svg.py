@@ -186,3 +186,47 @@ def paired_bars(
     body.append(_legend(0, names[0], "#d9480f"))
     body.append(_legend(1, names[1], "#1c7ed6"))
     return _frame(title, body)
+
+
+def trajectory_chart(
+    title: str,
+    points: Sequence[Sequence[float | None]],
+    lines: Mapping[str, float],
+    *,
+    y_fmt: str = "g",
+) -> str:
+    """An always-valid interval against pairs: `points` are [pairs, low, high]; `lines` are
+    horizontal references (the margin, the goal, no change) by label."""
+    pts = [
+        (float(p[0] or 0), float(p[1]), float(p[2]))
+        for p in points
+        if p[1] is not None and p[2] is not None and math.isfinite(p[1]) and math.isfinite(p[2])
+    ]
+    if len(pts) < 2:
+        return _frame(title + " (too few looks)", [])
+    values = [v for _, lo, hi in pts for v in (lo, hi)] + list(lines.values())
+    # The first looks' intervals can be very wide: clip the axis to 3 × the spread of the rest.
+    ref = [*lines.values(), pts[-1][1], pts[-1][2]]
+    span = max(ref) - min(ref) or abs(ref[0]) or 1.0
+    y_lo = max(min(values), min(ref) - 3 * span)
+    y_hi = min(max(values), max(ref) + 3 * span)
+    body, sx, sy = _axes(
+        (pts[0][0], pts[-1][0]), (y_lo, y_hi), ("pairs", "always-valid interval"), y_fmt=y_fmt
+    )
+
+    def clip(v: float) -> float:
+        return sy(min(max(v, y_lo), y_hi))
+
+    band = [f"{sx(x):.1f},{clip(hi):.1f}" for x, _, hi in pts]
+    band += [f"{sx(x):.1f},{clip(lo):.1f}" for x, lo, _ in reversed(pts)]
+    body.append(f'<polygon points="{" ".join(band)}" fill="#d9480f" fill-opacity="0.25"/>')
+    for i, (label, value) in enumerate(lines.items()):
+        if y_lo <= value <= y_hi:
+            y = sy(value)
+            body.append(
+                f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" '
+                f'stroke="{_FALLBACK[i % len(_FALLBACK)]}" stroke-dasharray="5 3"/>'
+                f'<text x="{W - PAD_R - 2}" y="{y - 3:.1f}" text-anchor="end">'
+                f"{escape(label)}</text>"
+            )
+    return _frame(title, body)

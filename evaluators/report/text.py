@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from evaluators.judge.metric import MetricResult
-from evaluators.judge.verdict import fmt
+from evaluators.judge.verdict import fmt, fmt_duration
 from evaluators.report.model import Report
 
 WIDTH = 80
@@ -43,6 +43,11 @@ def _estimate(r: MetricResult) -> str:
     return "–" if r.status == "insufficient" else fmt(r, r.estimate)
 
 
+def _to_go(r: MetricResult) -> str:
+    """The ETA of an undecided metric's pairs still needed, at the observed pair rate."""
+    return f"≈{fmt_duration(r.eta_s)}" if r.eta_s is not None else "–"
+
+
 def _table(header: Sequence[str], rows: list[list[str]], align: str) -> list[str]:
     """Fixed-width columns; `align` has one "<" or ">" per column."""
     widths = [
@@ -69,6 +74,16 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
     header = ["metric", "role", "estimate", "interval", "n", "status"]
     title = "Metrics (role: * critical, + guardrail, ^ goal; intervals always-valid)"
     out.append((title, header, rows, "<<>>><"))
+    rows = [
+        [r.label, f"{r.more_pairs:,}", _to_go(r)]
+        for r in report.metrics.values()
+        if r.gating and r.status == "undecided" and r.more_pairs
+    ]
+    if rows:
+        header = ["undecided metric", "pairs still needed", "ETA at the observed pair rate"]
+        out.append(
+            ("To decide (rough: extrapolates the interval's shrink rate)", header, rows, "<>>")
+        )
     acc = report.accounting
     rows = [[name, f"{value:,}"] for name, value in acc.items()]
     out.append(("Copy accounting", ["counter", "copies"], rows, "<>"))
@@ -84,8 +99,9 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
         ]
         for row in report.ttft_by_turn
     ]
-    header = ["turn", "n", "cand s", "ref s", "ratio", "95% HL interval", "cached"]
-    out.append(("TTFT by turn (medians; ratio candidate/reference)", header, rows, "<>>>>><"))
+    header = ["turn", "n", "cand s", "ref s", "ratio", "always-valid interval", "cached"]
+    title = "TTFT by turn (medians; ratio as in the verdict; intervals always-valid)"
+    out.append((title, header, rows, "<>>>>><"))
     rows = [
         [
             arm,
@@ -112,7 +128,7 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
             ]
             for s in ttft.slices
         ]
-        header = ["slice", "n", "TTFT ratio", "95% HL interval", "BH q"]
+        header = ["slice", "n", "TTFT ratio", "always-valid interval", "adj. p"]
         out.append(("Diagnostic slices (not gating)", header, rows, "<>>><"))
     return out
 

@@ -68,9 +68,19 @@ sample_rate = 1.0
 sampling = "session"
 concurrency = 16
 price_per_hour_usd = {price}
-# Production's default failure margin (0.1 pp) needs ~3,000 pairs to show non-inferiority;
-# the demo accepts 1 pp so that it can decide within a minute.
-verdict = {{ error_delta = 0.01 }}
+# 100 sessions can show a rate within about 3.7/100 ≈ 4 pp at best (sessions are the unit of
+# independence); the defaults (0.5 pp failures, 1 pp agreement) need ~750 / ~375 sessions.
+# The demo accepts 5 pp so that it can decide within a minute; and its four simulators share
+# this machine's cores with the gateway, so their timings carry scheduling noise that a real
+# engine's would not (TPOT of the KV-keeping simulator moves with its batch): latency gets a
+# 20 % margin, under the 25 % critical one.
+[candidates.verdict]
+latency_delta = 1.2
+error_delta = 0.05
+error_critical = 0.1
+slo_exceedance_delta = 0.05
+agreement_delta = 0.05
+similarity_delta = 0.05
 """
 
 

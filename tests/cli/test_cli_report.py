@@ -73,7 +73,8 @@ def test_text_fits_80_columns(db: str, capsys: pytest.CaptureFixture[str]) -> No
 def test_html_goes_to_the_out_file(
     db: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--out writes one self-contained HTML page with inline SVG plots and no external links."""
+    """--out writes one self-contained HTML page with inline SVG plots (four fixed ones and an
+    interval-against-pairs plot per gating metric) and no external links."""
     out = tmp_path / "r.html"
     assert (
         main(["report", "cand", "--db", db, "--since", "2h", "--format", "html", "--out", str(out)])
@@ -81,7 +82,7 @@ def test_html_goes_to_the_out_file(
     )
     assert "report written to" in capsys.readouterr().out
     page = out.read_text()
-    assert page.count("<svg") == 4
+    assert page.count("<svg") > 4 and "interval against pairs" in page
     assert "<script" not in page and 'src="http' not in page and "<link" not in page
 
 
@@ -116,3 +117,13 @@ def test_parse_time_forms() -> None:
     assert parse_time("2023-11-14T22:13:20") == 1_700_000_000.0
     with pytest.raises(UsageError):
         parse_time("soon")
+
+
+def test_strict_flag_tightens_the_margins(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--strict judges with the strict preset: the failure margin becomes 0.1 pp."""
+    assert main(["report", "cand", "--db", db, "--since", "2h", "--format", "json"]) == 0
+    default = json.loads(capsys.readouterr().out)["metrics"]["errors"]["margin"]
+    args = ["report", "cand", "--db", db, "--since", "2h", "--format", "json", "--strict"]
+    assert main(args) == 0
+    strict = json.loads(capsys.readouterr().out)["metrics"]["errors"]["margin"]
+    assert (default, strict) == (0.01, 0.001)

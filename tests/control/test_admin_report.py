@@ -20,7 +20,8 @@ from tests.control.test_admin_harness import LIVE, AdminServer, admin_server, ca
 # The default failure margin needs thousands of pairs to decide; 400 suffice with these.
 FAST = {"error_delta": 0.05, "error_critical": 0.2}
 GOOD = synthetic.Scenario(control=None, candidate=synthetic.Arm(ttft_ratio=0.7, tpot_ratio=0.8))
-BAD = synthetic.Scenario(control=None, candidate=synthetic.Arm(error_rate=0.3))
+# Failing in 60 % of requests: decisive harm even with the ~85 finished sessions as the units.
+BAD = synthetic.Scenario(control=None, candidate=synthetic.Arm(error_rate=0.6))
 N_PAIRS = 400
 
 

@@ -54,7 +54,14 @@ async def _scenario(tmp: Path) -> dict[str, Any]:
                 # too; a lenient guard keeps it from shedding the copies under test.
                 "mirror_shed_loop_lag_ms": 500.0,
                 "mirror_shed_cpu_busy": 0.0,
-                "verdict": {"error_delta": 0.01},
+                # 100 sessions show a rate within ~4 pp at best (sessions are the units).
+                "verdict": {
+                    "error_delta": 0.05,
+                    "error_critical": 0.1,
+                    "slo_exceedance_delta": 0.05,
+                    "agreement_delta": 0.05,
+                    "similarity_delta": 0.05,
+                },
                 "candidates": [
                     {
                         "name": name,
@@ -105,12 +112,15 @@ def test_bi_kv_candidate_is_promoted_on_later_turn_ttft(reports: dict[str, Any])
     assert min(cached) > 0.5  # the candidate reports most of a later turn's prompt as cached
 
 
-def test_divergent_quantized_candidate_is_rejected(reports: dict[str, Any]) -> None:
-    """A candidate whose answers diverge 30 % of the time at temperature 0 is rejected."""
+def test_divergent_quantized_candidate_is_not_promoted(reports: dict[str, Any]) -> None:
+    """A candidate whose answers diverge 30 % of the time at temperature 0 is not promoted, its
+    extra disagreement shown with the session as the unit (100 sessions bound it above 0, but
+    not yet past the Holm-corrected margin, so reject waits for more sessions)."""
     report: Report = reports["quantized"]
-    assert report.verdict == "reject", report.reasons
+    assert report.verdict != "promote", report.reasons
     divergence = report.metrics["exact_match"]
     assert divergence.ci_low is not None and divergence.ci_low > 0.0
+    assert divergence.units == 100 and divergence.status in ("undecided", "beyond", "critical")
 
 
 def test_identical_candidate_is_never_rejected(reports: dict[str, Any]) -> None:

@@ -82,7 +82,7 @@ def test_latency_uses_the_control_and_only_pairs_both_answered() -> None:
         ctrl = arm(ttft=jitter(0.2, i))
         cand = arm(ttft=0.8 * jitter(0.2, i + 1)) if i % 10 else arm(status=500)
         pairs += mk(1, arm(ttft=5.0), cand, ctrl)
-    res = one(latency.ttft(ctx(pairs)))
+    res = one(latency.ttft(ctx(pairs, planned=True)))
     c = np.array([0.8 * jitter(0.2, i + 1) for i in range(100) if i % 10])
     r = np.array([jitter(0.2, i) for i in range(100) if i % 10])
     assert res.n == 90 and res.reference == "control"

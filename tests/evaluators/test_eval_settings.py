@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from evaluators.judge.settings import VerdictSettings
+from evaluators.judge.settings import STRICT, VerdictSettings
 
 
 def test_defaults_match_the_statistics_spec() -> None:
-    """The documented defaults: latency 1.05 / 1.25, errors +0.1 pp, agreement +1 pp."""
+    """The documented defaults: latency 1.05 / 1.25, errors +1 pp, agreement +1 pp; the strict
+    preset tightens errors to +0.1 pp at α = 0.025 and is itself valid."""
     s = VerdictSettings()
     s.validate()
     assert (s.latency_delta, s.latency_critical) == (1.05, 1.25)
-    assert (s.error_delta, s.agreement_delta, s.alpha) == (0.001, 0.01, 0.05)
+    assert (s.error_delta, s.agreement_delta, s.alpha) == (0.01, 0.01, 0.05)
+    strict = s.with_overrides(STRICT)
+    assert (strict.error_delta, strict.alpha) == (0.001, 0.025)
 
 
 def test_overrides_apply_and_convert_types() -> None:

@@ -5,8 +5,9 @@ looks at the evidence every 20 pairs, exactly as an operator refreshing the repo
 run's decision is the first non-hold verdict (an operator acts on it), or hold at the horizon.
 Everything the verdict uses comes from the production code: the metric specs of each evaluator,
 `evidence` over the confidence sequences of `evaluators.stats.sequential`, and `decide_arrays`.
-Only the per-pair values are drawn here directly (vectorized over runs), rather than through
-PairSet extraction, which `test_eval_report.py` covers on the same planted effects.
+Only the per-pair values are drawn here directly (vectorized over runs), independent pairs with
+no sessions: this checks the sequences and the combination rules in the model they assume.
+`test_eval_validation.py` checks the whole report path on an independent world with sessions.
 
 Model: per-request base latencies are shared by the arms (it cancels in the log-ratio); each arm
 adds independent lognormal noise (σ = 0.1, "10 % per-arm noise"); at temperature 0 the control
@@ -211,7 +212,7 @@ def test_aa_false_promote_and_false_reject() -> None:
 def test_aa_goal_alone_is_rarely_shown() -> None:
     """Under A/A each goal alone (later-turn TTFT for bi-kv, cost for quantized) is shown at
     some look in <= 5 % of 1,000 runs: the false-promote rate the verdict would have if every
-    guardrail had already passed (at 2,000 pairs the 0.1 pp error margin never has)."""
+    guardrail had already passed."""
     n = 2000
     for i, (kind, goal) in enumerate((("bi-kv", "ttft_later_turns"), ("quantized", "cost"))):
         _, _, status, names = decisions(Plant(), kind, n, runs=1000, seed=3 + i)
@@ -221,9 +222,9 @@ def test_aa_goal_alone_is_rarely_shown() -> None:
 
 
 # Planted effects: (label, plant, right decision, horizon in pairs). Promotion needs every
-# guardrail inside its margin, and the default margins are small (errors 0.1 pp: ~3,900 clean
-# pairs at least; agreement 1 pp against a noise floor), hence the 6,000-pair horizon and the
-# healthy base rates (no failures, 1 % noise floor) of the promote case.
+# guardrail inside its margin (errors and agreement 1 pp: ~380 clean independent pairs at least,
+# more against a 1 % noise floor), hence the long horizon and the healthy base rates of the
+# promote case.
 PLANTED = [
     (
         "20% faster TTFT",

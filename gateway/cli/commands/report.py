@@ -94,11 +94,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="this is a planned (final) look: guardrails beyond their margin reject (Holm), "
         "and tail quantiles are bootstrapped",
     )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="judge with the strict preset of margins (0.1 pp failures, α = 0.025; "
+        "`canary plan --strict` says how long it takes)",
+    )
     p.set_defaults(func=run)
 
 
 def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings]:
-    from evaluators.judge.settings import VerdictSettings
+    from evaluators.judge.settings import STRICT, VerdictSettings
     from gateway.process.config import load_config
 
     cfg = load_config(args.config)
@@ -108,7 +114,8 @@ def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings]:
             f"--db: must start with sqlite+aiosqlite:// or postgresql+asyncpg://, got {url!r}"
         )
     try:
-        return url, VerdictSettings().with_overrides(cfg.verdict)
+        settings = VerdictSettings().with_overrides(cfg.verdict)
+        return url, settings.with_overrides(STRICT) if args.strict else settings
     except ValueError as exc:
         raise UsageError(f"[verdict]: {exc}") from exc
 

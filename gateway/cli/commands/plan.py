@@ -1,0 +1,304 @@
+"""`canary plan`: how many pairs, and how long, each gating test needs, before an experiment.
+
+The live request rate is given (`--rate`) or measured from a running gateway's `/metrics`
+(`--gateway URL`: `canary_proxy_requests_total` read twice, `--probe-s` apart). The sizing
+itself is `evaluators.judge.plan` (pure). Exit codes: 0 plan written, 2 bad input, 1 the
+gateway could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import re
+import time
+from typing import Any
+
+import msgspec
+
+from domain.errors import CanaryError, UsageError
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_REQUESTS = re.compile(r"^canary_proxy_requests_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
+# Bound on one /metrics read: the command must not hang on a stuck gateway.
+_SCRAPE_TIMEOUT_S = 10.0
+
+
+class GatewayUnreadable(CanaryError):
+    """The gateway's /metrics could not be read."""
+
+    exit_code = 1
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    from gateway.cli.commands.candidates import subparser
+
+    p = subparser(
+        sub,
+        "plan",
+        help="size an experiment: pairs and time each guardrail needs, which one dominates",
+        description=(
+            "Before mirroring, say how long a verdict will take: for each gating test (failure "
+            "rate, agreement, SLO exceedance, latency, output length, the goal) the units of "
+            "independence (sessions when sampling by session, else requests), pairs and "
+            "wall-clock time needed to show it inside its margin at the live request rate and "
+            "sample rate, which test dominates, and with --budget the smallest margins that "
+            "fit. Margins are the verdict settings' defaults unless given; --strict uses the "
+            "strict preset. Exit codes: 0 plan written, 2 bad input, 1 the gateway failed."
+        ),
+        examples=(
+            "canary plan --rate 20 --sample-rate 0.1 --turns 6",
+            "canary plan --gateway http://127.0.0.1:8080 --sample-rate 0.1 --budget 1h",
+            "canary plan --rate 200 --sample-rate 0.05 --turns 1 --strict --format json",
+        ),
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--rate", type=float, metavar="RPS", help="live requests per second")
+    src.add_argument("--gateway", metavar="URL", help="measure the rate from this gateway")
+    p.add_argument("--probe-s", type=float, default=10.0, help="seconds between two reads")
+    p.add_argument("--sample-rate", type=float, default=0.1, help="share mirrored (0.1)")
+    p.add_argument(
+        "--turns", type=float, default=6.0, help="turns per session; 1 = sampling by request"
+    )
+    p.add_argument("--budget", metavar="DURATION", help="e.g. 1h: the margins that fit in it")
+    p.add_argument("--strict", action="store_true", help="the strict preset of margins")
+    p.add_argument("--alpha", type=float, help="one-sided error rate of every test")
+    p.add_argument("--error-delta", type=float, help="failure-rate margin (0.01 = 1 pp)")
+    p.add_argument("--agreement-delta", type=float, help="agreement margin")
+    p.add_argument("--slo-delta", type=float, help="SLO exceedance margin")
+    p.add_argument("--latency-delta", type=float, help="latency ratio margin (1.05)")
+    p.add_argument(
+        "--noise", type=float, default=0.14, help="sd of one pair's latency log-ratio (0.14)"
+    )
+    p.add_argument(
+        "--failures", type=float, default=0.001, help="share of pairs where one arm failed"
+    )
+    p.add_argument(
+        "--disagreement",
+        type=float,
+        default=0.02,
+        help="share of pairs where one of candidate / control differs at T=0 (0.02)",
+    )
+    p.add_argument(
+        "--goal-ratio", type=float, default=0.8, help="improvement the goal should show (0.8)"
+    )
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=run)
+
+
+def parse_duration(value: str) -> float:
+    """Seconds from `3600`, `90s`, `45m`, `2h` or `1d`."""
+    m = _DURATION.match(value.strip())
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"--budget: {value!r} is not a duration like 45m, 2h or 3600")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def _check(args: argparse.Namespace) -> None:
+    def bad(flag: str, value: float, rule: str) -> UsageError:
+        return UsageError(f"{flag}: {value!r} must be {rule}")
+
+    if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
+        raise bad("--rate", args.rate, "a positive number of requests per second")
+    if not 0 < args.sample_rate <= 1:
+        raise bad("--sample-rate", args.sample_rate, "in (0, 1]")
+    if not (math.isfinite(args.turns) and args.turns >= 1):
+        raise bad("--turns", args.turns, ">= 1")
+    if not 0 < args.probe_s <= 600:
+        raise bad("--probe-s", args.probe_s, "in (0, 600]")
+    if not (math.isfinite(args.noise) and args.noise > 0):
+        raise bad("--noise", args.noise, "> 0")
+    if not 0 <= args.failures < 1:
+        raise bad("--failures", args.failures, "in [0, 1)")
+    if not 0 <= args.disagreement < 1:
+        raise bad("--disagreement", args.disagreement, "in [0, 1)")
+    if not 0 < args.goal_ratio < 1:
+        raise bad("--goal-ratio", args.goal_ratio, "in (0, 1): an improvement")
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from evaluators.judge.settings import STRICT, VerdictSettings
+
+    overrides: dict[str, float] = dict(STRICT) if args.strict else {}
+    for flag, name in (
+        ("alpha", "alpha"),
+        ("error_delta", "error_delta"),
+        ("agreement_delta", "agreement_delta"),
+        ("slo_delta", "slo_exceedance_delta"),
+        ("latency_delta", "latency_delta"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[name] = value
+    s = VerdictSettings()
+    # A looser failure margin than the default critical one would fail validation: raise the
+    # critical margin with it, it is not what a plan sizes.
+    if overrides.get("error_delta", 0) > s.error_critical:
+        overrides["error_critical"] = min(0.99, overrides["error_delta"])
+    if overrides.get("agreement_delta", 0) > s.agreement_critical:
+        overrides["agreement_critical"] = min(0.99, overrides["agreement_delta"])
+    if overrides.get("latency_delta", 0) > s.latency_critical:
+        overrides["latency_critical"] = overrides["latency_delta"]
+    try:
+        return s.with_overrides(overrides)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+async def _scrape(url: str) -> float:
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=_SCRAPE_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(url.rstrip("/") + "/metrics") as resp,
+        ):
+            if resp.status != 200:
+                raise GatewayUnreadable(f"{url}/metrics answered HTTP {resp.status}")
+            text = await resp.text()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise GatewayUnreadable(f"cannot read {url}/metrics: {exc}") from exc
+    values = _REQUESTS.findall(text)
+    if not values:
+        raise GatewayUnreadable(f"{url}/metrics has no canary_proxy_requests_total")
+    return sum(float(v) for v in values)
+
+
+async def measure_rate(url: str, probe_s: float) -> float:
+    """Live requests per second from two reads of the gateway's request counter."""
+    if not re.match(r"^https?://", url):
+        raise UsageError(f"--gateway: {url!r} is not an http(s) URL")
+    first, t0 = await _scrape(url), time.monotonic()
+    await asyncio.sleep(probe_s)
+    second, t1 = await _scrape(url), time.monotonic()
+    rate = (second - first) / (t1 - t0)
+    if rate <= 0:
+        raise GatewayUnreadable(f"{url} served no request in {probe_s:g} s: give --rate")
+    return rate
+
+
+class PlanRow(msgspec.Struct):
+    metric: str
+    margin: str
+    units: int | None
+    pairs: int | None
+    seconds: float | None
+
+
+class Plan(msgspec.Struct, kw_only=True):
+    rate_rps: float
+    sample_rate: float
+    pairs_per_s: float
+    turns: float
+    unit: str
+    alpha: float
+    needs: list[PlanRow]
+    dominant: str | None
+    seconds_to_decide: float | None
+    budget_s: float | None = None
+    rate_margin_in_budget: float | None = None
+    latency_margin_in_budget: float | None = None
+
+
+def build_plan(args: argparse.Namespace, rate: float) -> Plan:
+    from evaluators.judge import plan as core
+
+    s = _settings(args)
+    traffic = core.Traffic(
+        rate_rps=rate,
+        sample_rate=args.sample_rate,
+        turns=args.turns,
+        sd_pair=args.noise,
+        discordance=args.failures,
+        disagreement=args.disagreement,
+        goal_ratio=args.goal_ratio,
+    )
+    rows = [
+        PlanRow(n.metric, n.margin, n.units, n.pairs, n.seconds) for n in core.needs(traffic, s)
+    ]
+    known = [r for r in rows if r.seconds is not None]
+    out_of_reach = [r for r in rows if r.seconds is None]
+    worst = out_of_reach[0] if out_of_reach else max(known, key=lambda r: r.seconds or 0.0)
+    result = Plan(
+        rate_rps=rate,
+        sample_rate=args.sample_rate,
+        pairs_per_s=traffic.pairs_per_s,
+        turns=args.turns,
+        unit="session" if args.turns > 1 else "request",
+        alpha=s.alpha,
+        needs=rows,
+        dominant=worst.metric,
+        seconds_to_decide=worst.seconds,
+    )
+    if args.budget:
+        result.budget_s = parse_duration(args.budget)
+        rate_m, lat_m = core.margin_for(result.budget_s, traffic, s)
+        result.rate_margin_in_budget = rate_m
+        result.latency_margin_in_budget = lat_m if math.isfinite(lat_m) else None
+    return result
+
+
+def render_text(plan: Plan) -> str:
+    from evaluators.judge.verdict import fmt_duration
+
+    unit = plan.unit + "s"
+    lines = [
+        f"canary plan: {plan.rate_rps:g} req/s × {plan.sample_rate:g} sampled = "
+        f"{plan.pairs_per_s:.3g} pairs/s; unit of independence: {plan.unit}"
+        + (f" ({plan.turns:g} pairs each)" if plan.turns > 1 else "")
+        + f"; α = {plan.alpha:g} one-sided",
+        "",
+        f"{'test':<28} {'margin':>9} {unit:>9} {'pairs':>9} {'time':>10}",
+        f"{'-' * 28} {'-' * 9} {'-' * 9} {'-' * 9} {'-' * 10}",
+    ]
+    for r in plan.needs:
+        units = "out of reach" if r.units is None else f"{r.units:,}"
+        pairs = "" if r.pairs is None else f"{r.pairs:,}"
+        secs = "" if r.seconds is None else fmt_duration(r.seconds)
+        lines.append(f"{r.metric:<28} {r.margin:>9} {units:>9} {pairs:>9} {secs:>10}")
+    lines.append("")
+    if plan.seconds_to_decide is None:
+        lines.append(f"dominates: {plan.dominant} (not within reach: loosen its margin)")
+    else:
+        lines.append(
+            f"dominates: {plan.dominant}; a clean candidate can be promoted after about "
+            f"{fmt_duration(plan.seconds_to_decide)}"
+        )
+    if plan.budget_s is not None:
+        from evaluators.judge.verdict import fmt_duration as fd
+
+        rate_m = plan.rate_margin_in_budget
+        lat_m = plan.latency_margin_in_budget
+        lines.append(
+            f"within {fd(plan.budget_s)}: a failure-rate margin down to "
+            + ("none (too few units)" if rate_m is None else f"+{rate_m * 100:.2g} pp")
+            + ", a latency margin down to "
+            + ("none" if lat_m is None else f"×{lat_m:.4g}")
+        )
+    lines.append("floors: a rate within δ needs ≥ log(1/α)/(0.8 δ) units even with no")
+    lines.append("discordant unit (≈3.7/δ at α = 0.05), more with background failures; add")
+    lines.append("the session idle gap for the last sessions to close.")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    _check(args)
+    if args.budget:
+        parse_duration(args.budget)  # fail fast, before a probe of the gateway
+    _settings(args)
+    rate = (
+        args.rate
+        if args.rate is not None
+        else asyncio.run(measure_rate(args.gateway, args.probe_s))
+    )
+    result = build_plan(args, rate)
+    if args.format == "json":
+        sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
+    else:
+        sys.stdout.write(render_text(result))
+    return 0

@@ -1,0 +1,133 @@
+"""`canary plan` as an operator runs it: a subprocess, text and JSON output, the live rate read
+from a real gateway's /metrics while traffic flows, and exit code 2 with a message on bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from evaluators.judge import plan
+from evaluators.judge.settings import STRICT, VerdictSettings
+from gateway.process.config import load_config
+from gateway.process.runtime import running
+from gateway.sim.profiles import get_profile
+from gateway.sim.server import start_sim
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def canary(*args: str) -> tuple[int, str, str]:
+    """Run `python -m gateway.cli.main ARGS`: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli.main",
+        *args,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "80"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_plan_text_names_every_test_and_the_dominant_one() -> None:
+    """For 20 req/s sampled 10 % in 6-turn sessions the text plan lists every gating test with
+    sessions, pairs and time, names the one that dominates, and the margins a budget allows."""
+    code, out, err = await canary("plan", "--rate", "20", "--turns", "6", "--budget", "1h")
+    assert code == 0, err
+    for test in ("failures", "agreement", "SLO exceedance", "latency", "goal", "dominates:"):
+        assert test in out
+    assert "within 60 min: a failure-rate margin down to" in out
+
+
+async def test_plan_json_matches_the_sizing_core() -> None:
+    """The JSON plan's numbers are the sizing core's: units × turns = pairs, pairs ÷ pair rate =
+    seconds, and the dominant test is the slowest one."""
+    code, out, err = await canary("plan", "--rate", "50", "--turns", "1", "--format", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["unit"] == "request" and doc["pairs_per_s"] == 5.0
+    for row in doc["needs"]:
+        assert row["pairs"] == row["units"]
+        assert math.isclose(row["seconds"], row["pairs"] / 5.0)
+    slowest = max(doc["needs"], key=lambda r: r["seconds"])
+    assert doc["dominant"] == slowest["metric"]
+    assert doc["seconds_to_decide"] == slowest["seconds"]
+
+
+def test_rate_floor_is_log_one_over_alpha_over_delta() -> None:
+    """With no discordant unit the rate floor is within 5 % of log(1/α)/(0.8 δ) (3.7/δ at
+    α = 0.05: 382 units for 1 pp), and the strict preset's 0.1 pp needs over ten times more."""
+    s = VerdictSettings()
+    n = plan.rate_units(0.01, s.alpha)
+    assert n is not None and abs(n - math.log(1 / s.alpha) / (0.8 * 0.01)) < 0.05 * n
+    strict = s.with_overrides(STRICT)
+    m = plan.rate_units(strict.error_delta, strict.alpha)
+    assert m is not None and m > 10 * n
+
+
+def test_background_discordance_needs_more_units() -> None:
+    """Background failures (one arm failing on 0.1 % of pairs) need more units than none."""
+    clean = plan.rate_units(0.01, 0.05)
+    noisy = plan.rate_units(0.01, 0.05, discordance=0.05, turns=1)
+    assert clean is not None and noisy is not None and noisy > clean
+
+
+async def test_bad_input_exits_2_naming_the_flag() -> None:
+    """A bad rate, sample rate or budget exits 2 with a message naming the flag."""
+    for args, flag in (
+        (("--rate", "-3"), "--rate"),
+        (("--rate", "5", "--sample-rate", "1.5"), "--sample-rate"),
+        (("--rate", "5", "--budget", "soon"), "--budget"),
+        (("--rate", "5", "--alpha", "0.7"), "alpha"),
+        (("--gateway", "ftp://x"), "--gateway"),
+    ):
+        code, _out, err = await canary("plan", *args)
+        assert code == 2 and flag in err and "Traceback" not in err, (args, err)
+
+
+async def test_plan_reads_the_live_rate_from_a_running_gateway(tmp_path: Path) -> None:
+    """`--gateway URL` reads canary_proxy_requests_total twice from a real gateway (a simulator
+    as production) while requests flow, and sizes the plan at the measured rate."""
+    sim = await start_sim(get_profile("fast"))
+    config = load_config(
+        None,
+        environ={},
+        overrides={
+            "listen": "127.0.0.1:0",
+            "live_url": sim.url,
+            "db_url": f"sqlite+aiosqlite:///{tmp_path / 'g.db'}",
+        },
+    )
+    try:
+        async with running(config) as parts, aiohttp.ClientSession() as http:
+            stop = asyncio.Event()
+
+            async def traffic() -> None:
+                body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+                while not stop.is_set():
+                    async with http.post(f"{parts.url}/v1/chat/completions", json=body) as r:
+                        await r.read()
+                    await asyncio.sleep(0.02)
+
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(traffic())
+                try:
+                    code, out, err = await canary(
+                        "plan", "--gateway", parts.url, "--probe-s", "2", "--format", "json"
+                    )
+                finally:
+                    stop.set()
+        assert code == 0, err
+        assert json.loads(out)["rate_rps"] > 1.0
+    finally:
+        await sim.close()
