@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import socket
 import sqlite3
@@ -81,6 +82,7 @@ def main() -> int:
     ap.add_argument("--request-rate", default="4")
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--direct", action="store_true", help="also run bench serve straight to live")
     ap.add_argument("--out", default=None, help="folder for the results (default: a temp one)")
     args = ap.parse_args()
     root = Path(args.root)
@@ -91,10 +93,13 @@ def main() -> int:
     gw = f"http://127.0.0.1:{port}"
     canary = str(Path(sys.executable).parent / "canary")
     log = (out / "gateway.log").open("wb")
+    # Shedding off for this check: it compares the meter with the client and the engine on the
+    # same requests, so every production answer must be stored (shedding has its own tests).
+    env = dict(os.environ, CANARY_MIRROR_SHED_LOOP_LAG_MS="60000", CANARY_MIRROR_SHED_CPU_BUSY="0")
     proc = subprocess.Popen(
         [canary, "serve", "--live", args.live, "--listen", f"127.0.0.1:{port}",
          "--db", f"sqlite+aiosqlite:///{db}", "--insecure-admin"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
     )  # fmt: skip
     try:
         wait_ready(gw)
@@ -102,25 +107,34 @@ def main() -> int:
             gw + "/admin/candidates",
             {"name": "bi-kv", "url": args.candidate, "kind": "bi-kv", "sample_rate": 1.0},
         )
-        live_before, cand_before = scrape(args.live), scrape(args.candidate)
-        bench = [
-            str(root / "venv" / "bin" / "python"),
-            str(Path("/work/shared/real-engine/vllm_cli.py")),
-            "bench", "serve", "--backend", "openai-chat", "--base-url", gw,
+
+        def bench(base_url: str, name: str) -> list[str]:
+            return [
+            str(root / "venv" / "bin" / "python"), str(REPO / "bench" / "vllm_cli.py"),
+            "bench", "serve", "--backend", "openai-chat", "--base-url", base_url,
             "--endpoint", "/v1/chat/completions", "--model", "tiny-llama",
             "--tokenizer", str(root / "tiny-llama"), "--dataset-name", "random",
             "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--ignore-eos",
             "--num-prompts", str(args.num_prompts), "--request-rate", args.request_rate,
             "--seed", "1", "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--save-result", "--result-dir", str(out), "--result-filename", "bench.json",
-        ]  # fmt: skip
-        t0 = time.monotonic()
-        res = subprocess.run(bench, capture_output=True, text=True, check=False, cwd=out)
-        (out / "bench.log").write_text(res.stdout + res.stderr)
-        if res.returncode != 0:
-            raise SystemExit(f"vllm bench serve failed:\n{(res.stdout + res.stderr)[-3000:]}")
-        bench_s = time.monotonic() - t0
+            "--save-result", "--result-dir", str(out), "--result-filename", f"{name}.json",
+            ]  # fmt: skip
+
+        def run(base_url: str, name: str) -> float:
+            t0 = time.monotonic()
+            res = subprocess.run(
+                bench(base_url, name), capture_output=True, text=True, check=False, cwd=out
+            )
+            (out / f"{name}.log").write_text(res.stdout + res.stderr)
+            if res.returncode != 0:
+                raise SystemExit(f"vllm bench serve failed:\n{(res.stdout + res.stderr)[-3000:]}")
+            return time.monotonic() - t0
+
+        if args.direct:  # the same prompts straight to live first, for the proxy's overhead
+            run(args.live, "direct")
+        live_before, cand_before = scrape(args.live), scrape(args.candidate)
+        bench_s = run(gw, "bench")
         time.sleep(3)  # the last copies reach the candidate
         live_after, cand_after = scrape(args.live), scrape(args.candidate)
     finally:
@@ -185,14 +199,27 @@ def main() -> int:
         "bench_s": bench_s,
         "out": str(out),
     }
+    if args.direct:
+        d = json.loads((out / "direct.json").read_text())
+        for key, field in (
+            ("ttft_mean_s", "mean_ttft_ms"),
+            ("ttft_median_s", "median_ttft_ms"),
+            ("tpot_mean_s", "mean_tpot_ms"),
+            ("itl_mean_s", "mean_itl_ms"),
+            ("e2e_mean_s", "mean_e2el_ms"),
+        ):
+            row = summary[key]
+            assert isinstance(row, dict)
+            row["direct"] = d[field] / 1000
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
-    print("\n| quantity | vllm bench serve (client) | gateway meter | engine /metrics |")
-    print("|---|---:|---:|---:|")
+    print("\n| quantity | bench serve direct | bench serve via gateway | gateway meter | engine |")
+    print("|---|---:|---:|---:|---:|")
     for key in ("ttft_mean_s", "ttft_median_s", "tpot_mean_s", "itl_mean_s", "e2e_mean_s"):
         row = summary[key]
         assert isinstance(row, dict)
-        print(f"| {key[:-2]} (ms) | {ms(row.get('bench'))} | {ms(row.get('gateway'))} "
+        print(f"| {key[:-2]} (ms) | {ms(row.get('direct'))} | {ms(row.get('bench'))} "
+              f"| {ms(row.get('gateway'))} "
               f"| {ms(row.get('engine'))} |")  # fmt: skip
     return 0
 

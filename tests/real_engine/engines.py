@@ -200,7 +200,7 @@ def start_all(
     return engines
 
 
-_SAMPLE = re.compile(r"^(vllm:[a-zA-Z_:]+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|\+Inf)$")
+_SAMPLE = re.compile(r"^(vllm:[a-zA-Z0-9_:]+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|\+Inf)$")
 
 
 def scrape(url: str) -> dict[str, float]:
