@@ -93,9 +93,10 @@ def main() -> int:
     gw = f"http://127.0.0.1:{port}"
     canary = str(Path(sys.executable).parent / "canary")
     log = (out / "gateway.log").open("wb")
-    # Shedding off for this check: it compares the meter with the client and the engine on the
-    # same requests, so every production answer must be stored (shedding has its own tests).
+    # Shedding and deduplication off for this check: it compares the meter with the client and
+    # the engine on the same requests, so every production answer must be stored.
     env = dict(os.environ, CANARY_MIRROR_SHED_LOOP_LAG_MS="60000", CANARY_MIRROR_SHED_CPU_BUSY="0")
+    env["CANARY_DEDUP_WINDOW_S"] = "0"  # bench serve repeats some prompts: store them all
     proc = subprocess.Popen(
         [canary, "serve", "--live", args.live, "--listen", f"127.0.0.1:{port}",
          "--db", f"sqlite+aiosqlite:///{db}", "--insecure-admin"],
