@@ -4,6 +4,11 @@ One function for both arms so production and candidate observations are built th
 output text truncated to `store_text_max_chars` (or None when `store_text` is false), the hash
 of the full text always kept, tool calls as JSON text, and an `error_kind` derived from the
 response when the transport itself did not fail.
+
+A stream that carried its final event (`[DONE]`, or choice 0's `finish_reason`) answered: what
+the client's socket did afterwards (the SDK closing after `[DONE]` before the gateway's last
+write) does not make it a failure. This module must
+never do IO or look at anything but the meter's result.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ def classify(result: MeterResult) -> str | None:
     if result.status < 200:
         return "http_other"
     if result.is_sse:
-        if result.saw_done:
+        if result.saw_done or result.finish_reason is not None:
             return None
         if result.parse_errors or (result.bytes_total and not result.chunk_count):
             return "garbage"
@@ -57,7 +62,13 @@ def observation(
     max_chars: int,
     queue_wait_s: float | None = None,
 ) -> ObservationRecord:
-    """An `ObservationRecord` for one arm of one exchange."""
+    """An `ObservationRecord` for one arm of one exchange.
+
+    `error_kind` None means the transport did not fail; the response itself is then classified
+    here, so production and candidates are judged by the same rule.
+    """
+    if error_kind is None:
+        error_kind = classify(result)
     text: str | None = None
     truncated = result.text_truncated
     if store_text:

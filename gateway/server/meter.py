@@ -5,11 +5,19 @@ responses) calls `feed(chunk, now)` on every chunk and `finish(now, status)` onc
 `MeterResult` with TTFT, inter-token gaps, usage, finish reason, tool calls, the output text up to
 a bound and an xxh3_128 hash of all of it (DESIGN.md §6, vLLM `bench serve` conventions).
 
+Timings are over the token span, not per read: several SSE events that arrive in one read (a
+fast engine, a busy host) share one timestamp, so TPOT is (last token - first token) / (output
+tokens - 1) with the usage count when the engine reports it, and the gap before a read is spread
+over the token events it carried. When every token came in one read the span is below the
+clock's resolution: the result says `timing_unresolved` and leaves TPOT and ITL None, never 0.
+
 It must never import asyncio or aiohttp, never block, never keep more than a bounded amount of
 the response (a partial SSE line, the text up to its limit, a non-SSE body up to `json_max_bytes`).
 """
 
 from __future__ import annotations
+
+import time
 
 import msgspec
 import xxhash
@@ -26,12 +34,16 @@ class MeterResult(msgspec.Struct, kw_only=True):
     ttft_s: float | None = None  # first chunk carrying a token (content, text or tool call)
     e2e_s: float | None = None  # last token-carrying chunk (SSE) or last byte (plain JSON)
     last_byte_s: float | None = None
-    itl_count: int = 0
+    itl_count: int = 0  # inter-token gaps: token events - 1 (a read's gap spread over its events)
     itl_mean_s: float | None = None
     itl_p50_s: float | None = None
     itl_p99_s: float | None = None
     itl_max_s: float | None = None
     tpot_s: float | None = None  # (e2e - ttft) / (output_tokens - 1), output_tokens > 1
+    # True when the answer carried more than one output token but they all reached the meter
+    # within the clock's resolution (one read): TPOT and ITL are then unknown and left None,
+    # never 0. Stored as `tpot_s IS NULL` beside `output_tokens > 1` (domain.timing).
+    timing_unresolved: bool = False
     chunk_count: int = 0  # SSE events (or body chunks for non-SSE)
     token_chunk_count: int = 0
     output_tokens: int | None = None
@@ -103,6 +115,8 @@ MAX_LINE_BYTES = 1 << 20
 JSON_MAX_BYTES = 16 << 20
 # Gaps kept for the percentiles; count, mean and max stay exact past it.
 MAX_GAPS = 1 << 16
+# Two instants closer than this cannot be told apart (1 ns for perf_counter on Linux).
+CLOCK_RESOLUTION_S = time.get_clock_info("perf_counter").resolution
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -121,6 +135,7 @@ class ResponseMeter:
     """
 
     __slots__ = (
+        "_carry",
         "_data",
         "_first_byte",
         "_gap_count",
@@ -134,6 +149,9 @@ class ResponseMeter:
         "_last_byte",
         "_last_token",
         "_pending_cr",
+        "_prev_read",
+        "_read_tokens",
+        "_resolution",
         "_tail",
         "_text_len",
         "_text_max",
@@ -155,9 +173,16 @@ class ResponseMeter:
     )
 
     def __init__(
-        self, t0: float, *, is_sse: bool, text_max_chars: int, json_max_bytes: int = JSON_MAX_BYTES
+        self,
+        t0: float,
+        *,
+        is_sse: bool,
+        text_max_chars: int,
+        json_max_bytes: int = JSON_MAX_BYTES,
+        resolution_s: float = CLOCK_RESOLUTION_S,
     ) -> None:
         self.t0 = t0
+        self._resolution = resolution_s
         self.is_sse = is_sse
         self._text_max = text_max_chars
         self._json_max = json_max_bytes
@@ -170,6 +195,9 @@ class ResponseMeter:
         self._last_byte: float | None = None
         self.first_token_at: float | None = None
         self._last_token = 0.0
+        self._prev_read = 0.0  # time of the token-bearing read before the current one
+        self._read_tokens = 0  # token events in the current read, not yet turned into gaps
+        self._carry = -1  # token events of the first read past the first token; -1: none yet
         self._gaps: list[float] = []
         self._gap_count = 0
         self._gap_sum = 0.0
@@ -288,17 +316,49 @@ class ResponseMeter:
             self.token_chunk_count += 1
             if self.first_token_at is None:
                 self.first_token_at = now
+                self._read_tokens = 1
+            elif now == self._last_token:  # the same read: its tokens arrived together
+                self._read_tokens += 1
             else:
-                gap = now - self._last_token
-                self._gap_count += 1
-                self._gap_sum += gap
-                if gap > self._gap_max:
-                    self._gap_max = gap
-                if len(self._gaps) < MAX_GAPS:
-                    self._gaps.append(gap)
+                self._close_read()
+                self._prev_read = self._last_token
+                self._read_tokens = 1
             self._last_token = now
         elif token and self.first_token_at is None:
             self.first_token_at = self._first_byte
+
+    def _close_read(self) -> None:
+        """Turn the current read's token events into inter-token gaps.
+
+        Tokens that arrive in one read were generated over the time since the previous
+        token-bearing read, so that interval is spread evenly over them (k gaps of d/k) instead
+        of giving k-1 gaps of 0. The first read's extra tokens (those that came with the first
+        token) have no interval of their own: they are carried into the next one. The gaps then
+        sum to the token span and number token events - 1, so the ITL mean equals the span per
+        gap, as TPOT does with the usage count.
+        """
+        tokens = self._read_tokens
+        if tokens == 0:
+            return
+        self._read_tokens = 0
+        if self._carry < 0:  # the first read
+            self._carry = tokens - 1
+            return
+        count = tokens + self._carry
+        self._carry = 0
+        span = self._last_token - self._prev_read
+        gap = span / count
+        self._gap_count += count
+        self._gap_sum += span
+        if gap > self._gap_max:
+            self._gap_max = gap
+        room = MAX_GAPS - len(self._gaps)
+        if room > 0:
+            self._gaps.extend([gap] * min(count, room))
+
+    def final_event_seen(self) -> bool:
+        """True once the stream carried its final event: `[DONE]` or choice 0's finish reason."""
+        return self.saw_done or self.finish_reason is not None
 
     def _add_text(self, text: str) -> None:
         hasher = self._hasher
@@ -362,13 +422,6 @@ class ResponseMeter:
             res.e2e_s = (self._last_token if self.is_sse else self._last_byte or now) - t0
         elif self._last_byte is not None:
             res.e2e_s = self._last_byte - t0
-        if self._gap_count:
-            gaps = sorted(self._gaps)
-            res.itl_count = self._gap_count
-            res.itl_mean_s = self._gap_sum / self._gap_count
-            res.itl_p50_s = _percentile(gaps, 0.5)
-            res.itl_p99_s = _percentile(gaps, 0.99)
-            res.itl_max_s = self._gap_max
         if self.completion_tokens is not None:
             res.output_tokens = self.completion_tokens
             res.output_tokens_source = "usage"
@@ -377,7 +430,20 @@ class ResponseMeter:
             res.output_tokens_source = "chunks"
         out = res.output_tokens
         if out is not None and out > 1 and res.ttft_s is not None and res.e2e_s is not None:
-            res.tpot_s = (res.e2e_s - res.ttft_s) / (out - 1)
+            span = res.e2e_s - res.ttft_s
+            if span > self._resolution:
+                res.tpot_s = span / (out - 1)
+            else:  # every token in one read: say so rather than report a TPOT or ITL of 0
+                res.timing_unresolved = True
+        if self.is_sse:
+            self._close_read()
+        if self._gap_count and not res.timing_unresolved:
+            gaps = sorted(self._gaps)
+            res.itl_count = self._gap_count
+            res.itl_mean_s = self._gap_sum / self._gap_count
+            res.itl_p50_s = _percentile(gaps, 0.5)
+            res.itl_p99_s = _percentile(gaps, 0.99)
+            res.itl_max_s = self._gap_max
         if self._hasher is not None:
             res.text_hash = self._hasher.hexdigest()
         elif self._text_parts or self.first_token_at is not None or self.finish_reason is not None:

@@ -138,6 +138,10 @@ class ProxyMetrics:
             "Live endpoint failures by kind (connect, reset, timeout_<phase>, client_disconnect).",
             ("kind",),
         )
+        self.closed_after_final = registry.counter(
+            "canary_proxy_client_closed_after_final_total",
+            "Streams whose client closed after receiving the final event (answered, not cut).",
+        )
         self.tee_errors = registry.counter(
             "canary_proxy_tee_errors_total", "Exceptions raised by the request tee (swallowed)."
         )
@@ -264,6 +268,7 @@ class Proxy:
         out: web.StreamResponse | None = None
         status = 0
         first_at = 0.0
+        delivered = False  # the client was sent the stream's final event ([DONE] / finish_reason)
         try:
             upstream = await open_response(
                 session,
@@ -294,6 +299,8 @@ class Proxy:
                 if meter is not None:
                     meter.feed(chunk, now)
                 await out.write(chunk)
+                if meter is not None and not delivered:
+                    delivered = meter.final_event_seen()
             upstream.release()
             await out.write_eof()
         except UpstreamError as exc:
@@ -306,7 +313,7 @@ class Proxy:
                     return self._upstream_failed(
                         request, timeout, stats, out, upstream, meter, token, rid
                     )
-            self._client_gone(stats, upstream, meter, token, status)
+            self._client_gone(stats, upstream, meter, token, status, delivered)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             assert out is not None
@@ -371,9 +378,18 @@ class Proxy:
         meter: ResponseMeter | None,
         token: object | None,
         status: int,
+        delivered: bool = False,
     ) -> None:
         if upstream is not None:
             upstream.close()
+        if delivered:
+            # The client had its final event: closing before the gateway's last write (the SDK
+            # does after `[DONE]`) is how an answer ends, not a failure of it.
+            stats.count(status)
+            self.metrics.closed_after_final.inc()
+            if token is not None:
+                self._finish_tee(token, _result(meter, perf_counter(), status), None)
+            return
         self.metrics.error("client_disconnect")
         stats.count(CLIENT_CLOSED)
         if token is not None:

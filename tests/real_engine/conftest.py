@@ -1,0 +1,345 @@
+"""One real-engine run per test session: four vLLM engines, the gateway, sessions, reports.
+
+Engines come from `$CANARY_REAL_ENGINE_ROOT` (default `./.real-engine`, made by
+`bench/real_engine_setup.sh`). Without them every test here skips and says why, unless
+`CANARY_REQUIRE_REAL_ENGINE=1` (what `.ci/run` sets): then a missing engine fails the suite.
+`CANARY_REAL_ENGINE_URLS="live=URL,bi-kv=URL,control=URL,quantized=URL"` uses engines already
+running instead (they must be configured as below), which is handy while editing the tests.
+
+The run, once: `canary serve --live` in front of `live` (no prefix caching) as a real process
+with SQLite; `bi-kv` (prefix caching), `control` (configured like live) and `quantized` (the same
+model in bfloat16) registered through the admin API at sample rate 1 with session sampling and
+the failure margin the README gives for a few hundred pairs; `CANARY_REAL_ENGINE_SESSIONS`
+(default 200) conversations of 3 turns streamed through the gateway with the official `openai`
+SDK and an `X-Session-ID` each; then every turn sent again straight to live; the mirror drained;
+the gateway stopped (its writer drains); `canary report NAME --planned-look --format json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.real_engine import engines as eng
+
+SESSIONS = int(os.environ.get("CANARY_REAL_ENGINE_SESSIONS", "200"))
+TURNS = 3
+CONCURRENCY = 4  # conversations in flight at once
+MAX_TOKENS = 32
+# About 280 prompt tokens per user turn (turn 3 prompts ~950 tokens): enough repeated prefix
+# for KV reuse to show through the timing noise of a loaded two-core host.
+WORDS_PER_TURN = 200
+# The README's failure margin for a few hundred pairs (the default 0.1 pp needs ~3,900).
+VERDICT = {"error_delta": 0.01}
+ENGINE_SPECS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("live", ("--no-enable-prefix-caching",)),
+    ("bi-kv", ("--enable-prefix-caching",)),
+    ("control", ("--no-enable-prefix-caching",)),
+    ("quantized", ("--no-enable-prefix-caching", "--dtype", "bfloat16")),
+)
+KINDS = {"bi-kv": "bi-kv", "control": "control", "quantized": "quantized"}
+WORDS = (
+    "the request returns a value when the file is opened and the stream is closed after each "
+    "line of text the parser reads from the buffer with an optional argument that sets the "
+    "default encoding for every call to the function which raises an error if the object is "
+    "not found in the list of keys used by the module to load data from a path on disk"
+).split()
+
+
+@dataclass
+class Turn:
+    """One streamed chat turn as the SDK client saw it."""
+
+    session: str
+    turn: int
+    messages: list[dict[str, str]]
+    text: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class RealRun:
+    """Everything the tests look at, gathered once."""
+
+    workdir: Path
+    db_path: Path
+    engines: dict[str, eng.Engine]
+    turns: list[Turn]
+    direct: list[Turn]
+    reports: dict[str, dict[str, Any]]
+    counters: dict[str, dict[str, int]]
+    engine_before: dict[str, dict[str, float]]
+    engine_after: dict[str, dict[str, float]]
+    gateway_metrics: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def rows(self, sql: str, *args: object) -> list[sqlite3.Row]:
+        with sqlite3.connect(self.db_path) as db:
+            db.row_factory = sqlite3.Row
+            return list(db.execute(sql, args))
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CANARY_REQUIRE_REAL_ENGINE") == "1":
+        pytest.fail(f"CANARY_REQUIRE_REAL_ENGINE=1 but {reason}", pytrace=False)
+    pytest.skip(f"real vLLM not available: {reason}")
+
+
+def _given_engines(spec: str, workdir: Path) -> dict[str, eng.Engine]:
+    out: dict[str, eng.Engine] = {}
+    for part in spec.split(","):
+        name, _, url = part.partition("=")
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        out[name.strip()] = eng.Engine(name.strip(), port, (), workdir / f"vllm-{name}.log")
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, eng.Engine]]:
+    """The four engines, started once for the whole test session and stopped after it."""
+    workdir = tmp_path_factory.mktemp("real-engine")
+    given = os.environ.get("CANARY_REAL_ENGINE_URLS")
+    if given:
+        yield _given_engines(given, workdir)
+        return
+    root = eng.engine_root()
+    reason = eng.missing(root)
+    if reason is not None:
+        _unavailable(reason)
+    started = eng.start_all(ENGINE_SPECS, root, workdir)
+    try:
+        yield {e.name: e for e in started}
+    finally:
+        for e in started:
+            e.stop()
+
+
+def _user_message(rng: random.Random, session: int, turn: int) -> str:
+    words = " ".join(rng.choice(WORDS) for _ in range(WORDS_PER_TURN))
+    return f"Conversation {session}, question {turn}: {words}?"
+
+
+async def _chat(client: Any, messages: list[dict[str, str]], sid: str | None, out: Turn) -> None:
+    """One streamed turn with the official SDK; it closes the stream after `[DONE]`."""
+    try:
+        stream = await client.chat.completions.create(
+            model=eng.MODEL,
+            messages=messages,
+            stream=True,
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            stream_options={"include_usage": True},
+            extra_headers={"X-Session-ID": sid} if sid else None,
+        )
+        parts: list[str] = []
+        async for chunk in stream:
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    parts.append(choice.delta.content)
+                if choice.finish_reason:
+                    out.finish_reason = choice.finish_reason
+            if chunk.usage is not None:
+                out.completion_tokens = chunk.usage.completion_tokens
+        out.text = "".join(parts)
+    except Exception as exc:  # the test reports every failed turn by name
+        out.error = f"{type(exc).__name__}: {exc}"
+
+
+async def _sessions(base_url: str) -> list[Turn]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    sem = asyncio.Semaphore(CONCURRENCY)
+    turns: list[Turn] = []
+
+    async def one(s: int) -> None:
+        rng = random.Random(f"real-engine-{s}")
+        sid = f"conv-{s}"
+        messages: list[dict[str, str]] = []
+        async with sem:
+            for t in range(1, TURNS + 1):
+                messages.append({"role": "user", "content": _user_message(rng, s, t)})
+                turn = Turn(sid, t, list(messages))
+                await _chat(client, turn.messages, sid, turn)
+                turns.append(turn)
+                if turn.error:
+                    return
+                messages.append({"role": "assistant", "content": turn.text})
+
+    try:
+        await asyncio.gather(*(one(s) for s in range(SESSIONS)))
+    finally:
+        await client.close()
+    return turns
+
+
+async def _direct(live_url: str, turns: list[Turn]) -> list[Turn]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=live_url + "/v1", api_key="unused", max_retries=0)
+    sem = asyncio.Semaphore(CONCURRENCY)
+    out = [Turn(t.session, t.turn, t.messages) for t in turns]
+
+    async def one(turn: Turn) -> None:
+        async with sem:
+            await _chat(client, turn.messages, None, turn)
+
+    try:
+        await asyncio.gather(*(one(t) for t in out))
+    finally:
+        await client.close()
+    return out
+
+
+def _http_json(method: str, url: str, body: object | None = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def _canary() -> str:
+    return str(Path(sys.executable).parent / "canary")
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"canary serve exited with {proc.returncode}:\n{eng.tail(log)}")
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"canary serve not ready:\n{eng.tail(log)}")
+
+
+def _drained(gw: str, names: list[str], expected: int) -> dict[str, dict[str, int]]:
+    """Wait until every candidate's copies are all answered; returns the counters."""
+    deadline = time.monotonic() + 600
+    counters: dict[str, dict[str, int]] = {}
+    while True:
+        for name in names:
+            status, body = _http_json("GET", f"{gw}/admin/candidates/{name}")
+            assert status == 200, body
+            counters[name] = {k: int(v) for k, v in body["counters"].items()}
+        done = all(
+            c.get("sampled", 0) >= expected
+            and c.get("pending", 0) == 0
+            and c.get("sent", 0)
+            == c.get("observed_ok", 0) + c.get("observed_error", 0) + c.get("timed_out", 0)
+            for c in counters.values()
+        )
+        if done or time.monotonic() > deadline:
+            return counters
+        time.sleep(1.0)
+
+
+@pytest.fixture(scope="session")
+def real_run(real_engines: dict[str, eng.Engine]) -> Iterator[RealRun]:
+    """The whole run, once per test session."""
+    workdir = Path(tempfile.mkdtemp(prefix="canary-real-"))
+    db_path = workdir / "canary.db"
+    db_url = f"sqlite+aiosqlite:///{db_path}"
+    live = real_engines["live"]
+    port = eng.free_port(set())
+    gw = f"http://127.0.0.1:{port}"
+    log = workdir / "gateway.log"
+    timings: dict[str, float] = {}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [_canary(), "serve", "--live", live.url, "--listen", f"127.0.0.1:{port}",
+             "--db", db_url, "--insecure-admin", "--log-format", "json"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        _wait_ready(gw, proc, log)
+        for name, kind in KINDS.items():
+            status, body = _http_json(
+                "POST",
+                gw + "/admin/candidates",
+                {
+                    "name": name,
+                    "url": real_engines[name].url,
+                    "kind": kind,
+                    "sample_rate": 1.0,
+                    "sampling": "session",
+                    "concurrency": 4,
+                    "timeout_s": 120.0,
+                    "verdict": VERDICT,
+                },
+            )
+            assert status == 201, f"registering {name}: {status} {body}"
+        before = {name: eng.scrape(e.url) for name, e in real_engines.items()}
+        t0 = time.monotonic()
+        turns = asyncio.run(_sessions(gw))
+        timings["sessions_s"] = time.monotonic() - t0
+        counters = _drained(gw, list(KINDS), len(turns))
+        timings["drain_s"] = time.monotonic() - t0 - timings["sessions_s"]
+        after = {name: eng.scrape(e.url) for name, e in real_engines.items()}
+        with urllib.request.urlopen(gw + "/metrics", timeout=10) as resp:
+            gateway_metrics = resp.read().decode()
+        t1 = time.monotonic()
+        direct = asyncio.run(_direct(live.url, turns))
+        timings["direct_s"] = time.monotonic() - t1
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the gateway drains its writer before it exits
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    reports: dict[str, dict[str, Any]] = {}
+    for name in KINDS:
+        res = subprocess.run(
+            [_canary(), "report", name, "--db", db_url, "--planned-look", "--format", "json"],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert res.returncode == 0, f"canary report {name}: {res.stderr[-2000:]}"
+        reports[name] = json.loads(res.stdout)
+        text = subprocess.run(
+            [_canary(), "report", name, "--db", db_url, "--planned-look"],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        (workdir / f"report-{name}.txt").write_text(text.stdout)
+    (workdir / "gateway-metrics.txt").write_text(gateway_metrics)
+    (workdir / "summary.json").write_text(
+        json.dumps({"timings": timings, "counters": counters}, indent=2)
+    )
+    yield RealRun(
+        workdir=workdir,
+        db_path=db_path,
+        engines=real_engines,
+        turns=turns,
+        direct=direct,
+        reports=reports,
+        counters=counters,
+        engine_before=before,
+        engine_after=after,
+        gateway_metrics=gateway_metrics,
+        timings=timings,
+    )
