@@ -39,7 +39,13 @@ from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry, Snapshot
 from gateway.mirror.tee import Mirror
 from gateway.process.config import GatewayConfig, parse_admin_tokens
-from gateway.server.app import READY_CHECKS, AppCustomizer, RunningGateway, start_gateway
+from gateway.server.app import (
+    READY_CHECKS,
+    AppCustomizer,
+    RunningGateway,
+    mount_admin,
+    start_gateway,
+)
 from gateway.server.hooks import LiveTarget
 from gateway.server.metrics import Registry as MetricsRegistry
 from gateway.sim.server import SimServer, start_sim
@@ -192,7 +198,7 @@ def _customize(parts: Components) -> list[AppCustomizer]:
             verdict_settings=_verdict_settings(config),
             listen_host=config.listen_host,
         )
-        app.add_subapp("/admin", build_admin_app(ctx))
+        mount_admin(app, build_admin_app(ctx, config))
 
         async def storage_ready() -> tuple[bool, str]:
             # Reported, never gating: a database outage must not take every replica out of a

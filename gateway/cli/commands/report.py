@@ -107,6 +107,13 @@ def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings]:
         raise UsageError(
             f"--db: must start with sqlite+aiosqlite:// or postgresql+asyncpg://, got {url!r}"
         )
+    from domain.errors import StorageError
+    from storage.engine import require_existing_database
+
+    try:
+        require_existing_database(url)  # a report never creates an empty database
+    except StorageError as exc:
+        raise UsageError(str(exc)) from exc
     try:
         return url, VerdictSettings().with_overrides(cfg.verdict)
     except ValueError as exc:
@@ -148,6 +155,7 @@ async def _report(url: str, args: argparse.Namespace, settings: VerdictSettings)
 def run(args: argparse.Namespace) -> int:
     from domain.errors import SchemaBehind, StorageError
     from evaluators.report.render import render
+    from gateway.cli.escape import terminal_safe
     from storage.engine import masked
 
     url, settings = _settings(args)
@@ -161,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         raise StorageUnavailable(str(exc)) from exc
     except OSError as exc:
         raise StorageUnavailable(f"cannot reach {masked(url)}: {exc}") from exc
-    text = render(report, args.format)
+    text = terminal_safe(render(report, args.format))
     if args.out:
         try:
             Path(args.out).write_text(text, encoding="utf-8")
