@@ -229,7 +229,7 @@ class RunningGateway:
         host, port = runner.addresses[0][:2]
         self.host, self.port = str(host), int(port)
         # Where the admin API answers: its own listener, or /admin of the proxy's.
-        self.admin_url = _url_of(admin) if admin is not None else self.url + "/admin"
+        self.admin_url = (_url_of(admin) if admin is not None else self.url) + "/admin"
 
     @property
     def app(self) -> web.Application:
