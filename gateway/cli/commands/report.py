@@ -155,7 +155,7 @@ async def _report(url: str, args: argparse.Namespace, settings: VerdictSettings)
 def run(args: argparse.Namespace) -> int:
     from domain.errors import SchemaBehind, StorageError
     from evaluators.report.render import render
-    from gateway.cli.escape import terminal_safe
+    from gateway.cli.escape import safe_for, terminal_safe
     from storage.engine import masked
 
     url, settings = _settings(args)
@@ -169,7 +169,9 @@ def run(args: argparse.Namespace) -> int:
         raise StorageUnavailable(str(exc)) from exc
     except OSError as exc:
         raise StorageUnavailable(f"cannot reach {masked(url)}: {exc}") from exc
-    text = terminal_safe(render(report, args.format))
+    text = render(safe_for(report, args.format), args.format)
+    if args.format in ("text", "markdown"):
+        text = terminal_safe(text)
     if args.out:
         try:
             Path(args.out).write_text(text, encoding="utf-8")
