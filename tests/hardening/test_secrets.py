@@ -116,3 +116,23 @@ def test_database_url_parameters_are_masked() -> None:
     shown = masked(url)
     assert "hunter22" not in shown and "pw1" not in shown
     assert "ssl=disable" in shown and "redacted" in shown
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/base?x=1", "http://127.0.0.1:9/base#f"])
+async def test_urls_with_query_or_fragment_are_refused(tmp_path: Path, url: str) -> None:
+    """A candidate URL with a query or fragment is a 422 naming `url` at registration, and a
+    live or candidate URL with one stops the config load naming the key."""
+    async with (
+        admin_server(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}") as srv,
+        aiohttp.ClientSession() as http,
+    ):
+        status, body = await call(
+            http, "POST", srv.admin + "/candidates", json={**BODY, "url": url}
+        )
+        assert status == 422 and body["error"]["field"] == "url"
+    with pytest.raises(ConfigError, match=r"live_url.*query"):
+        load_config(overrides={"live_url": url}, environ={})
+    path = tmp_path / "gw.toml"
+    path.write_text(f'[[candidates]]\nname = "c"\nurl = "{url}"\n')
+    with pytest.raises(ConfigError, match=r"candidates\[0\]\.url"):
+        load_config(str(path), environ={})
