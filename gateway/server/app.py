@@ -315,7 +315,7 @@ async def _start_admin(
     root = web.Application()
     root.add_subapp("/admin", admin)
     stats = ConnectionStats("admin")
-    app[METRICS].add_collector(stats.prometheus_lines)
+    app[CONNECTIONS].also.append(stats)  # exported with the proxy listener's families
     runner = make_runner(root, config, stats=stats, max_connections=limit)
     try:
         await runner.setup()

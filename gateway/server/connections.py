@@ -46,10 +46,13 @@ _BAD_BODY = error_body(
 class ConnectionStats:
     """Counters of one listener's refusals (plain ints: incremented on the loop thread)."""
 
-    __slots__ = ("_last_log", "_unlogged", "bad_requests", "header_timeouts", "listener", "refused")
+    __slots__ = (
+        "_last_log", "_unlogged", "also", "bad_requests", "header_timeouts", "listener", "refused",
+    )  # fmt: skip
 
     def __init__(self, listener: str) -> None:
         self.listener = listener
+        self.also: list[ConnectionStats] = []  # other listeners, exported with this one
         self.refused = 0
         self.header_timeouts = 0
         self.bad_requests: dict[str, int] = {}
@@ -70,21 +73,34 @@ class ConnectionStats:
             self._unlogged = 0
 
     def prometheus_lines(self) -> list[str]:
-        lb = f'listener="{self.listener}"'
+        """This listener's series and those of `also` (other listeners of the process), one
+        block per family: a family's samples must stay together in the text format."""
+        every = [self, *self.also]
         lines = [
             "# HELP canary_connections_refused_total Connections closed at accept: the "
             "listener was at its connection limit.",
             "# TYPE canary_connections_refused_total counter",
-            f"canary_connections_refused_total{{{lb}}} {self.refused}",
+        ]
+        lines += [f'canary_connections_refused_total{{listener="{s.listener}"}} {s.refused}'
+                  for s in every]  # fmt: skip
+        lines += [
             "# HELP canary_header_read_timeouts_total Connections closed because a request "
             "head did not complete within header_read_timeout_s.",
             "# TYPE canary_header_read_timeouts_total counter",
-            f"canary_header_read_timeouts_total{{{lb}}} {self.header_timeouts}",
+        ]
+        lines += [
+            f'canary_header_read_timeouts_total{{listener="{s.listener}"}} {s.header_timeouts}'
+            for s in every
+        ]
+        lines += [
             "# HELP canary_bad_requests_total Malformed HTTP requests answered 400, by kind.",
             "# TYPE canary_bad_requests_total counter",
         ]
-        for kind, n in sorted(self.bad_requests.items()):
-            lines.append(f'canary_bad_requests_total{{{lb},kind="{kind}"}} {n}')
+        for s in every:
+            for kind, n in sorted(s.bad_requests.items()):
+                lines.append(
+                    f'canary_bad_requests_total{{listener="{s.listener}",kind="{kind}"}} {n}'
+                )
         return lines
 
 

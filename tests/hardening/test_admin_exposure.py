@@ -18,8 +18,9 @@ BODY = {"name": "bikv", "url": "http://127.0.0.1:9/v1"}
 
 
 async def test_admin_on_its_own_listener(tmp_path: Path) -> None:
-    """With `admin_listen`, the admin API answers there, and `/admin/...` on the production
-    port is not the admin API (it is forwarded like any path: no 401 tells it exists)."""
+    """With `admin_listen`, the admin API answers there, `/admin/...` on the production port
+    is not the admin API (forwarded like any path: no 401 tells it exists), and `/metrics`
+    exports both listeners' series in one block per family."""
     async with real_gateway(tmp_path, admin_listen="127.0.0.1:0") as parts:
         gw = parts.gateway
         assert gw is not None and gw.admin_url != gw.url + "/admin"
@@ -29,6 +30,11 @@ async def test_admin_on_its_own_listener(tmp_path: Path) -> None:
             async with http.get(gw.url + "/admin/status") as resp:
                 assert resp.status != 401
                 assert "canary-admin" not in resp.headers.get("WWW-Authenticate", "")
+            async with http.get(gw.url + "/metrics") as resp:
+                text = await resp.text()
+    types = [line for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types))  # one block per family, both listeners in it
+    assert 'canary_connections_refused_total{listener="admin"} 0' in text
 
 
 def test_short_admin_token_stops_serve(
