@@ -30,7 +30,8 @@ DEFAULT_TIMEOUT_S = 300.0
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN, description="Endpoint name: " + NAME_PATTERN)]
 # http(s), a host without userinfo (credentials never travel inside a URL): a name, or an IPv6
-# literal in brackets; an optional port in 0..65535, then anything printable. Precise enough
+# literal in brackets; an optional port in 0..65535, then a printable path without ? or # (paths
+# are appended to it, so a query or fragment would misroute every request). Precise enough
 # that every string it admits passes gateway.process.config.check_http_url, which the handler runs
 # as well.
 _H16 = "[0-9A-Fa-f]{1,4}"
@@ -48,7 +49,7 @@ _IPV6 = "|".join(
     )
 )
 _PORT = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
-URL_PATTERN = rf"^https?://(\[({_IPV6})\]|[A-Za-z0-9._~-]+)(:{_PORT})?([/?#][^\s\x00-\x1f\x7f]*)?$"
+URL_PATTERN = rf"^https?://(\[({_IPV6})\]|[A-Za-z0-9._~-]+)(:{_PORT})?(/[^\s\x00-\x1f\x7f?#]*)?$"
 Url = Annotated[
     str,
     Meta(max_length=2048, pattern=URL_PATTERN, description="Absolute http(s) URL, no userinfo"),
@@ -64,6 +65,23 @@ EnvName = Annotated[
         "credential; the secret itself is never accepted, stored or returned",
     ),
 ]
+
+
+def env_name_refusal(
+    name: str, prefix: str, allowed: frozenset[str] | tuple[str, ...]
+) -> str | None:
+    """Why `credentials_env` may not name `name` (None: it may). Only variables meant for
+    candidates qualify: `prefix` + a suffix, or a name of the operator's allow-list; any other
+    variable of the gateway (the admin token, the database URL, cloud keys) is never sent."""
+    if name in allowed or (prefix and name.startswith(prefix) and len(name) > len(prefix)):
+        return None
+    allow = f" or one of {sorted(allowed)}" if allowed else ""
+    return (
+        f"must name a variable meant for candidates: starting with {prefix!r}{allow} "
+        "(candidate_credentials_prefix / candidate_credentials_allow in the config file)"
+    )
+
+
 Reason = Annotated[str, Meta(max_length=2000, pattern=r"^[^\x00]*$")]
 Rate = Annotated[float, Meta(ge=0.0, le=1.0)]
 Items = Annotated[int, Meta(ge=1, le=1_000_000)]
@@ -84,8 +102,9 @@ VerdictValue = Literal["promote", "hold", "reject"]
 # What a failed pattern means, by field: msgspec's message would quote the regex.
 PATTERN_REASONS = {
     "name": f"must match {NAME_PATTERN} (lowercase letters, digits, - and _)",
-    "url": "must be an absolute http(s) URL with a host, a port in 0..65535 and no "
-    "user:password@ (use credentials_env for credentials)",
+    "url": "must be an absolute http(s) URL with a host, a port in 0..65535, no "
+    "user:password@ (use credentials_env for credentials) and no query or fragment (request "
+    "paths are appended to it)",
     "credentials_env": "must be the NAME of an environment variable of the gateway "
     "(A-Z, 0-9, _), never the secret itself",
     "kind": "must not contain control characters",

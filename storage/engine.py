@@ -12,6 +12,7 @@ fixes it; only an empty SQLite file is upgraded implicitly. Nothing here logs or
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,12 +34,22 @@ IMMEDIATE = "canary_begin_immediate"
 _PG_MIGRATION_LOCK = 0x63616E617279
 
 
+# Query parameters that carry a secret (asyncpg accepts `?password=`, libpq-style `sslpassword`).
+_SECRET_PARAM = ("password", "passwd", "pwd", "secret", "token", "key")
+
+
 def masked(db_url: str) -> str:
-    """The URL with its password hidden, fit for messages and logs."""
+    """The URL with its password hidden, fit for messages and logs: the userinfo password and
+    any query parameter whose name suggests a secret (`?password=`) become `***`."""
     try:
-        return make_url(db_url).render_as_string(hide_password=True)
+        url = make_url(db_url)
     except ArgumentError:
         return "<unparseable database URL>"
+    query = {
+        k: ("redacted" if any(s in k.lower() for s in _SECRET_PARAM) else v)
+        for k, v in url.query.items()
+    }
+    return url.set(query=query).render_as_string(hide_password=True)
 
 
 def make_engine(
@@ -209,3 +220,59 @@ async def ensure_schema(
         f"the database {where} schema is {what} (expected revision {heads}); "
         f"run `canary db upgrade --db {where}`"
     )
+
+
+def sqlite_path(db_url: str) -> str | None:
+    """The file of a SQLite URL (None: not SQLite, or in memory)."""
+    try:
+        url = make_url(db_url)
+    except ArgumentError:
+        return None
+    if not url.drivername.startswith("sqlite") or url.database in (None, "", ":memory:"):
+        return None
+    return url.database
+
+
+def require_existing_database(db_url: str) -> None:
+    """Raise StorageError when a SQLite URL names a file that does not exist: a read-only
+    command must never create an empty database where the operator expected their data."""
+    path = sqlite_path(db_url)
+    if path is not None and not os.path.exists(path):
+        raise StorageError(
+            f"no database at {path} (from {masked(db_url)}): check --db or CANARY_DB_URL; "
+            "a read-only command never creates one"
+        )
+
+
+class DatabaseFileGuard:
+    """Notices when the SQLite file under a running gateway is deleted or replaced.
+
+    SQLite keeps writing to its open (now unlinked) inode, so every later write succeeds and
+    is lost at exit; the identity (device, inode) taken at start-up is compared on demand.
+    PostgreSQL URLs have no file: `problem()` is always None for them."""
+
+    __slots__ = ("_identity", "path")
+
+    def __init__(self, db_url: str) -> None:
+        self.path = sqlite_path(db_url)
+        self._identity = self._stat()
+
+    def _stat(self) -> tuple[int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def problem(self) -> str | None:
+        """Why the database file is not the one opened at start-up (None: it is, or no file)."""
+        if self.path is None or self._identity is None:
+            return None
+        now = self._stat()
+        if now is None:
+            return f"the database file {self.path} was deleted while the gateway runs"
+        if now != self._identity:
+            return f"the database file {self.path} was replaced while the gateway runs"
+        return None

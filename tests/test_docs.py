@@ -50,7 +50,7 @@ SCHEMA_DOC = ROOT / "docs" / "report-schema.md"
 
 GATEWAY = "http://canary-gateway:8080"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the model the README's requests name
-TOKEN = "tok-docs-5e1f0c"
+TOKEN = "tok-docs-5e1f0c9a7d"
 PG_URL = "postgresql+asyncpg://canary@postgres:5432/canary"  # the README's database
 URL_PLACEHOLDERS = ("http://vllm-bikv:8000", "http://vllm:8000")
 SHELL = ("bash", "sh", "console")

@@ -31,7 +31,7 @@ from evaluators.pairs.columns import (
 )
 from evaluators.pairs.types import PairSet
 from storage import queries
-from storage.models import ExchangeRow, ObservationRow
+from storage.models import ExchangeRow, MirrorCounterRow, ObservationRow
 
 
 async def load_endpoints(
@@ -56,11 +56,50 @@ async def load_endpoints(
     return by_name[candidate], live, controls[0] if controls else None
 
 
-async def load_accounting(engine: AsyncEngine, candidate: str) -> dict[str, int]:
-    """The candidate's copy accounting: each counter summed over every replica's snapshot."""
+# A replica's counters are stale when its last snapshot is older than this (the age after which
+# its gauges stop counting: a dozen flush intervals at the default) while its exchanges for the
+# candidate kept arriving after the snapshot, i.e. it died (kill -9, OOM) without a final flush.
+STALE_COUNTERS_AFTER_S = queries.GAUGE_MAX_AGE_S
+STALE_REPLICAS = "stale_replicas"  # accounting key: replicas whose counters lag their pairs
+
+
+async def load_accounting(
+    engine: AsyncEngine, candidate: str, *, now: float | None = None
+) -> dict[str, int]:
+    """The candidate's copy accounting: each counter summed over every replica's snapshot, and
+    `stale_replicas`, how many replicas' counters lag the exchanges they stored (then the
+    counters under-count and the report must not trust them for coverage)."""
     totals = dict.fromkeys(ACCOUNTING_KEYS, 0)
-    totals.update((await queries.sum_counters(engine)).get(candidate, {}))
+    totals.update((await queries.sum_counters(engine, now=now)).get(candidate, {}))
+    totals[STALE_REPLICAS] = await _stale_replicas(engine, candidate, now)
     return totals
+
+
+async def _stale_replicas(engine: AsyncEngine, candidate: str, now: float | None) -> int:
+    e = ExchangeRow.__table__
+    m = MirrorCounterRow.__table__
+    old = (time.time() if now is None else now) - STALE_COUNTERS_AFTER_S
+    last = (
+        select(e.c.replica, func.max(e.c.received_at).label("last"))
+        .where(e.c.targets.contains(f",{candidate},", autoescape=True))
+        .group_by(e.c.replica)
+        .subquery()
+    )
+    flushed = select(m.c.replica, m.c.updated_at).where(m.c.endpoint == candidate).subquery()
+    stmt = (
+        select(func.count())
+        .select_from(last.outerjoin(flushed, flushed.c.replica == last.c.replica))
+        .where(
+            or_(
+                # reported, stopped reporting, and stored exchanges after its last report
+                and_(flushed.c.updated_at < old, last.c.last > flushed.c.updated_at),
+                # never reported, though its exchanges are older than a report would take
+                and_(flushed.c.updated_at.is_(None), last.c.last < old),
+            )
+        )
+    )
+    async with engine.connect() as conn:
+        return int((await conn.execute(stmt)).scalar_one())
 
 
 def _candidate_rows(

@@ -29,19 +29,29 @@ ProgressFactory = Callable[[int], tuple[Callable[[int], None] | None, Callable[[
 
 
 def coverage_of(accounting: dict[str, int], pairs: PairSet) -> float | None:
-    """Fraction of sampled copies observed: from the copy accounting, else from the pairs."""
+    """Fraction of sampled copies observed: from the copy accounting, else from the pairs.
+
+    When the counters lag what was stored (fewer copies observed than pairs present), the
+    coverage is never more than the pairs support, present / (present + lost); after a crash
+    (`stale_replicas`), the dead replica's pending copies count as missing too."""
     observed = sum(accounting.get(k, 0) for k in ("observed_ok", "observed_error", "timed_out"))
     due = (
         accounting.get("sampled", 0)
         - accounting.get("deduplicated", 0)
         - accounting.get("pending", 0)
     )
-    if due > 0:
-        return min(1.0, observed / due)
     present = int(np.count_nonzero(pairs.candidate.present))
-    if present + pairs.lost == 0:
-        return None
-    return present / (present + pairs.lost)
+    from_pairs = present / (present + pairs.lost) if present + pairs.lost else None
+    if due <= 0:
+        return from_pairs
+    from_counters = min(1.0, observed / due)
+    crashed = accounting.get("stale_replicas", 0) > 0
+    if crashed and present:
+        # A dead replica's copies still "pending" will never be observed: count them missing.
+        return min(from_counters, present / (present + pairs.lost + pairs.pending))
+    if observed < present and from_pairs is not None:  # the counters lag the pairs
+        return min(from_counters, from_pairs)
+    return from_counters
 
 
 def _pairs_summary(ctx: EvalContext, coverage: float | None, used: int) -> PairsSummary:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 import time
 from collections import deque
 from typing import Final
@@ -34,7 +33,8 @@ from gateway.mirror.counters import LaneCounters
 from gateway.mirror.observe import classify, observation
 from gateway.mirror.ring import Entry, MemoryBudget, Offer, RingBuffer
 from gateway.process.config import GatewayConfig
-from gateway.server.headers import COPY_SKIP, copy_end_to_end
+from gateway.process.credentials import candidate_credential
+from gateway.server.headers import COPY_SKIP, copy_end_to_end, copy_skip
 from gateway.server.hooks import ObservationSink
 from gateway.server.meter import MeterResult, ResponseMeter
 from gateway.server.upstream import (
@@ -52,9 +52,8 @@ __all__ = ["MIRROR_HEADER", "Copy", "Lane"]
 MIRROR_HEADER: Final = "X-Canary-Mirror"
 
 # Not forwarded to a candidate: the copy policy of `gateway.server.headers`, the loop guard
-# (the lane sets its own), and Authorization unless the candidate says forward_auth.
+# (the lane sets its own), and the credential headers unless the candidate says forward_auth.
 _DROP: Final = COPY_SKIP | {MIRROR_HEADER.lower()}
-_DROP_AUTH: Final = _DROP | {"authorization"}
 _decode_obj = msgspec.json.Decoder(dict[str, object]).decode
 _encode = msgspec.json.Encoder().encode
 
@@ -124,8 +123,8 @@ class Lane:
         self.name = endpoint.name
         self.session_mode = endpoint.sampling == "session"
         self._base = endpoint.url.rstrip("/")
-        self._drop = _DROP if endpoint.forward_auth else _DROP_AUTH
-        token = os.environ.get(endpoint.credentials_env) if endpoint.credentials_env else None
+        self._drop = _DROP | copy_skip(self._config.credential_headers, endpoint.forward_auth)
+        token = candidate_credential(self._config, endpoint.name, endpoint.credentials_env)
         self._auth = f"Bearer {token}" if token else None
         self._timeout_s = endpoint.timeout_s
         if self._sweeper is None or self._sweeper.timeouts.total_s != endpoint.timeout_s:

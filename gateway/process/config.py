@@ -20,8 +20,9 @@ from urllib.parse import urlsplit
 import msgspec
 from msgspec import Meta
 
-from domain.endpoint import NAME_PATTERN, CandidateSpec, Endpoint, MiB
+from domain.endpoint import NAME_PATTERN, CandidateSpec, Endpoint, MiB, env_name_refusal
 from domain.errors import ConfigError
+from gateway.server.headers import CREDENTIAL_HEADERS
 
 _NAME_RE = re.compile(NAME_PATTERN)
 
@@ -103,6 +104,42 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     admin_token: str | None = None  # `token` or comma-separated `label:token` pairs
     insecure_admin: bool = False
 
+    # --- hardening: client limits, credential policy, admin exposure
+    # Bytes of request bodies held by requests in flight, all together: without it, a few slow
+    # uploads just under max_body_bytes hold gigabytes. Beyond it: 503 `gateway_overloaded`.
+    max_body_bytes_in_flight: PosInt = 256 * MiB
+    # Longest silence while a request body arrives: a client that stops sending gets 408.
+    body_read_timeout_s: PosFloat = 30.0
+    # First byte of a request line -> end of its headers: a slowloris client is cut after it.
+    header_read_timeout_s: PosFloat = 10.0
+    # An idle keep-alive connection (or one that sends nothing) is closed after this; aiohttp's
+    # default is 3,630 s, enough for idle sockets to exhaust the file descriptors.
+    keepalive_timeout_s: PosFloat = 75.0
+    # Client connections open at once on the proxy listener; beyond it a new connection gets a
+    # 503 and is closed. Kept below the process's file limit (raised to fit when allowed).
+    max_connections: PosInt = 4096
+    # A client that stops reading an answer is cut after this long without progress (its own
+    # error kind, `client_slow_reader`), so it cannot pass for the live endpoint's idle timeout.
+    client_write_timeout_s: PosFloat = 300.0
+    # Headers that carry a client's credentials: never sent on a copy unless `forward_auth`.
+    credential_headers: list[str] = msgspec.field(
+        default_factory=lambda: sorted(CREDENTIAL_HEADERS)
+    )
+    # `credentials_env` may only name variables with this prefix or in the allow-list: a
+    # candidate URL chosen by an admin must never receive another secret of the process.
+    candidate_credentials_prefix: str = "CANARY_CANDIDATE_"
+    candidate_credentials_allow: list[str] = msgspec.field(default_factory=list)
+    # Malformed requests are counted; their log line (redacted) at most once per this interval.
+    bad_request_log_interval_s: PosFloat = 60.0
+    # The admin API on its own listener (HOST:PORT); None: under /admin on the proxy's port.
+    admin_listen: str | None = None
+    admin_max_connections: PosInt = 64  # the admin listener's own limit: headroom kept apart
+    admin_token_min_length: PosInt = 16  # shorter admin tokens are refused at start-up
+    # Per peer: after this many failed admin authentications, each further attempt is refused
+    # (429) for a back-off doubling from 1 s up to admin_auth_backoff_max_s.
+    admin_auth_failures_allowed: PosInt = 10
+    admin_auth_backoff_max_s: PosFloat = 60.0
+
     # --- evaluation (overrides of evaluators.judge.settings.VerdictSettings, by field name)
     verdict: dict[str, float] = msgspec.field(default_factory=dict)
 
@@ -151,6 +188,10 @@ def check_http_url(value: str) -> str | None:
         return f"URL scheme must be http or https, got {parts.scheme or 'none'!r}"
     if not parts.hostname:
         return "URL has no host"
+    if parts.query or parts.fragment or value.endswith(("?", "#")):
+        # Paths are appended to the base URL: `…/base?x=1` + `/v1/chat/completions` would send
+        # every request to `/base?x=1…`.
+        return "URL must not have a query (?…) or fragment (#…): request paths are appended to it"
     return None
 
 
@@ -236,17 +277,75 @@ def _check_semantics(cfg: GatewayConfig, source: str) -> None:
             f"{source}: key 'db_url': must start with sqlite+aiosqlite:// or "
             f"postgresql+asyncpg://, got {cfg.db_url!r}"
         )
+    _check_hardening(cfg, source)
     seen: set[str] = set()
     for i, cand in enumerate(cfg.candidates):
         where = f"{source}: key 'candidates[{i}]"
         if reason := check_http_url(cand.url):
             raise ConfigError(f"{where}.url': {reason}")
+        if cand.credentials_env and (reason := credential_env_refusal(cfg, cand.credentials_env)):
+            raise ConfigError(f"{where}.credentials_env': {reason}")
         if cand.name in seen or cand.name == cfg.live_name:
             raise ConfigError(f"{where}.name': duplicate endpoint name {cand.name!r}")
         seen.add(cand.name)
     _check_verdict(cfg.verdict, f"{source}: key 'verdict'")
     for i, cand in enumerate(cfg.candidates):
         _check_verdict(cand.verdict, f"{source}: key 'candidates[{i}].verdict'")
+
+
+_ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+
+
+def settings_variables() -> frozenset[str]:
+    """The environment variables that configure the gateway (never a candidate credential)."""
+    return frozenset(ENV_PREFIX + name.upper() for name in _FIELDS)
+
+
+def credential_env_refusal(cfg: GatewayConfig, name: str) -> str | None:
+    """Why a candidate's `credentials_env` may not name `name` under `cfg` (None: it may)."""
+    if name in settings_variables():
+        return f"{name} configures the gateway itself and is never sent to a candidate"
+    return env_name_refusal(
+        name, cfg.candidate_credentials_prefix, frozenset(cfg.candidate_credentials_allow)
+    )
+
+
+def _check_hardening(cfg: GatewayConfig, source: str) -> None:
+    prefix = cfg.candidate_credentials_prefix
+    if prefix and (not _ENV_NAME_RE.match(prefix) or prefix in (ENV_PREFIX, "_")):
+        raise ConfigError(
+            f"{source}: key 'candidate_credentials_prefix': must be an environment variable "
+            f'prefix (A-Z, 0-9, _) narrower than {ENV_PREFIX!r}, or "" for the allow-list only,'
+            f" got {prefix!r}"
+        )
+    for i, name in enumerate(cfg.candidate_credentials_allow):
+        if not _ENV_NAME_RE.match(name) or name in settings_variables():
+            raise ConfigError(
+                f"{source}: key 'candidate_credentials_allow[{i}]': {name!r} is not a variable "
+                "a candidate may receive (A-Z, 0-9, _; not a CANARY_ setting)"
+            )
+    for i, header in enumerate(cfg.credential_headers):
+        if not re.match(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$", header):
+            raise ConfigError(
+                f"{source}: key 'credential_headers[{i}]': not a header name: {header!r}"
+            )
+    for label, token in ((lbl, tok) for tok, lbl in parse_admin_tokens(cfg.admin_token).items()):
+        if len(token) < cfg.admin_token_min_length:
+            raise ConfigError(
+                f"{source}: key 'admin_token' (CANARY_ADMIN_TOKEN): the token labelled "
+                f"{label!r} has {len(token)} characters, fewer than admin_token_min_length = "
+                f"{cfg.admin_token_min_length}; generate one with `openssl rand -hex 24`"
+            )
+    if cfg.admin_listen is not None:
+        try:
+            split_host_port(cfg.admin_listen)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: key 'admin_listen': {exc}") from exc
+        if cfg.admin_listen == cfg.listen and cfg.listen_port != 0:
+            raise ConfigError(
+                f"{source}: key 'admin_listen': same address as 'listen'; leave it unset to "
+                "serve the admin API on the proxy's port"
+            )
 
 
 def _check_verdict(overrides: dict[str, float], where: str) -> None:

@@ -43,7 +43,13 @@ from gateway.control.registry import Registry, Snapshot
 from gateway.mirror.handoff import Handoff
 from gateway.process.config import GatewayConfig, parse_admin_tokens
 from gateway.process.workers import PlaneProcess, replica_name
-from gateway.server.app import READY_CHECKS, AppCustomizer, RunningGateway, start_gateway
+from gateway.server.app import (
+    READY_CHECKS,
+    AppCustomizer,
+    RunningGateway,
+    mount_admin,
+    start_gateway,
+)
 from gateway.server.hooks import LiveTarget
 from gateway.server.metrics import Registry as MetricsRegistry
 from gateway.sim.server import SimServer, start_sim
@@ -189,7 +195,7 @@ def _customize(parts: Components) -> list[AppCustomizer]:
             verdict_settings=_verdict_settings(config),
             listen_host=config.listen_host,
         )
-        app.add_subapp("/admin", build_admin_app(ctx))
+        mount_admin(app, build_admin_app(ctx, config))
 
         async def storage_ready() -> tuple[bool, str]:
             # Reported, never gating: a database outage must not take every replica out of a

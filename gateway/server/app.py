@@ -15,15 +15,19 @@ This module must never do per-request work itself: requests go straight to `Prox
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import resource
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from gateway.process.config import GatewayConfig
+from gateway.process.config import GatewayConfig, split_host_port
+from gateway.process.credentials import REFUSALS
+from gateway.server.connections import ConnectionStats, GatewayRunner
 from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.metrics import Registry
 from gateway.server.proxy import Proxy, ProxyMetrics
@@ -40,6 +44,12 @@ METRICS = web.AppKey("canary_metrics", Registry)
 PROXY = web.AppKey("canary_proxy", Proxy)
 UPSTREAM_SESSION = web.AppKey("canary_upstream_session", aiohttp.ClientSession)
 READY_CHECKS = web.AppKey("canary_ready_checks", dict[str, ReadyCheck])
+
+# Set on an admin app before `mount_admin`: its readiness checks and /metrics collectors.
+ADMIN_READY_CHECKS = web.AppKey("canary_admin_ready_checks", dict[str, ReadyCheck])
+ADMIN_COLLECTORS = web.AppKey("canary_admin_collectors", list[Callable[[], list[str]]])
+ADMIN_APP = web.AppKey("canary_admin_app", web.Application)  # served on `admin_listen`
+CONNECTIONS = web.AppKey("canary_connection_stats", ConnectionStats)
 
 AppCustomizer = Callable[[web.Application], None]
 """Called on the built app before it starts: add cleanup_ctx entries, sub-apps, checks."""
@@ -104,6 +114,10 @@ def build_app(
     app[METRICS] = registry
     app[PROXY] = proxy
     app[READY_CHECKS] = {"live": _live_check(app)}
+    app[CONNECTIONS] = stats = ConnectionStats("proxy")
+    registry.add_collector(stats.prometheus_lines)
+    registry.add_collector(REFUSALS.prometheus_lines)
+    registry.add_collector(proxy.budget.prometheus_lines)
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         session = make_client_session(
@@ -125,11 +139,38 @@ def build_app(
     return app
 
 
-def make_runner(app: web.Application, config: GatewayConfig, **kwargs: Any) -> web.AppRunner:
+def mount_admin(app: web.Application, admin: web.Application) -> None:
+    """Serve the admin app: under `/admin` of the proxy's listener, or, with `admin_listen`, on
+    its own listener (`start_gateway` starts it). Its readiness checks and metrics join the
+    gateway's either way."""
+    checks: dict[str, ReadyCheck] = admin.get(ADMIN_READY_CHECKS) or {}
+    app[READY_CHECKS].update(checks)
+    for collector in admin.get(ADMIN_COLLECTORS, []):
+        app[METRICS].add_collector(collector)
+    if app[CONFIG].admin_listen is None:
+        app.add_subapp("/admin", admin)
+    else:
+        app[ADMIN_APP] = admin
+
+
+def make_runner(
+    app: web.Application,
+    config: GatewayConfig,
+    *,
+    stats: ConnectionStats | None = None,
+    max_connections: int | None = None,
+    **kwargs: Any,
+) -> web.AppRunner:
     """The runner the gateway needs: client disconnects cancel the handler (so the upstream is
-    aborted at once), bodies are not decompressed (forwarded as sent), no access log."""
-    return web.AppRunner(
+    aborted at once), bodies are not decompressed (forwarded as sent), no access log, and the
+    connection guards of `gateway.server.connections`."""
+    return GatewayRunner(
         app,
+        max_connections=max_connections or config.max_connections,
+        header_read_timeout_s=config.header_read_timeout_s,
+        log_interval_s=config.bad_request_log_interval_s,
+        stats=stats if stats is not None else app.get(CONNECTIONS) or ConnectionStats("proxy"),
+        keepalive_timeout=config.keepalive_timeout_s,
         handler_cancellation=True,
         auto_decompress=False,
         access_log=None,
@@ -138,15 +179,57 @@ def make_runner(app: web.Application, config: GatewayConfig, **kwargs: Any) -> w
     )
 
 
+def fit_file_limit(needed: int) -> int:
+    """Raise the soft RLIMIT_NOFILE towards `needed` when the hard limit allows; return the
+    soft limit now in force (connections beyond it would fail accept() for everyone)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return needed
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return needed if soft == resource.RLIM_INFINITY else soft
+
+
+# File descriptors kept free besides client connections: upstream pools, candidates' lanes,
+# the database, logs. The admin listener's own limit comes on top.
+FD_RESERVE = 256
+
+
+def connection_limits(config: GatewayConfig) -> tuple[int, int]:
+    """(proxy, admin) connection limits that fit the process's file limit together, so a flood
+    on the proxy port can never take the descriptors the admin API and upstreams need."""
+    admin = config.admin_max_connections if config.admin_listen is not None else 0
+    wanted = config.max_connections + admin + config.upstream_max_connections + FD_RESERVE
+    soft = fit_file_limit(wanted)
+    proxy = max(1, min(config.max_connections, soft - admin - FD_RESERVE
+                       - config.upstream_max_connections))  # fmt: skip
+    if proxy < config.max_connections:
+        log.warning(
+            "max_connections lowered to fit the file descriptor limit",
+            extra={"fields": {"max_connections": config.max_connections, "effective": proxy,
+                              "nofile": soft}},
+        )  # fmt: skip
+    return proxy, config.admin_max_connections
+
+
 class RunningGateway:
     """A gateway serving on a socket; `close()` stops it (and its built-in simulator, if any)."""
 
-    def __init__(self, runner: web.AppRunner, sim: Any | None) -> None:
+    def __init__(
+        self, runner: web.AppRunner, sim: Any | None, admin: web.AppRunner | None = None
+    ) -> None:
         self.runner = runner
         self.sim = sim
+        self.admin_runner = admin
+        self.url = _url_of(runner)
         host, port = runner.addresses[0][:2]
         self.host, self.port = str(host), int(port)
-        self.url = f"http://[{host}]:{port}" if ":" in self.host else f"http://{host}:{port}"
+        # Where the admin API answers: its own listener, or /admin of the proxy's.
+        self.admin_url = (_url_of(admin) if admin is not None else self.url) + "/admin"
 
     @property
     def app(self) -> web.Application:
@@ -154,10 +237,14 @@ class RunningGateway:
 
     async def close(self) -> None:
         try:
-            await self.runner.cleanup()
+            if self.admin_runner is not None:
+                await self.admin_runner.cleanup()
         finally:
-            if self.sim is not None:
-                await self.sim.close()
+            try:
+                await self.runner.cleanup()
+            finally:
+                if self.sim is not None:
+                    await self.sim.close()
 
     async def __aenter__(self) -> RunningGateway:
         return self
@@ -196,20 +283,49 @@ async def start_gateway(
     app = build_app(config, live=live, tee=tee, metrics=metrics)
     for fn in customize:
         fn(app)
-    runner = make_runner(app, config)
+    proxy_limit, admin_limit = connection_limits(config)
+    runner = make_runner(app, config, max_connections=proxy_limit)
+    admin_runner: web.AppRunner | None = None
+    reuse = config.workers > 1 if reuse_port is None else reuse_port
     try:
         await runner.setup()
         site = web.TCPSite(
-            runner,
-            config.listen_host,
-            config.listen_port,
-            backlog=4096,
-            reuse_port=config.workers > 1 if reuse_port is None else reuse_port,
+            runner, config.listen_host, config.listen_port, backlog=4096, reuse_port=reuse
         )
         await site.start()
+        admin_app = app.get(ADMIN_APP)
+        if admin_app is not None and config.admin_listen is not None:
+            admin_runner = await _start_admin(admin_app, config, admin_limit, reuse, app)
     except BaseException:
+        if admin_runner is not None:
+            await admin_runner.cleanup()
         await runner.cleanup()
         if sim is not None:
             await sim.close()
         raise
-    return RunningGateway(runner, sim)
+    return RunningGateway(runner, sim, admin_runner)
+
+
+async def _start_admin(
+    admin: web.Application, config: GatewayConfig, limit: int, reuse: bool, app: web.Application
+) -> web.AppRunner:
+    """The admin API alone on `admin_listen`: `/admin/...` paths, nothing of the proxy."""
+    assert config.admin_listen is not None
+    host, port = split_host_port(config.admin_listen)
+    root = web.Application()
+    root.add_subapp("/admin", admin)
+    stats = ConnectionStats("admin")
+    app[CONNECTIONS].also.append(stats)  # exported with the proxy listener's families
+    runner = make_runner(root, config, stats=stats, max_connections=limit)
+    try:
+        await runner.setup()
+        await web.TCPSite(runner, host, port, reuse_port=reuse).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+def _url_of(runner: web.AppRunner) -> str:
+    host, port = runner.addresses[0][:2]
+    return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"

@@ -7,6 +7,7 @@ lanes for copies. Pure: no IO, no aiohttp.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -16,17 +17,37 @@ HOP_BY_HOP: Final = frozenset(
     ("connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade")
 )
 # Set by the proxy itself on a forwarded production request.
+# `Expect` too: the gateway answers `100-continue` itself when it reads the body (as nginx and
+# Envoy do) and forwards a complete request; an upstream asked to continue might never answer.
 REQUEST_SKIP: Final = HOP_BY_HOP | {
     "host",
     "content-length",
     "x-forwarded-for",
     "x-forwarded-proto",
+    "expect",
 }
 RESPONSE_SKIP: Final = HOP_BY_HOP
 # Not forwarded on a copy besides the hop-by-hop ones: set by the lane's client (Host,
 # Content-Length), answered by the gateway (Expect), or replaced so that the lane only gets
 # encodings its meter can read (Accept-Encoding).
 COPY_SKIP: Final = HOP_BY_HOP | {"host", "content-length", "expect", "accept-encoding"}
+
+
+# Headers that carry a client's credentials (`credential_headers` in the config replaces the
+# list): OpenAI's and vLLM's `Authorization`, Azure OpenAI's `api-key`, gateways' `x-api-key`,
+# browser sessions' `Cookie`, and `Proxy-Authorization`. A copy goes to a URL an admin chose:
+# none of them reaches it unless the candidate says `forward_auth`.
+CREDENTIAL_HEADERS: Final = frozenset(
+    ("authorization", "api-key", "x-api-key", "cookie", "proxy-authorization")
+)
+
+
+def copy_skip(credential_headers: Iterable[str], forward_auth: bool) -> frozenset[str]:
+    """What a copy must not carry: `COPY_SKIP`, plus the credential headers unless
+    `forward_auth`. Computed when a lane is configured, never per copy."""
+    if forward_auth:
+        return COPY_SKIP
+    return COPY_SKIP | {h.lower() for h in credential_headers}
 
 
 def connection_tokens(headers: CIMultiDictProxy[str]) -> frozenset[str]:

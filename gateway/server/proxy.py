@@ -25,11 +25,13 @@ from yarl import URL
 
 from domain.ids import uuid7
 from gateway.process.config import GatewayConfig
+from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
 from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
 from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.meter import MeterResult, ResponseMeter
 from gateway.server.metrics import Registry
 from gateway.server.upstream import (
+    CLIENT_WRITE,
     DeadlineSweeper,
     UpstreamError,
     UpstreamTimeoutError,
@@ -76,6 +78,17 @@ _TIMEOUT_BODIES = {
     )
     for phase in ("connect", "ttfb", "idle", "total")
 }  # fmt: skip
+
+
+_BUSY_BODY = error_body(
+    "the gateway is reading too many request bodies at once; retry later", "server_error",
+    "gateway_overloaded",
+)  # fmt: skip
+_BAD_TARGET_BODY = error_body(
+    "request target must be a path (origin-form) or an absolute http(s) URL",
+    "invalid_request_error", "bad_request_target",
+)  # fmt: skip
+SLOW_READER = "client_slow_reader"
 
 
 def _result(meter: ResponseMeter | None, now: float, status: int) -> MeterResult:
@@ -135,12 +148,18 @@ class ProxyMetrics:
         )
         self.upstream_errors = registry.counter(
             "canary_proxy_upstream_errors_total",
-            "Live endpoint failures by kind (connect, reset, timeout_<phase>, client_disconnect).",
+            "Live endpoint failures by kind (connect, reset, timeout_<phase>), and the client's "
+            "(client_disconnect, client_slow_reader).",
             ("kind",),
         )
         self.closed_after_final = registry.counter(
             "canary_proxy_client_closed_after_final_total",
             "Streams whose client closed after receiving the final event (answered, not cut).",
+        )
+        self.odd_target = registry.counter(
+            "canary_proxy_non_origin_targets_total",
+            "Requests whose target was not a path: absolute-form (forwarded by its path) or "
+            "other (400).",
         )
         self.tee_errors = registry.counter(
             "canary_proxy_tee_errors_total", "Exceptions raised by the request tee (swallowed)."
@@ -171,14 +190,21 @@ class Proxy:
         self.metrics = metrics
         self.session: aiohttp.ClientSession | None = None
         self.max_body = config.max_body_bytes
+        self.budget = BodyBudget(config.max_body_bytes_in_flight)
+        self.body_idle_s = config.body_read_timeout_s
         self.text_max = config.store_text_max_chars
         self.timeouts = UpstreamTimeouts(
             connect_s=config.connect_timeout_s,
             ttfb_s=config.ttfb_timeout_s,
             idle_s=config.idle_timeout_s,
             total_s=config.total_timeout_s,
+            client_write_s=config.client_write_timeout_s,
         )
         self.sweeper = DeadlineSweeper(self.timeouts)
+        self._body_timeout = error_body(
+            f"the request body stopped arriving for {self.body_idle_s:g} s",
+            "invalid_request_error", "request_timeout",
+        )  # fmt: skip
         self._too_large = error_body(
             f"request body exceeds the gateway's limit of {self.max_body} bytes",
             "invalid_request_error",
@@ -200,26 +226,6 @@ class Proxy:
         except Exception:
             self.metrics.tee_errors.inc()
 
-    async def _read_body(self, request: web.Request) -> bytes | None:
-        """The whole request body as one bytes object; None when it is over the limit."""
-        length = request.content_length
-        if length is not None and length > self.max_body:
-            return None
-        payload = request.content
-        first = await payload.readany()
-        if not first:
-            return first
-        parts = [first]
-        size = len(first)
-        while chunk := await payload.readany():
-            size += len(chunk)
-            if size > self.max_body:
-                return None
-            parts.append(chunk)
-        if size > self.max_body:
-            return None
-        return first if len(parts) == 1 else b"".join(parts)
-
     def _request_headers(
         self, request: web.Request, rid: str | None
     ) -> tuple[CIMultiDict[str], str]:
@@ -240,23 +246,42 @@ class Proxy:
         metrics = self.metrics
         stats = metrics.routes.get(request.path, metrics.other)
         metrics.in_flight.inc()
+        read = BodyRead()
         try:
-            return await self._forward(request, stats)
+            return await self._forward(request, stats, read)
         finally:
+            self.budget.give(read.held)
             metrics.in_flight.dec()
 
-    async def _forward(self, request: web.Request, stats: _RouteStats) -> web.StreamResponse:
+    def _target(self, request: web.Request) -> str | None:
+        """The path and query to forward: origin-form as sent; the path of an absolute-form
+        target (RFC 9112 §3.2.2: a server must accept it); None for any other form."""
+        raw = request.raw_path
+        if raw.startswith("/"):
+            return raw
+        self.metrics.odd_target.inc()
+        if raw.startswith(("http://", "https://")):
+            return request.rel_url.raw_path_qs
+        return None
+
+    async def _forward(
+        self, request: web.Request, stats: _RouteStats, read: BodyRead
+    ) -> web.StreamResponse:
         rid = request.headers.get(XRID)
-        body = await self._read_body(request)
-        if body is None:
-            stats.count(413)
-            return self._error(413, self._too_large, rid or uuid7())
+        path = self._target(request)
+        if path is None:
+            stats.count(400)
+            return self._error(400, _BAD_TARGET_BODY, rid or uuid7())
+        await read_body(request, self.max_body, self.budget, self.body_idle_s, read)
+        if read.failure is not None:
+            return self._refuse_body(read.failure, stats, rid or uuid7())
+        body = read.body
         headers, rid = self._request_headers(request, rid)
         tee = self.tee
         token: object | None = None
         if tee is not None:
             try:
-                token = tee.on_request(request.method, request.raw_path, request.headers, body, rid)
+                token = tee.on_request(request.method, path, request.headers, body, rid)
             except Exception:
                 self.metrics.tee_errors.inc()
         session = self.session
@@ -273,7 +298,7 @@ class Proxy:
             upstream = await open_response(
                 session,
                 request.method,
-                self._url(request.raw_path),
+                self._url(path),
                 headers=headers,
                 data=request_body(body),
                 watchdog=wd,
@@ -298,7 +323,9 @@ class Proxy:
                     first_at = now
                 if meter is not None:
                     meter.feed(chunk, now)
+                wd.writing = now  # a stall from here on is the client's, not the upstream's
                 await out.write(chunk)
+                wd.writing = 0.0
                 if meter is not None and not delivered:
                     delivered = meter.final_event_seen()
             upstream.release()
@@ -331,6 +358,21 @@ class Proxy:
             self._finish_tee(token, meter.finish(end, status), None)
         return out
 
+    def _refuse_body(self, failure: str, stats: _RouteStats, rid: str) -> web.Response:
+        if failure == BUSY:
+            stats.count(503)
+            resp = self._error(503, _BUSY_BODY, rid)
+            resp.headers["Retry-After"] = "1"
+        elif failure == TIMEOUT:
+            stats.count(408)
+            resp = self._error(408, self._body_timeout, rid)
+        else:
+            stats.count(413)
+            return self._error(413, self._too_large, rid)
+        # The rest of the body is not read: the connection cannot carry another request.
+        resp.force_close()
+        return resp
+
     def _error(self, status: int, body: bytes, rid: str) -> web.Response:
         resp = web.Response(status=status, body=body, headers=_ERROR_HEADERS)
         resp.headers[XRID] = rid
@@ -349,6 +391,8 @@ class Proxy:
     ) -> web.StreamResponse:
         kind = exc.kind
         timeout = isinstance(exc, UpstreamTimeoutError)
+        if timeout and exc.phase == CLIENT_WRITE:  # type: ignore[attr-defined]
+            return self._slow_reader(request, stats, upstream, meter, token, out)
         self.metrics.error(f"timeout_{exc.phase}" if timeout else kind)  # type: ignore[attr-defined]
         if upstream is not None:
             upstream.close()  # drop the connection: the engine must stop generating
@@ -370,6 +414,29 @@ class Proxy:
         stats.count(502)
         body = _CONNECT_BODY if kind == "connect" else _RESET_BODY
         return self._error(502, body, rid)
+
+    def _slow_reader(
+        self,
+        request: web.Request,
+        stats: _RouteStats,
+        upstream: aiohttp.ClientResponse | None,
+        meter: ResponseMeter | None,
+        token: object | None,
+        out: web.StreamResponse | None,
+    ) -> web.StreamResponse:
+        """The client stopped reading for `client_write_timeout_s`: its fault, counted as
+        `client_slow_reader` (status 499), the connection cut and the upstream aborted."""
+        if upstream is not None:
+            upstream.close()
+        self.metrics.error(SLOW_READER)
+        stats.count(CLIENT_CLOSED)
+        if token is not None:
+            self._finish_tee(token, _result(meter, perf_counter(), 0), "client_disconnect")
+        transport = request.transport
+        if transport is not None:
+            transport.abort()  # its buffer is full: a graceful close would wait on it
+        assert out is not None
+        return out
 
     def _client_gone(
         self,

@@ -28,6 +28,9 @@ from domain.errors import CanaryError
 SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 
+CLIENT_WRITE = "client_write"  # the deadline phase of a client that stopped reading
+
+
 class UpstreamTimeouts(msgspec.Struct, frozen=True, kw_only=True):
     """Deadlines of one upstream exchange, in seconds; 0 disables one."""
 
@@ -35,6 +38,9 @@ class UpstreamTimeouts(msgspec.Struct, frozen=True, kw_only=True):
     ttfb_s: float = 600.0  # request sent -> response headers
     idle_s: float = 300.0  # longest gap between two body chunks
     total_s: float = 3600.0  # request sent -> last byte
+    # One write to a client that does not read (the proxy's side only; 0 = none): while it is
+    # pending the idle deadline is suspended, the stall is the client's.
+    client_write_s: float = 0.0
 
 
 class UpstreamError(CanaryError):
@@ -197,7 +203,7 @@ class Watchdog:
     into a typed error.
     """
 
-    __slots__ = ("_sweeper", "_t0", "_task", "body", "expired", "last")
+    __slots__ = ("_sweeper", "_t0", "_task", "body", "expired", "last", "writing")
 
     def __init__(self, sweeper: DeadlineSweeper, t0: float) -> None:
         task = asyncio.current_task()
@@ -207,6 +213,7 @@ class Watchdog:
         self._t0 = t0
         self.last = t0
         self.body = False  # False while waiting for headers, True once the body is flowing
+        self.writing = 0.0  # when a pending write to the client started (0: none pending)
         self.expired: str | None = None
 
     def _next_deadline(self) -> tuple[float, str]:
@@ -214,7 +221,10 @@ class Watchdog:
         best, phase = float("inf"), ""
         if t.total_s:
             best, phase = self._t0 + t.total_s, "total"
-        if self.body:
+        if self.writing:
+            if t.client_write_s and self.writing + t.client_write_s < best:
+                best, phase = self.writing + t.client_write_s, CLIENT_WRITE
+        elif self.body:
             if t.idle_s and self.last + t.idle_s < best:
                 best, phase = self.last + t.idle_s, "idle"
         elif t.ttfb_s and self._t0 + t.ttfb_s < best:

@@ -74,11 +74,11 @@ async def test_operator_session(tmp_path: Path) -> None:
         url = gw.url
         code, out, err = await canary(
             "candidates", "add", "int8", "http://127.0.0.1:9/v1", "--kind", "quantized",
-            "--sample-rate", "0.25", "--credentials-env", "INT8_KEY", "--verdict",
+            "--sample-rate", "0.25", "--credentials-env", "CANARY_CANDIDATE_INT8", "--verdict",
             "min_pairs=50", url=url,
         )  # fmt: skip
         assert code == 0, err
-        assert "int8" in out and "$INT8_KEY" in out and "min_pairs=50" in out
+        assert "int8" in out and "$CANARY_CANDIDATE_INT8" in out and "min_pairs=50" in out
         assert fits(out)
 
         code, _, err = await canary("candidates", "add", "int8", "http://h/", url=url)

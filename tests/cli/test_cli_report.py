@@ -102,6 +102,7 @@ def test_bad_input_exits_2(db: str, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "no candidate named 'ghost'" in capsys.readouterr().err
     assert main(["report", "cand", "--db", db, "--since", "yesterday"]) == 2
     assert "--since" in capsys.readouterr().err
+    (tmp_path / "empty.db").touch()  # an existing, never migrated file (a missing one: exit 2)
     empty = f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"
     assert main(["report", "cand", "--db", empty]) == 2
     assert "canary db upgrade" in capsys.readouterr().err

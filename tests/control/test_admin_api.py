@@ -90,7 +90,12 @@ async def test_changes_survive_a_restart(db_url: str) -> None:
     """Create, patch and promote on one app; a new app on the same database sees all of it."""
     async with admin_server(db_url) as first, aiohttp.ClientSession() as http:
         assert (await call(http, "POST", first.admin + "/candidates", json=BODY))[0] == 201
-        body2 = {**BODY, "name": "bikv", "sampling": "session", "credentials_env": "BIKV_KEY"}
+        body2 = {
+            **BODY,
+            "name": "bikv",
+            "sampling": "session",
+            "credentials_env": "CANARY_CANDIDATE_BIKV_KEY",
+        }
         assert (await call(http, "POST", first.admin + "/candidates", json=body2))[0] == 201
         status, _ = await call(
             http,

@@ -243,7 +243,7 @@ async def test_secrets_never_returned_or_logged(
     """Only the env var's name is stored and returned; a raw secret sent in any field is
     refused without being echoed, and neither it nor a token reaches the log."""
     secret = "sk-live-VERYSECRET-0123456789"
-    monkeypatch.setenv("INT8_API_KEY", secret)
+    monkeypatch.setenv("CANARY_CANDIDATE_INT8_KEY", secret)
     caplog.set_level(logging.DEBUG)
     async with admin_server(sqlite_url(tmp_path)) as srv, aiohttp.ClientSession() as http:
         url = srv.admin + "/candidates"
@@ -253,7 +253,7 @@ async def test_secrets_never_returned_or_logged(
                 assert resp.status == 422
                 seen.append(await resp.text())
         async with http.post(
-            url, json={**BODY, "credentials_env": "INT8_API_KEY"}, headers=auth()
+            url, json={**BODY, "credentials_env": "CANARY_CANDIDATE_INT8_KEY"}, headers=auth()
         ) as resp:
             assert resp.status == 201
             seen.append(await resp.text())
@@ -264,7 +264,7 @@ async def test_secrets_never_returned_or_logged(
             seen.append(await r.text())
     assert all(secret not in text for text in seen)
     assert all(TOKEN not in text for text in seen)
-    assert '"credentials_env":"INT8_API_KEY"' in seen[3]
+    assert '"credentials_env":"CANARY_CANDIDATE_INT8_KEY"' in seen[3]
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert secret not in logged and TOKEN not in logged
 

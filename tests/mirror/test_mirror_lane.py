@@ -154,7 +154,7 @@ def test_headers_auth_session_and_mirror_marker(
     run: Run[None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Client auth never reaches a candidate; its own token, the session and X-Canary-Mirror do."""
-    monkeypatch.setenv("CANARY_TEST_CAND_TOKEN", "cand-secret")
+    monkeypatch.setenv("CANARY_CANDIDATE_TEST_TOKEN", "cand-secret")
 
     async def scenario() -> None:
         a, b, c = await sim("fast"), await sim("fast"), await sim("fast")
@@ -166,7 +166,7 @@ def test_headers_auth_session_and_mirror_marker(
                     name="creds",
                     url=b.url,
                     sample_rate=1.0,
-                    credentials_env="CANARY_TEST_CAND_TOKEN",
+                    credentials_env="CANARY_CANDIDATE_TEST_TOKEN",
                 ),
                 Endpoint(name="fwd", url=c.url, sample_rate=1.0, forward_auth=True),
             ],

@@ -38,8 +38,9 @@ def test_example_config_documents_every_key() -> None:
 
 
 def test_example_config_loads_with_defaults() -> None:
-    """The example file, as shipped, yields exactly the built-in defaults."""
-    assert load_config(str(EXAMPLE), environ={}) == GatewayConfig()
+    """The example file, as shipped, yields the built-in defaults except `admin_listen`: new
+    configurations get the admin API on its own listener, existing ones keep the same port."""
+    assert load_config(str(EXAMPLE), environ={}) == GatewayConfig(admin_listen="127.0.0.1:8081")
 
 
 def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:

@@ -69,6 +69,7 @@ def _token() -> str | None:
 def call_admin(args: argparse.Namespace, action: Action) -> int:
     """Run `action(client, args)`; print its result; map API errors to exit codes."""
     from gateway.cli.client import AdminAPIError, AdminClient, AdminUnreachable
+    from gateway.cli.escape import terminal_safe
     from gateway.process.config import check_http_url
 
     prog = f"canary {args.command}"
@@ -88,14 +89,15 @@ def call_admin(args: argparse.Namespace, action: Action) -> int:
         return 1
     except AdminAPIError as exc:
         hint = f" (set {TOKEN_ENV})" if exc.status == 401 and token is None else ""
-        print(f"{prog}: error: {exc}{hint}", file=sys.stderr)
+        # An error message may quote what the server (or a hostile proxy) sent: escape it.
+        print(terminal_safe(f"{prog}: error: {exc}{hint}"), file=sys.stderr)
         for line in _detail_lines(exc):
-            print(line, file=sys.stderr)
+            print(terminal_safe(line), file=sys.stderr)
         return 2 if exc.status < 500 else 1
     if isinstance(out, int):
         return out
     if out is not None:
-        print(out)
+        print(terminal_safe(str(out)))  # stored strings predate today's validation, maybe
     return 0
 
 

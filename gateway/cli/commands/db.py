@@ -74,9 +74,14 @@ def run(args: argparse.Namespace) -> int:
     from alembic.util import CommandError
 
     from domain.errors import StorageError
-    from storage.engine import masked
+    from storage.engine import masked, require_existing_database
 
     url = _db_url(args)
+    if args.db_action == "current":  # read-only: never creates a database
+        try:
+            require_existing_database(url)
+        except StorageError as exc:
+            raise UsageError(str(exc)) from exc
     try:
         if args.db_action == "current":
             print(f"{masked(url)}: {asyncio.run(_current(url))}")

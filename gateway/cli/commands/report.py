@@ -113,6 +113,13 @@ def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings]:
         raise UsageError(
             f"--db: must start with sqlite+aiosqlite:// or postgresql+asyncpg://, got {url!r}"
         )
+    from domain.errors import StorageError
+    from storage.engine import require_existing_database
+
+    try:
+        require_existing_database(url)  # a report never creates an empty database
+    except StorageError as exc:
+        raise UsageError(str(exc)) from exc
     try:
         settings = VerdictSettings().with_overrides(cfg.verdict)
         return url, settings.with_overrides(STRICT) if args.strict else settings
@@ -155,6 +162,7 @@ async def _report(url: str, args: argparse.Namespace, settings: VerdictSettings)
 def run(args: argparse.Namespace) -> int:
     from domain.errors import SchemaBehind, StorageError
     from evaluators.report.render import render
+    from gateway.cli.escape import safe_for, terminal_safe
     from storage.engine import masked
 
     url, settings = _settings(args)
@@ -168,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
         raise StorageUnavailable(str(exc)) from exc
     except OSError as exc:
         raise StorageUnavailable(f"cannot reach {masked(url)}: {exc}") from exc
-    text = render(report, args.format)
+    text = render(safe_for(report, args.format), args.format)
+    if args.format in ("text", "markdown"):
+        text = terminal_safe(text)
     if args.out:
         try:
             Path(args.out).write_text(text, encoding="utf-8")

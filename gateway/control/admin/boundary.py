@@ -45,9 +45,11 @@ class ApiError(Exception):
         *,
         field: str | None = None,
         detail: dict[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.type, self.field, self.detail = status, type_, field, detail
+        self.headers = headers
 
 
 def json_response(
@@ -106,7 +108,7 @@ def boundary(enabled: bool, authenticate: Callable[[web.Request], str]) -> Any:
             return error_response(err, allow)
         except Exception as exc:  # the boundary: everything becomes the error shape
             err = map_exception(exc)
-            return error_response(err, _CHALLENGE if err.status == 401 else None)
+            return error_response(err, _CHALLENGE if err.status == 401 else err.headers)
 
     return admin_boundary
 

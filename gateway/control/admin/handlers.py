@@ -35,9 +35,12 @@ from gateway.control.admin.boundary import (
     json_response,
     read_body,
 )
+from gateway.control.admin.guard import AuthGuard
 from gateway.control.promotion import PromotionRefused, Promotions
-from gateway.process.config import check_http_url
+from gateway.process.config import GatewayConfig, check_http_url, credential_env_refusal
+from gateway.server.app import ADMIN_COLLECTORS, ADMIN_READY_CHECKS, ReadyCheck
 from storage import queries as q
+from storage.engine import DatabaseFileGuard
 
 if TYPE_CHECKING:
     from evaluators.judge.settings import VerdictSettings
@@ -90,6 +93,16 @@ class AdminContext:
 
 
 CTX = web.AppKey("canary_admin_ctx", AdminContext)
+SETTINGS = web.AppKey("canary_admin_settings", GatewayConfig)
+DB_FILE = web.AppKey("canary_admin_db_file", DatabaseFileGuard)
+_WRITES = frozenset(("POST", "PATCH", "PUT", "DELETE"))
+
+
+def _check_credentials_env(request: web.Request, name: str | None) -> None:
+    if name and (reason := credential_env_refusal(request.app[SETTINGS], name)):
+        raise ApiError(
+            422, "validation_error", f"credentials_env: {reason}", field="credentials_env"
+        )
 
 
 def _check_url(url: str) -> None:
@@ -123,6 +136,7 @@ async def create_candidate(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = await decode(request, s.CandidateCreate)
     _check_url(body.url)
+    _check_credentials_env(request, body.credentials_env)
     _check_verdict(ctx, body.verdict)
     fields = msgspec.structs.asdict(body)
     fields["verdict_overrides"] = fields.pop("verdict")
@@ -146,6 +160,8 @@ async def update_candidate(request: web.Request) -> web.Response:
     changes = (await decode(request, CandidatePatch)).changes()
     if "url" in changes:
         _check_url(changes["url"])
+    if "credentials_env" in changes:
+        _check_credentials_env(request, changes["credentials_env"])
     if "verdict" in changes:
         _check_verdict(ctx, changes["verdict"])
         changes["verdict_overrides"] = changes.pop("verdict")
@@ -267,29 +283,69 @@ async def status(request: web.Request) -> web.Response:
 # --- the sub-app ------------------------------------------------------------------------------
 
 
-def _authenticator(ctx: AdminContext) -> Callable[[web.Request], str]:
+def _authenticator(
+    ctx: AdminContext, guard: AuthGuard, db_file: DatabaseFileGuard
+) -> Callable[[web.Request], str]:
     checker = TokenChecker(ctx.tokens)
 
     def authenticate(request: web.Request) -> str:
+        actor = _who(request)
+        # A gate POST changes nothing (webhooks send POST): it stays a read.
+        writes = request.method in _WRITES and not request.path.endswith("/gate")
+        if writes and (problem := db_file.problem()):
+            # SQLite would keep writing to the unlinked file and lose it all at exit.
+            log.error("admin: write refused: %s", problem)
+            raise ApiError(503, "storage_unavailable", f"{problem}; restart the gateway")
+        return actor
+
+    def _who(request: web.Request) -> str:
         if not ctx.tokens:  # --insecure-admin: loopback peers only
             if not is_loopback(request.remote):
                 raise ApiError(404, "not_found", "admin API is disabled")
             return INSECURE_ACTOR
+        peer = request.remote or "unknown"
+        wait = guard.retry_after(peer)
+        if wait > 0:
+            raise ApiError(
+                429, "rate_limited", "too many failed authentications from this address",
+                headers={"Retry-After": str(max(1, round(wait)))},
+            )  # fmt: skip
         label = checker.label_for(request.headers.get("Authorization"))
         if label is None:
+            guard.failed(peer)
             raise ApiError(401, "authentication_error", "missing or invalid bearer token")
+        guard.succeeded(peer)
         return label
 
     return authenticate
 
 
-def build_admin_app(ctx: AdminContext) -> web.Application:
-    """The `/admin` sub-application. Raises ConfigError for `insecure` on a public listener."""
+def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> web.Application:
+    """The `/admin` sub-application (mount it with `gateway.server.app.mount_admin`). `config`
+    supplies the credential policy, the auth back-off and the database file to watch (default
+    settings when None). Raises ConfigError for `insecure` on a public listener."""
     from gateway.control.admin.openapi import openapi_document
 
     enabled = admin_mode(ctx.tokens, ctx.insecure, ctx.listen_host) != "disabled"
-    app = web.Application(middlewares=[boundary(enabled, _authenticator(ctx))])
+    settings = config if config is not None else GatewayConfig()
+    guard = AuthGuard(
+        settings.admin_auth_failures_allowed,
+        settings.admin_auth_backoff_max_s,
+        settings.bad_request_log_interval_s,
+    )
+    db_file = DatabaseFileGuard(str(ctx.engine.url))
+    app = web.Application(middlewares=[boundary(enabled, _authenticator(ctx, guard, db_file))])
     app[CTX] = ctx
+    app[SETTINGS] = settings
+    app[DB_FILE] = db_file
+
+    async def database_file() -> tuple[bool, str]:
+        problem = db_file.problem()
+        return problem is None, problem or (f"{db_file.path} in place" if db_file.path else "-")
+
+    checks: dict[str, ReadyCheck] = {"database_file": database_file}
+    app[ADMIN_READY_CHECKS] = checks
+    app[ADMIN_COLLECTORS] = [guard.prometheus_lines]
     openapi = msgspec.json.encode(openapi_document())
 
     async def openapi_json(_request: web.Request) -> web.Response:
