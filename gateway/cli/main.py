@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from domain.errors import CanaryError, UsageError
 
-_COMMANDS = ("serve", "sim", "db", "candidates", "promote", "report", "demo")
+_COMMANDS = ("serve", "sim", "db", "candidates", "promote", "report", "demo", "capacity")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,6 +37,7 @@ from domain.errors import SchemaBehind, UsageError
 from evaluators.judge.settings import VerdictSettings
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry, Snapshot
+from gateway.mirror.capture import capture_from_config, capture_writer_for
 from gateway.mirror.tee import Mirror
 from gateway.process.config import GatewayConfig, parse_admin_tokens
 from gateway.server.app import READY_CHECKS, AppCustomizer, RunningGateway, start_gateway
@@ -248,7 +249,14 @@ async def running(
         )
         await writer.start()
         stack.push_async_callback(writer.close, config.drain_timeout_s)
-        mirror = Mirror(config, live, writer, replica)
+        # Capture (opt-in): bodies of sampled conversations for `canary capacity`.
+        capture = capture_from_config(config)
+        if capture is not None:
+            capture_writer = capture_writer_for(engine, capture, config)
+            await capture_writer.start()
+            stack.push_async_callback(capture_writer.close, config.drain_timeout_s)
+            metrics.add_collector(capture.prometheus_lines)
+        mirror = Mirror(config, live, writer, replica, capture=capture)
 
         def on_change(snapshot: Snapshot) -> None:
             mirror.apply(snapshot.candidates)

@@ -1,0 +1,103 @@
+"""The ramp: both arms at each offered load in turn, from low to high, until each arm breaks
+the SLO or the ceiling is reached.
+
+Arms are driven alike and one at a time: at every load the candidate and the reference run the
+same conversations in the same order, one after the other, and the order is swapped from one
+load to the next (so neither arm always runs on a warmer machine). Running them at once would
+let two engines on one host compete for it. An arm stops at its first failing step: beyond it
+queues only grow. The conversation pool advances between loads, so a load does not replay what
+the previous one just replayed (once the pool is used up it starts over, and that is counted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import aiohttp
+import msgspec
+
+from domain.capture import CapturedSession
+from evaluators.capacity.estimate import StepData
+from evaluators.capacity.goodput import step_stats
+from evaluators.capacity.slo import Slo
+from gateway.capacity.replay import Arm, run_step
+from gateway.capacity.scrape import hit_rate, scrape
+
+
+class RampPlan(msgspec.Struct, frozen=True, kw_only=True):
+    loads: tuple[int, ...]  # offered loads (concurrent conversations), increasing
+    step_s: float  # length of one step
+    timeout_s: float  # per request
+    slo: Slo
+    attainment: float  # a step passes when this share of its requests meets the SLO
+    think_scale: float = 1.0
+
+
+class RampOutcome(msgspec.Struct, kw_only=True):
+    candidate: list[StepData]
+    reference: list[StepData]
+    replays: int  # conversations started, both arms
+    repeated: int  # conversations replayed again at a later load after the pool ran out
+
+
+async def run_ramp(
+    candidate: Arm,
+    reference: Arm,
+    pool: Sequence[CapturedSession],
+    plan: RampPlan,
+    *,
+    on_step: Callable[[str, StepData, bool], None] | None = None,
+    on_sample: Callable[[], None] | None = None,
+) -> RampOutcome:
+    """Drive both arms through `plan.loads`; see the module docstring."""
+    steps: dict[str, list[StepData]] = {"candidate": [], "reference": []}
+    broken: set[str] = set()
+    offset = replays = 0
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        for i, load in enumerate(plan.loads):
+            arms = [("candidate", candidate), ("reference", reference)]
+            if i % 2:
+                arms.reverse()
+            started = 0
+            for role, arm in arms:
+                if role in broken:
+                    continue
+                before = await scrape(http, arm.url)
+                run = await run_step(
+                    http,
+                    arm,
+                    pool,
+                    load=load,
+                    step_s=plan.step_s,
+                    timeout_s=plan.timeout_s,
+                    think_scale=plan.think_scale,
+                    offset=offset,
+                    on_sample=on_sample,
+                )
+                after = await scrape(http, arm.url)
+                data = StepData(
+                    load=load,
+                    duration_s=run.duration_s,
+                    samples=run.samples,
+                    prefix_cache_hit_rate=hit_rate(before, after),
+                )
+                steps[role].append(data)
+                replays += run.sessions_started
+                started = max(started, run.sessions_started)
+                stats = step_stats(run.samples, load=load, duration_s=run.duration_s, slo=plan.slo)
+                passed = stats.attainment >= plan.attainment
+                if not passed:
+                    broken.add(role)
+                if on_step is not None:
+                    on_step(role, data, passed)
+            offset += started
+            if len(broken) == 2:
+                break
+    return RampOutcome(
+        candidate=steps["candidate"],
+        reference=steps["reference"],
+        replays=replays,
+        repeated=max(0, offset - len(pool)),
+    )
