@@ -20,7 +20,7 @@ from domain.capture import CapturedSession
 from evaluators.capacity.estimate import StepData
 from evaluators.capacity.goodput import step_stats
 from evaluators.capacity.slo import Slo
-from gateway.capacity.replay import Arm, run_step
+from gateway.capacity.replay import Arm, run_step, send_turn
 from gateway.capacity.scrape import hit_rate, scrape
 
 
@@ -56,6 +56,10 @@ async def run_ramp(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        # One unmeasured request per arm first: connection set-up and an engine's first-request
+        # costs (compilation, allocation) belong to no load.
+        for arm in (candidate, reference):
+            await send_turn(http, arm, pool[0].turns[0], -1, plan.timeout_s)
         for i, load in enumerate(plan.loads):
             arms = [("candidate", candidate), ("reference", reference)]
             if i % 2:

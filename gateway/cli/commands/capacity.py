@@ -182,6 +182,7 @@ async def _measure(url: str, args: argparse.Namespace, slo: Slo, loads: tuple[in
             e
             for e in endpoints
             if e.role == "candidate" and e.kind == "control" and e.state == "active"
+            if e.name != cand.name
         ]
         control = max(controls, key=lambda e: e.updated_at or 0.0) if controls else None
         if args.reference:
