@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs.types import PairSet
@@ -145,6 +146,8 @@ class EvalContext:
     live: Endpoint | None = None
     control: Endpoint | None = None
     planned_look: bool = False
+    # The newest recent `canary capacity` result of the candidate, when there is one (cost).
+    capacity: CapacitySummary | None = None
     # Group code per pair when turns of a session are in the sample (computed once).
     session_groups: NDArray[np.int64] | None = field(init=False, default=None)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from evaluators.judge.metric import EvalContext, MetricResult
 from evaluators.judge.settings import VerdictSettings
@@ -90,7 +91,7 @@ def _caveats(
             "sampling by session: latency intervals use session-robust variances and bootstraps "
             "resample whole sessions; rate intervals treat the pairs as independent"
         )
-    out.append(cost.CAVEAT)
+    out.append(cost.caveat(ctx))
     out.append(
         "intervals are always-valid (each bound holds at level α over every look); "
         "Hodges–Lehmann intervals and McNemar/Wilcoxon p-values are fixed-sample estimates"
@@ -109,6 +110,7 @@ def build_report(
     accounting: dict[str, int],
     settings: VerdictSettings,
     planned_look: bool = False,
+    capacity: CapacitySummary | None = None,
 ) -> Report:
     """The report for one candidate over the given pairs (pure: no IO, no clock but the stamp).
 
@@ -123,6 +125,7 @@ def build_report(
         live=live,
         control=control,
         planned_look=planned_look,
+        capacity=capacity,
     )
     results = run_all(ctx)
     _, _, ok = latency.both_ok(ctx)
@@ -195,6 +198,7 @@ async def evaluate(
     finally:
         close()
     accounting = await store.load_accounting(engine, candidate_name)
+    capacity = await store.load_capacity(engine, candidate_name)
     # The statistics are CPU work: run them off the event loop, so a report requested from a
     # running gateway (admin API, rollout gate) never stalls the proxy for its whole duration.
     return await asyncio.to_thread(
@@ -206,4 +210,5 @@ async def evaluate(
         accounting=accounting,
         settings=settings,
         planned_look=planned_look,
+        capacity=capacity,
     )
