@@ -97,6 +97,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--loads", default="1,2,4,8,16")
     p.add_argument("--step-seconds", default="15")
+    p.add_argument("--repeats", default="1")
     p.add_argument("--slo", default="ttft=200ms")
     p.add_argument("--price", type=float, default=1.0, help="$/hour of each engine (x 1 GPU)")
     p.add_argument("--out", type=Path, default=Path("/tmp/capacity-real"))
@@ -113,7 +114,7 @@ def run() -> int:
         capture(db_url, args.pc, args.nopc, workload(args.sessions, args.turns), args.price)
     )
     base = ["capacity", "pc", "--db", db_url, "--slo", args.slo, "--loads", args.loads,
-            "--step-seconds", args.step_seconds]  # fmt: skip
+            "--step-seconds", args.step_seconds, "--repeats", args.repeats]  # fmt: skip
     code = canary([*base, "--format", "json", "--out", str(args.out / "capacity.json")])
     if code:
         return code

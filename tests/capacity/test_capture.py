@@ -4,11 +4,13 @@ then through the real gateway into real SQLite and PostgreSQL, read back as repl
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 import pytest
 import xxhash
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.errors import ConfigError
 from domain.records import ExchangeRecord
@@ -211,3 +213,45 @@ async def test_gateway_captures_whole_conversations(migrated_db_url: str) -> Non
                 ]
     finally:
         await asyncio.gather(live.close(), shadow.close())
+
+
+async def test_retention_purge_and_turn_gaps(db_engine: AsyncEngine) -> None:
+    """The purge deletes captures past the retention age and reports the bytes left (what the
+    byte budget counts); a conversation is cut at its first missing turn, and a retried turn
+    stored twice is replayed once."""
+    from domain.capture import CaptureRecord
+    from storage.captures import insert_captures, purge_captures
+
+    def rec(session: str, turn: int, at: float, suffix: str = "") -> CaptureRecord:
+        return CaptureRecord(
+            exchange_id=f"{session}-{turn}{suffix}",
+            session_key=session,
+            turn_index=turn,
+            received_at=at,
+            answered_at=at + 0.5,
+            route="/v1/chat/completions",
+            model="m",
+            targets=("a",),
+            body='{"messages": []}',
+            headers="{}",
+            body_bytes=100,
+        )
+
+    now = time.time()
+    await insert_captures(
+        db_engine,
+        [
+            rec("old", 0, now - 1000),
+            rec("gap", 0, now),
+            rec("gap", 2, now + 2),
+            rec("dup", 0, now),
+            rec("dup", 1, now + 1.5),
+            rec("dup", 1, now + 3, "-retry"),
+        ],
+    )
+    deleted, stored = await purge_captures(db_engine, now - 500)
+    assert (deleted, stored) == (1, 500)
+    pool = {s.session_key: s for s in await load_sessions(db_engine)}
+    assert set(pool) == {"gap", "dup"}
+    assert len(pool["gap"].turns) == 1
+    assert [t.think_s for t in pool["dup"].turns] == [0.0, pytest.approx(1.0)]

@@ -90,6 +90,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help=f"offered loads, concurrent conversations, increasing ({DEFAULT_LOADS})",
     )
     p.add_argument("--step-seconds", type=float, default=20.0, help="length of a step (20)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per load and arm, interleaved and pooled (1; more resists a noisy host)",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, s (60)")
     p.add_argument(
         "--think-scale", type=float, default=1.0, help="multiplies captured think times (1)"
@@ -130,8 +136,10 @@ def _check(args: argparse.Namespace) -> tuple[str, Slo, tuple[int, ...]]:
     for flag, value in (("--step-seconds", args.step_seconds), ("--timeout", args.timeout)):
         if not value > 0:
             raise UsageError(f"{flag}: must be positive, got {value}")
-    if args.think_scale < 0 or args.max_sessions < 1 or args.bootstrap < 10:
-        raise UsageError("--think-scale must be >= 0, --max-sessions >= 1, --bootstrap >= 10")
+    if args.think_scale < 0 or args.max_sessions < 1 or args.bootstrap < 10 or args.repeats < 1:
+        raise UsageError(
+            "--think-scale must be >= 0, --max-sessions >= 1, --bootstrap >= 10, --repeats >= 1"
+        )
     if args.reference and (reason := check_http_url(args.reference)):
         raise UsageError(f"--reference: {reason}")
     url: str = args.db or load_config(args.config).db_url
@@ -217,6 +225,7 @@ async def _measure(url: str, args: argparse.Namespace, slo: Slo, loads: tuple[in
             slo=slo,
             attainment=args.attainment,
             think_scale=args.think_scale,
+            repeats=args.repeats,
         )
         bar = Progress(2 * len(loads), f"capacity {cand.name}")
 
