@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -109,7 +109,7 @@ async def run_step(
     timeout_s: float,
     think_scale: float = 1.0,
     offset: int = 0,
-    on_sample: Any = None,
+    on_sample: Callable[[], None] | None = None,
 ) -> StepRun:
     """Replay `pool` (cycled from `offset`) with `load` concurrent conversations for `step_s`."""
     samples: list[Sample] = []

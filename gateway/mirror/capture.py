@@ -53,6 +53,7 @@ COUNTER_KEYS: Final = (
     "refused_budget",
     "refused_queue_full",
     "refused_unparseable",
+    "offer_errors",
     "written",
     "write_failed",
     "purged",
@@ -182,7 +183,7 @@ class CaptureSink:
             self.queued_bytes += size
             counts["captured"] += 1
         except Exception:  # a capture problem must never reach production's answer
-            counts["refused_unparseable"] += 1
+            counts["offer_errors"] += 1
 
     # ---- the writer's side, off the request path
     def take(self, limit: int) -> list[CaptureRecord]:

@@ -165,7 +165,9 @@ def _token(ep: Endpoint | None) -> str | None:
     return os.environ.get(ep.credentials_env) if ep and ep.credentials_env else None
 
 
-async def _measure(url: str, args: argparse.Namespace, slo: Slo, loads: tuple[int, ...]) -> Any:
+async def _measure(
+    url: str, args: argparse.Namespace, slo: Slo, loads: tuple[int, ...]
+) -> CapacityResult:
     from evaluators.capacity.estimate import ArmInput, StepData, estimate
     from gateway.capacity.ramp import RampPlan, run_ramp
     from gateway.capacity.replay import Arm
