@@ -166,3 +166,55 @@ class MirrorCounterRow(Base):
     endpoint: Mapped[str] = mapped_column(String(63), primary_key=True)
     counters: Mapped[str] = mapped_column(Text)  # JSON object: counter name -> int
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+# --- capture and capacity (revision 0003) ------------------------------------------------------
+
+
+class CaptureRow(Base):
+    """A captured, redacted request body of a mirrored exchange, kept for `canary capacity` to
+    replay whole conversations: grouped by `session_key`, ordered by `turn_index`, paced by
+    `received_at` / `answered_at`. Rows older than the retention age are deleted."""
+
+    __tablename__ = "captures"
+    __table_args__ = (Index("ix_captures_session_key_turn_index", "session_key", "turn_index"),)
+
+    exchange_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    captured_at: Mapped[float] = mapped_column(Float, index=True)
+    session_key: Mapped[str] = mapped_column(String(32))
+    turn_index: Mapped[int] = mapped_column(Integer, default=0)
+    received_at: Mapped[float] = mapped_column(Float)
+    answered_at: Mapped[float] = mapped_column(Float)
+    route: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(200))
+    targets: Mapped[str] = mapped_column(Text, default="")  # ",a,b," like exchanges.targets
+    body: Mapped[str] = mapped_column(Text)
+    headers: Mapped[str] = mapped_column(Text, default="{}")
+    body_bytes: Mapped[int] = mapped_column(Integer)
+
+
+class CapacityResultRow(Base):
+    """One `canary capacity` run: the headline numbers as columns (the report reads the newest
+    per endpoint) and the whole result (steps, percentiles, intervals) as JSON."""
+
+    __tablename__ = "capacity_results"
+    __table_args__ = (Index("ix_capacity_results_endpoint_created_at", "endpoint", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    endpoint: Mapped[str] = mapped_column(String(63))
+    reference: Mapped[str] = mapped_column(String(63))
+    created_at: Mapped[float] = mapped_column(Float)
+    load_unit: Mapped[str] = mapped_column(String(16))
+    slo: Mapped[str] = mapped_column(Text)
+    capacity: Mapped[float | None] = mapped_column(Float)
+    capacity_low: Mapped[float | None] = mapped_column(Float)
+    capacity_high: Mapped[float | None] = mapped_column(Float)
+    reference_capacity: Mapped[float | None] = mapped_column(Float)
+    reference_low: Mapped[float | None] = mapped_column(Float)
+    reference_high: Mapped[float | None] = mapped_column(Float)
+    ratio: Mapped[float | None] = mapped_column(Float)
+    ratio_low: Mapped[float | None] = mapped_column(Float)
+    ratio_high: Mapped[float | None] = mapped_column(Float)
+    usd_per_1m_tokens: Mapped[float | None] = mapped_column(Float)
+    reference_usd_per_1m_tokens: Mapped[float | None] = mapped_column(Float)
+    result_json: Mapped[str] = mapped_column(Text, default="{}")

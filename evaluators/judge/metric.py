@@ -25,6 +25,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs.types import PairSet
@@ -179,6 +180,8 @@ class EvalContext:
     as_of: float | None = None
     # Draw each gating metric's interval at earlier looks (off in bulk simulations).
     trajectories: bool = True
+    # The newest recent `canary capacity` result of the candidate, when there is one (cost).
+    capacity: CapacitySummary | None = None
     # Group code per pair when turns of a session are in the sample (computed once).
     session_groups: NDArray[np.int64] | None = field(init=False, default=None)
     units: Units = field(init=False)

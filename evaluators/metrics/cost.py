@@ -5,13 +5,21 @@ measured from mirrored traffic (each arm only carries the sampled load), so the 
 both would be run at the same concurrency and takes throughput ∝ per-request decode speed:
 per pair, log(cost ratio) = log(price×gpus ratio) + log(TPOT_candidate / TPOT_reference), with
 the decode-speed reference the control when present. The goal of a `quantized` candidate.
+
+When the candidate has a `canary capacity` result younger than CAPACITY_MAX_AGE_S, the metric
+uses it instead (and says so): cost ratio = price ratio / capacity ratio, i.e. dollars per
+request served within the SLO at each arm's measured capacity, with the run's bootstrap
+interval; the goal is shown when the interval lies below it.
 """
 
 from __future__ import annotations
 
 import math
 
+import msgspec
+
 from domain import kinds
+from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from evaluators.judge.metric import (
     Detail,
@@ -31,6 +39,23 @@ CAVEAT = (
     "$/1M tokens at mirrored load overstates cost; the cost ratio assumes equal concurrency "
     "and throughput proportional to per-request decode speed"
 )
+
+
+# A capacity measurement ages with the deployment (engine versions, traffic mix); past a week
+# the report falls back to the mirrored-load estimate rather than trust an old run.
+CAPACITY_MAX_AGE_S = 7 * 86400.0
+
+
+def caveat(ctx: EvalContext) -> str:
+    """The report's cost caveat: the estimate's, or the capacity run it rests on."""
+    cap = ctx.capacity
+    if cap is not None and _capacity_usable(ctx, cap) is not None:
+        return (
+            f"cost rests on the capacity run #{cap.id} (canary capacity, SLO {cap.slo}, "
+            f"reference {cap.reference}): measured capacity on replayed sessions, not the "
+            "mirrored load; its interval is a bootstrap across conversations, not always-valid"
+        )
+    return CAVEAT
 
 
 def hourly(ep: Endpoint | None) -> float | None:
@@ -54,9 +79,80 @@ def cost_spec(s: VerdictSettings, kind: str) -> MetricSpec:
     )
 
 
+class _Arm(msgspec.Struct):
+    usd_per_hour: float | None = None
+    usd_per_1m_tokens: float | None = None
+    steps: list[dict[str, object]] = msgspec.field(default_factory=list)
+
+
+class _Run(msgspec.Struct):
+    candidate: _Arm
+    reference: _Arm
+
+
+def _capacity_usable(ctx: EvalContext, cap: CapacitySummary) -> tuple[float, _Run] | None:
+    """(price ratio, the run) when the run has a ratio with an interval and both prices."""
+    if not (cap.ratio and cap.ratio_low and cap.ratio_high):
+        return None
+    try:
+        run = msgspec.json.decode(cap.result_json, type=_Run)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    price_c = hourly(ctx.candidate) or run.candidate.usd_per_hour
+    price_r = run.reference.usd_per_hour
+    if not price_c or not price_r:
+        return None
+    return price_c / price_r, run
+
+
+def _from_capacity(spec: MetricSpec, ctx: EvalContext, cap: CapacitySummary) -> MetricResult | None:
+    usable = _capacity_usable(ctx, cap)
+    if usable is None or cap.ratio is None or cap.ratio_low is None or cap.ratio_high is None:
+        return None
+    price_ratio, run = usable
+    est = price_ratio / cap.ratio
+    low, high = price_ratio / cap.ratio_high, price_ratio / cap.ratio_low
+    requests = sum(int(str(s.get("requests", 0))) for s in run.candidate.steps)
+    shown = spec.goal is not None and high < spec.goal
+    return MetricResult(
+        name=spec.name,
+        label=spec.label,
+        role=spec.role,
+        harm=spec.harm,
+        scale=spec.scale,
+        unit=spec.unit,
+        reference=f"capacity:{cap.reference}",
+        n=requests,
+        estimate=est,
+        ci_low=low,
+        ci_high=high,
+        goal=spec.goal,
+        status="undecided",  # judged with the other metrics by evaluators.judge.verdict
+        # The bootstrap interval is two-sided at 95 %: wholly below the goal is shown at 2.5 %.
+        p_goal=(ctx.settings.alpha / 2 if shown else 1.0) if spec.goal is not None else None,
+        detail={
+            "source": "capacity",
+            "capacity_run": cap.id,
+            "measured_at": cap.created_at,
+            "slo": cap.slo,
+            "price_ratio": price_ratio,
+            "capacity_ratio": cap.ratio,
+            "usd_per_1m_tokens": cap.usd_per_1m_tokens,
+            "reference_usd_per_1m_tokens": cap.reference_usd_per_1m_tokens,
+        },
+        notes=[
+            f"from capacity run #{cap.id} against {cap.reference} at SLO {cap.slo}: "
+            f"price ratio {price_ratio:.3g} / capacity ratio {cap.ratio:.3g} "
+            f"[{cap.ratio_low:.3g}, {cap.ratio_high:.3g}]"
+        ],
+    )
+
+
 def cost(ctx: EvalContext) -> list[MetricResult]:
-    """Cost per output token, candidate / live."""
+    """Cost per output token, candidate / live (or / the capacity reference, measured)."""
     spec = cost_spec(ctx.settings, ctx.candidate.kind)
+    if ctx.capacity is not None and (measured := _from_capacity(spec, ctx, ctx.capacity)):
+        return [measured]
     price_c, price_l = hourly(ctx.candidate), hourly(ctx.live)
     if not price_c or not price_l:
         return [

@@ -20,6 +20,7 @@ from sqlalchemy import ColumnElement, and_, case, func, literal, null, or_, sele
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from domain.accounting import ACCOUNTING_KEYS
+from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from evaluators.pairs.columns import (
     ARM_FIELDS,
@@ -289,3 +290,11 @@ async def _batches(
     result = await conn.stream(stmt.execution_options(yield_per=batch_size))
     while rows := await result.fetchmany(batch_size):
         yield rows
+
+
+async def load_capacity(engine: AsyncEngine, candidate: str) -> CapacitySummary | None:
+    """The candidate's newest `canary capacity` result younger than CAPACITY_MAX_AGE_S."""
+    from evaluators.metrics.cost import CAPACITY_MAX_AGE_S
+    from storage.capacity import latest_capacity
+
+    return await latest_capacity(engine, candidate, since=time.time() - CAPACITY_MAX_AGE_S)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from evaluators.judge.metric import EvalContext, MetricResult
 from evaluators.judge.settings import VerdictSettings
@@ -108,7 +109,7 @@ def _caveats(
             f"{ctx.settings.session_idle_s:g} s) or their copies' timeout: a look uses only "
             "pairs whose outcome cannot change any more"
         )
-    out.append(cost.CAVEAT)
+    out.append(cost.caveat(ctx))
     out.append(
         f"intervals are always-valid (each bound holds at one-sided level α = "
         f"{ctx.settings.alpha:g} over every look, i.e. {1 - 2 * ctx.settings.alpha:.0%} "
@@ -148,6 +149,7 @@ def build_report(
     planned_look: bool = False,
     as_of: float | None = None,
     trajectories: bool = True,
+    capacity: CapacitySummary | None = None,
 ) -> Report:
     """The report for one candidate over the given pairs (pure: no IO, no clock but the stamp).
 
@@ -166,6 +168,7 @@ def build_report(
         planned_look=planned_look,
         as_of=as_of,
         trajectories=trajectories,
+        capacity=capacity,
     )
     results = run_all(ctx)
     _, _, ok = latency.both_ok(ctx)
@@ -244,6 +247,7 @@ async def evaluate(
     now = time.time() if until is None else min(until, time.time())
     newest = float(np.nanmax(ps.received_at[: ps.n])) if ps.n else now
     as_of = max(now, newest)
+    capacity = await store.load_capacity(engine, candidate_name)
     # The statistics are CPU work: run them off the event loop, so a report requested from a
     # running gateway (admin API, rollout gate) never stalls the proxy for its whole duration.
     return await asyncio.to_thread(
@@ -256,4 +260,5 @@ async def evaluate(
         settings=settings,
         planned_look=planned_look,
         as_of=as_of,
+        capacity=capacity,
     )

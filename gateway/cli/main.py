@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from domain.errors import CanaryError, UsageError
 
-_COMMANDS = ("serve", "sim", "db", "candidates", "promote", "report", "plan", "demo")
+_COMMANDS = ("serve", "sim", "db", "candidates", "promote", "report", "plan", "capacity", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ from domain import errors
 from domain.endpoint import Endpoint
 from gateway.control.registry import Registry, Snapshot
 from gateway.mirror import wire
+from gateway.mirror.capture import CaptureSink, capture_from_config, capture_writer_for
 from gateway.mirror.tee import Mirror
 from gateway.process.config import GatewayConfig
 from gateway.server.hooks import LiveTarget
@@ -75,9 +76,16 @@ class _Plane:
     """The mirror core behind the socket: frames in, records to the writer, stats out."""
 
     def __init__(
-        self, config: GatewayConfig, mirror: Mirror, writer: ObservationWriter, priority: str
+        self,
+        config: GatewayConfig,
+        mirror: Mirror,
+        writer: ObservationWriter,
+        priority: str,
+        *,
+        capture: CaptureSink | None = None,
     ) -> None:
         self.config = config
+        self.capture = capture
         self.mirror = mirror
         self.writer = writer
         self.priority = priority
@@ -165,6 +173,8 @@ class _Plane:
     def stats_frame(self) -> bytes:
         mirror = self.mirror
         lines = [*mirror.prometheus_lines(), *self.writer.prometheus_lines(), *self._own_lines()]
+        if self.capture is not None:
+            lines.extend(self.capture.prometheus_lines())
         meta = _encode(
             wire.StatsMeta(
                 pid=os.getpid(),
@@ -248,8 +258,12 @@ async def serve_plane(
     )
     placeholder = Endpoint(name=config.live_name, url="http://127.0.0.1:9", role="live")
     live = LiveTarget(placeholder)
-    mirror = Mirror(config, live, writer, replica)
-    plane = _Plane(config, mirror, writer, priority)
+    # Capture (opt-in): bodies of sampled conversations for `canary capacity`, written by a
+    # bounded writer of its own in this (the mirror) process, never on a worker's loop.
+    capture = capture_from_config(config)
+    capture_writer = capture_writer_for(engine, capture, config) if capture is not None else None
+    mirror = Mirror(config, live, writer, replica, capture=capture)
+    plane = _Plane(config, mirror, writer, priority, capture=capture)
 
     def on_change(snapshot: Snapshot) -> None:
         mirror.apply(snapshot.candidates)
@@ -260,6 +274,8 @@ async def serve_plane(
     loop = asyncio.get_running_loop()
     server = await asyncio.start_unix_server(plane.handle, socket_path)
     await writer.start()
+    if capture_writer is not None:
+        await capture_writer.start()
     await mirror.start()
     ready()
     # Workers seed the registry; until the live endpoint exists there is nothing to mirror.
@@ -295,4 +311,6 @@ async def serve_plane(
             await queries.upsert_counters(engine, replica, mirror.counters())
         await registry.close()
         await writer.close(config.drain_timeout_s)
+        if capture_writer is not None:
+            await capture_writer.close(config.drain_timeout_s)
         await engine.dispose()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 
 import xxhash
 from aiohttp import web
@@ -27,6 +27,7 @@ from domain.endpoint import Endpoint
 from domain.ids import uuid7
 from domain.records import ExchangeRecord
 from gateway.mirror import counters as counters_mod
+from gateway.mirror.capture import CaptureSink
 from gateway.mirror.counters import MirrorCounters
 from gateway.mirror.lane import MIRROR_HEADER, Copy, Lane
 from gateway.mirror.loopguard import LoopLagGuard
@@ -66,11 +67,16 @@ class _Offer:
 class _Token:
     """Returned by `on_request` for a mirrored request; completed by `on_response`."""
 
-    __slots__ = ("live_name", "record")
+    __slots__ = ("body", "headers", "live_name", "record")
 
-    def __init__(self, record: ExchangeRecord, live_name: str) -> None:
+    def __init__(
+        self, record: ExchangeRecord, live_name: str, body: bytes, headers: Mapping[str, str]
+    ) -> None:
         self.record = record
         self.live_name = live_name
+        # References (no copy) kept only for the capture sink, released with the token.
+        self.body = body
+        self.headers = headers
 
 
 class Mirror:
@@ -84,8 +90,10 @@ class Mirror:
         replica: str,
         *,
         lag_interval_s: float = 0.01,
+        capture: CaptureSink | None = None,
     ) -> None:
         self._config = config
+        self._capture = capture
         self._live = live
         self._sink = sink
         self._replica = replica
@@ -331,7 +339,7 @@ class Mirror:
             replica=replica,
             targets=tuple(targets),
         )
-        return _Token(record, live_name)
+        return _Token(record, live_name, body, headers)
 
     def on_response(self, token: object, result: MeterResult, error_kind: str | None) -> None:
         """Hand the exchange and production's observation to the sink."""
@@ -341,6 +349,10 @@ class Mirror:
         record.prompt_tokens = result.prompt_tokens
         record.cached_tokens = result.cached_tokens
         self._sink.put_exchange(record)
+        # CAPTURE SEAM: the exchange record of an accepted copy goes to storage here, so the
+        # capture sink (opt-in, O(1), never raises) is offered the same record and its body.
+        if self._capture is not None:
+            self._capture.offer(record, token.body, token.headers)
         self._sink.put_observation(
             observation(
                 record.id,

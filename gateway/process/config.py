@@ -100,6 +100,26 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     registry_poll_interval_s: PosFloat = 2.0
     counters_flush_interval_s: PosFloat = 5.0
 
+    # --- capture: request bodies of a sample of mirrored conversations, for `canary capacity`
+    # Off by default: it stores request bodies. With store_text = false it stays off unless
+    # capture_despite_store_text_off says otherwise.
+    capture: bool = False
+    capture_share: Rate = 0.1  # share of conversations captured (whole conversations)
+    capture_candidates: list[Name] = msgspec.field(default_factory=list)  # empty: every one
+    # Total bytes of bodies kept inside the retention age; beyond it new bodies are refused.
+    capture_max_bytes: PosInt = 256 * MiB
+    capture_max_body_bytes: PosInt = 1 * MiB  # one body larger than this is refused
+    capture_retention_s: PosFloat = 7 * 86400.0  # older captures are deleted
+    # Bodies waiting for the database; bounds the memory a slow database can cost.
+    capture_queue_max: PosInt = 10_000
+    # JSON fields replaced by "[redacted]" before storing (dotted paths, `*` for any key/item).
+    capture_redact_fields: list[str] = msgspec.field(default_factory=lambda: ["user"])
+    # Headers redacted besides Authorization and Proxy-Authorization (always redacted).
+    capture_redact_headers: list[str] = msgspec.field(
+        default_factory=lambda: ["cookie", "x-api-key", "api-key"]
+    )
+    capture_despite_store_text_off: bool = False
+
     # --- admin API
     admin_token: str | None = None  # `token` or comma-separated `label:token` pairs
     insecure_admin: bool = False
@@ -288,6 +308,11 @@ def _check_semantics(cfg: GatewayConfig, source: str) -> None:
         if cand.name in seen or cand.name == cfg.live_name:
             raise ConfigError(f"{where}.name': duplicate endpoint name {cand.name!r}")
         seen.add(cand.name)
+    if cfg.capture and not cfg.store_text and not cfg.capture_despite_store_text_off:
+        raise ConfigError(
+            f"{source}: key 'capture': store_text = false keeps request bodies out of storage; "
+            "set capture_despite_store_text_off = true to capture them anyway"
+        )
     _check_verdict(cfg.verdict, f"{source}: key 'verdict'")
     for i, cand in enumerate(cfg.candidates):
         _check_verdict(cand.verdict, f"{source}: key 'candidates[{i}].verdict'")
