@@ -321,6 +321,7 @@ def real_run(real_engines: dict[str, eng.Engine]) -> Iterator[RealRun]:
         )  # fmt: skip
         assert res.returncode == 0, f"canary report {name}: {res.stderr[-2000:]}"
         reports[name] = json.loads(res.stdout)
+        (workdir / f"report-{name}.json").write_text(res.stdout)
         text = subprocess.run(
             [_canary(), "report", name, "--db", db_url, "--planned-look"],
             capture_output=True, text=True, timeout=600, check=False,
