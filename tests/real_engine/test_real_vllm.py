@@ -111,22 +111,17 @@ def test_at_least_98_percent_of_copies_observed(real_run: RealRun) -> None:
         observed = c["observed_ok"] + c["observed_error"]
         if observed < 0.98 * c["sampled"]:
             low[name] = c
-    if low:
-        pytest.xfail(
-            f"copies shed on a busy host (mirror shedding, issue 10 item 2, not this branch): {low}"
-        )
+    assert not low, f"fewer than 98 % of sampled copies observed: {low}"
 
 
-# What may still hold bi-kv on this branch, for reasons outside the meter and the suite, each
-# with the statuses it may have: the coverage gate (copies shed when a busy host wakes the
-# loop late: the mirror's shedding), and latency metrics left undecided — never beyond — by
-# the timing noise of a host at load 10-20 (seen in three runs: TPOT, whose per-pair ratio on
-# this tiny model is noise because tokens arrive grouped; TTFT > 2 s after one or two engine
-# stalls; TTFT itself, or the goal with its estimate below 1, at a few hundred pairs). A noise
-# floor and a non-gating rule for unmeasurable metrics are the evaluators' side. Anything
-# else, or any of these shown beyond its margin, fails.
-_LATENCY = ("ttft_later_turns", "ttft", "tpot", "e2e", "ttft_slo", "e2e_slo")
-_OUTSIDE = {"coverage": {"insufficient"}, **{m: {"undecided"} for m in _LATENCY}}
+# What may still hold bi-kv, each with the statuses it may have: latency metrics left
+# undecided — never beyond — by the timing noise of a loaded two-core host running four engines
+# (seen: TPOT, whose per-pair ratio on this tiny model is noise because tokens arrive grouped;
+# TTFT > 2 s after one or two engine stalls; TTFT itself, or the goal with its estimate below 1,
+# at a few hundred pairs). Such a hold is reported as an expected failure with its reasons.
+# Anything else (coverage included), or any of these shown beyond its margin, fails.
+_LATENCY = ("ttft_later_turns", "ttft_first_turn", "ttft", "tpot", "e2e", "ttft_slo", "e2e_slo")
+_OUTSIDE = {m: {"undecided"} for m in _LATENCY}
 _BLOCKING = {"insufficient", "undecided", "beyond", "critical"}
 
 
