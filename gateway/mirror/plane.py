@@ -35,6 +35,7 @@ from gateway.mirror import wire
 from gateway.mirror.capture import CaptureSink, capture_from_config, capture_writer_for
 from gateway.mirror.tee import Mirror
 from gateway.process.config import GatewayConfig
+from gateway.process.credentials import REFUSALS
 from gateway.server.hooks import LiveTarget
 from storage import queries
 from storage.engine import make_engine
@@ -175,6 +176,8 @@ class _Plane:
         lines = [*mirror.prometheus_lines(), *self.writer.prometheus_lines(), *self._own_lines()]
         if self.capture is not None:
             lines.extend(self.capture.prometheus_lines())
+        # The lanes read candidate credentials here, in the mirror process: its refusals count.
+        lines.extend(REFUSALS.prometheus_lines())
         meta = _encode(
             wire.StatsMeta(
                 pid=os.getpid(),

@@ -26,7 +26,6 @@ import aiohttp
 from aiohttp import web
 
 from gateway.process.config import GatewayConfig, split_host_port
-from gateway.process.credentials import REFUSALS
 from gateway.server.connections import ConnectionStats, GatewayRunner
 from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.metrics import Registry
@@ -116,7 +115,6 @@ def build_app(
     app[READY_CHECKS] = {"live": _live_check(app)}
     app[CONNECTIONS] = stats = ConnectionStats("proxy")
     registry.add_collector(stats.prometheus_lines)
-    registry.add_collector(REFUSALS.prometheus_lines)
     registry.add_collector(proxy.budget.prometheus_lines)
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:

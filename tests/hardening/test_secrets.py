@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from pathlib import Path
 
 import aiohttp
@@ -13,8 +14,8 @@ import pytest
 
 from domain.endpoint import Endpoint
 from domain.errors import ConfigError
-from gateway.process.config import load_config
-from gateway.process.credentials import REFUSALS
+from gateway.process.config import GatewayConfig, load_config
+from gateway.process.credentials import REFUSALS, candidate_credential
 from storage import queries as q
 from storage.engine import masked
 from tests.control.test_admin_harness import admin_server, call, real_gateway
@@ -78,7 +79,6 @@ async def test_copies_carry_no_client_or_foreign_credential(
         writer.write(b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
         await writer.drain()
 
-    before = REFUSALS.count
     async with raw_upstream(respond) as cand_url, real_gateway(tmp_path) as parts:
         ep = Endpoint(
             name="c", url=cand_url, sample_rate=1.0, credentials_env="AWS_SECRET_ACCESS_KEY"
@@ -94,17 +94,45 @@ async def test_copies_carry_no_client_or_foreign_credential(
         }
         with caplog.at_level(logging.WARNING, logger="canary.credentials"):
             async with aiohttp.ClientSession() as http:
-                for _ in range(2):
+                # The host's mirror process learns of the stored endpoint at its next registry
+                # poll: send until a copy has reached the candidate.
+                for _ in range(100):
                     url = parts.url + "/v1/chat/completions"
                     async with http.post(url, json=CHAT, headers=secrets) as resp:
                         await resp.read()
+                    if got.is_set():
+                        break
+                    await asyncio.sleep(0.2)
                 await asyncio.wait_for(got.wait(), 20)
+            # The lanes run in the host's mirror process: its refusal count reaches /metrics.
+            refused = 0.0
+            async with aiohttp.ClientSession() as http:
+                for _ in range(100):
+                    async with http.get(parts.url + "/metrics") as resp:
+                        text = await resp.text()
+                    found = re.search(
+                        r"^canary_candidate_credentials_refused_total (\S+)$", text, re.M
+                    )
+                    refused = float(found.group(1)) if found else 0.0
+                    if refused > 0:
+                        break
+                    await asyncio.sleep(0.1)
+            assert refused > 0
     assert heads
     for head in heads:
         low = head.lower()
         for value in (*secrets.values(), "aws-secret-value"):
             assert value.lower().encode() not in low
-    assert REFUSALS.count > before
+
+
+def test_a_refused_credential_is_logged_once_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """Every refused look-up is counted; the first for an (endpoint, name) is logged, once."""
+    config = GatewayConfig()
+    before = REFUSALS.count
+    with caplog.at_level(logging.WARNING, logger="canary.credentials"):
+        for _ in range(3):
+            assert candidate_credential(config, "c2", "AWS_SECRET_ACCESS_KEY", {}) is None
+    assert REFUSALS.count == before + 3
     refused = [r for r in caplog.records if "credential refused" in r.getMessage()]
     assert len(refused) == 1
 
