@@ -54,6 +54,11 @@ log_format = "json"
 # guard tolerates more lag and no CPU limit (in a real deployment keep the defaults).
 mirror_shed_loop_lag_ms = 250.0
 mirror_shed_cpu_busy = 0.0
+# The mirror process meters the candidates' answers; at idle priority, beside four busy
+# simulators, its wake-ups land late and every candidate TTFT carries that delay. The demo's
+# production is a simulator, so the mirror runs at normal priority here (keep "idle" in a real
+# deployment, where the engines are not on the gateway's cores).
+mirror_priority = "normal"
 registry_poll_interval_s = 1.0
 counters_flush_interval_s = 1.0
 live_price_per_hour_usd = 2.0
