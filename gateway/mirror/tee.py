@@ -64,6 +64,9 @@ class _Offer:
         self.session_mode = lane.session_mode
 
 
+_NO_HEADERS: Mapping[str, str] = {}
+
+
 class _Token:
     """Returned by `on_request` for a mirrored request; completed by `on_response`."""
 
@@ -339,6 +342,8 @@ class Mirror:
             replica=replica,
             targets=tuple(targets),
         )
+        if self._capture is None:  # nothing will read them: do not hold the body until the
+            return _Token(record, live_name, b"", _NO_HEADERS)  # production result arrives
         return _Token(record, live_name, body, headers)
 
     def on_response(self, token: object, result: MeterResult, error_kind: str | None) -> None:
