@@ -9,6 +9,7 @@ promptly whether or not the server cancels handlers on disconnect.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections import deque
 from typing import Any
@@ -82,6 +83,14 @@ async def pause(request: web.BaseRequest, delay: float) -> None:
     if delay <= 0:
         return
     loop = asyncio.get_running_loop()
+    if math.isinf(delay):
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise ClientGone
+        # A hang ends only when the client leaves, and the server's handler cancellation ends
+        # it then; polling would wake every hung connection POLL_S apart (a few thousand hung
+        # connections, as a mirror to a hung candidate holds, cost a whole core).
+        await loop.create_future()
     end = loop.time() + delay
     while True:
         transport = request.transport
