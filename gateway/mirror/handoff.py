@@ -1,11 +1,13 @@
 """`Handoff`: the `RequestTee` a worker runs; hands sampled copies to the mirror process.
 
 The production loop does only this per request: decide the sample from the request id or the
-session header (one xxh3 per candidate, no body parsing), and when a copy is chosen write one
-frame (header, small msgpack meta, the body bytes it already read) into a Unix stream socket
-toward the host's mirror process. The write is non-blocking: the bytes go to the kernel's socket
-buffer, and what the kernel cannot take waits in the transport's buffer, which is capped at
-`mirror_channel_max_bytes`. A copy that would pass the cap is `dropped_overflow`; one larger than
+session header (one xxh3 per candidate, no body parsing), and when a copy is chosen queue one
+frame (header, small msgpack meta, a reference to the body bytes it already read) for a Unix
+stream socket toward the host's mirror process. Frames are written together at most
+`_COALESCE_S` after the first (one write and one wake-up of the mirror process per few copies).
+The write is non-blocking: the bytes go to the kernel's socket buffer, and what the kernel cannot
+take waits in the transport's buffer; queued and buffered bytes together are capped at
+`mirror_channel_max_bytes`. Frames still queued when the channel drops are counted as dropped. A copy that would pass the cap is `dropped_overflow`; one larger than
 the cap or the mirror memory budget is `dropped_oversize` before a byte of it is copied; while
 the mirror process is down every chosen copy is `dropped_overflow` (reason counted). Nothing here
 ever awaits the mirror process on the request path, parses a body, or logs per request.
@@ -54,6 +56,11 @@ _SKIP: Final = COPY_SKIP | {MIRROR_HEADER.lower()}
 # Results are tiny and must not be refused when copies fill the channel: they get this headroom.
 _RESULT_HEADROOM: Final = 1 << 20
 _RECONNECT_S: Final = 0.2
+# Frames are written to the socket together, at most this long after the first of them: each
+# write wakes the mirror process, and a wake-up across CPUs (an IPI; a VM exit on a virtual
+# machine) costs the worker more than the frame itself. Copies may wait this long; production's
+# own timings are taken before, on the worker, so they are unaffected.
+_COALESCE_S: Final = 0.002
 
 
 class _WOffer:
@@ -101,6 +108,10 @@ class Handoff:
         self._oversize = min(config.mirror_channel_max_bytes, config.mirror_memory_budget_bytes)
         self._offers: tuple[_WOffer, ...] = ()
         self._transport: asyncio.WriteTransport | None = None
+        self._pending: list[bytes] = []  # frame parts not yet written to the transport
+        self._pending_bytes = 0
+        self._pending_chosen: list[tuple[list[str], bool]] = []  # each pending copy's choice
+        self._flush_at: asyncio.TimerHandle | None = None
         self._lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -147,6 +158,7 @@ class Handoff:
 
     def _on_lost(self) -> None:
         self._transport = None
+        self._drop_pending()
         self._lost.set()
         for fut in self._idle_waiters.values():
             if not fut.done():
@@ -162,6 +174,7 @@ class Handoff:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._flush()
         transport, self._transport = self._transport, None
         if transport is None:
             return
@@ -243,7 +256,7 @@ class Handoff:
         elif transport is None:
             self.process["channel_down"] += 1
             failure = 1
-        elif transport.get_write_buffer_size() + size > self._limit:
+        elif transport.get_write_buffer_size() + self._pending_bytes + size > self._limit:
             failure = 1
         if failure is not None:
             if undecided:
@@ -253,8 +266,8 @@ class Handoff:
                 row[0] += 1
                 row[failure] += 1
             return None
-        assert transport is not None
-        transport.writelines((wire.frame_header(wire.KIND_COPY, len(meta), len(body)), meta, body))
+        self._queue(size, wire.frame_header(wire.KIND_COPY, len(meta), len(body)), meta, body)
+        self._pending_chosen.append((chosen, undecided))
         self.process["handed_off"] += 1
         return exchange_id
 
@@ -270,10 +283,44 @@ class Handoff:
         transport = self._transport
         if transport is None:
             return False
-        if transport.get_write_buffer_size() > self._limit + _RESULT_HEADROOM:
+        if transport.get_write_buffer_size() + self._pending_bytes > self._limit + _RESULT_HEADROOM:
             return False
-        transport.writelines((wire.frame_header(kind, len(meta), 0), meta))
+        self._queue(wire.FRAME.size + len(meta), wire.frame_header(kind, len(meta), 0), meta)
         return True
+
+    def _queue(self, size: int, *parts: bytes) -> None:
+        """Add a frame to the next write (references only: bodies are not copied here)."""
+        self._pending.extend(parts)
+        self._pending_bytes += size
+        if self._flush_at is None:
+            loop = asyncio.get_running_loop()
+            self._flush_at = loop.call_at(loop.time() + _COALESCE_S, self._flush)
+
+    def _flush(self) -> None:
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        transport, pending = self._transport, self._pending
+        if not pending:
+            return
+        self._pending, self._pending_bytes, self._pending_chosen = [], 0, []
+        if transport is not None:
+            transport.writelines(pending)
+
+    def _drop_pending(self) -> None:
+        """The channel went down with frames not yet written: their copies never reached the
+        mirror process, so they are counted here (`dropped_overflow`), as copies refused."""
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        for chosen, undecided in self._pending_chosen:
+            if undecided:
+                self.process["undecided_dropped"] += 1
+            for name in chosen:
+                row = self._lanes.setdefault(name, [0, 0, 0])
+                row[0] += 1
+                row[1] += 1
+        self._pending, self._pending_bytes, self._pending_chosen = [], 0, []
 
     def _on_frame(self, kind: int, meta: bytes) -> None:
         if kind == wire.KIND_STATS:
