@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -525,6 +525,22 @@ async def on_gateway(gw: Proc, run: Any) -> Sample:
     return sample
 
 
+async def rss_during(rss: Callable[[], int], load: Awaitable[Sample]) -> tuple[Sample, list[int]]:
+    """Run `load` while sampling `rss()` every 0.25 s; its result and the samples."""
+    samples: list[int] = []
+
+    async def sample() -> None:
+        while True:
+            samples.append(rss())
+            await asyncio.sleep(0.25)
+
+    async with asyncio.TaskGroup() as tg:
+        sampler = tg.create_task(sample())
+        result = await load
+        sampler.cancel()
+    return result, samples
+
+
 async def copies(url: str) -> dict[str, dict[str, Any]]:
     async with _client() as http, http.get(f"{url}/metrics") as resp:
         text = await resp.text()
@@ -604,20 +620,9 @@ async def bench(args: argparse.Namespace) -> None:
             gateway(live_fast.url, [f"hang={hang.url}"], budget=MiB, cpu=gw_cpu) as gw,
         ):
             idle_rss = gw.rss_bytes()
-            samples: list[int] = []
-
-            async def sample() -> None:
-                while True:
-                    samples.append(gw.rss_bytes())
-                    await asyncio.sleep(0.25)
-
-            async with asyncio.TaskGroup() as tg:
-                sampler = tg.create_task(sample())
-                mem = pool(
-                    "100 KB prompts",
-                    [await closed_loop(gw.url, args.concurrency, args.rss_seconds, pad=100_000)],
-                )
-                sampler.cancel()
+            overload = closed_loop(gw.url, args.concurrency, args.rss_seconds, pad=100_000)
+            sample_, samples = await rss_during(gw.rss_bytes, overload)
+            mem = pool("100 KB prompts", [sample_])
             mem_copies = await copies(gw.url)
 
     print()
@@ -718,17 +723,8 @@ async def plane_bench(args: argparse.Namespace) -> None:
             gateway(live_fast.url, [f"hang={hang.url}"], budget=MiB, priority=args.priority) as gw,
         ):
             idle_rss = gw.tree_rss_bytes()
-            rss: list[int] = []
-
-            async def sample_rss() -> None:
-                while True:
-                    rss.append(gw.tree_rss_bytes())
-                    await asyncio.sleep(0.25)
-
-            async with asyncio.TaskGroup() as tg:
-                sampler = tg.create_task(sample_rss())
-                mem = await closed_loop(gw.url, args.concurrency, args.rss_seconds, pad=100_000)
-                sampler.cancel()
+            overload = closed_loop(gw.url, args.concurrency, args.rss_seconds, pad=100_000)
+            mem, rss = await rss_during(gw.tree_rss_bytes, overload)
             mem_copies = await copies(gw.url)
     notes.append(f"end {_load()}")
     print()

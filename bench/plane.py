@@ -50,7 +50,8 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from isolation import MiB, _client, _cpu, _rss, closed_loop, copies, live_engine, sim
+from isolation import MiB, _client, _cpu, _rss, closed_loop, copies, live_engine, rss_during, sim
+from overhead import free_port as _free_port
 
 _HANDOFF = re.compile(
     r'canary_mirror_handoff_dropped_total\{candidate="([^"]+)",reason="(\w+)"\} (\d+)'
@@ -75,12 +76,6 @@ _TINY_ANSWER = (
     '"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],'
     '"usage":{"prompt_tokens":6,"completion_tokens":1,"total_tokens":7}}'
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(port: int, timeout: float = 20.0) -> None:
@@ -571,17 +566,8 @@ async def run(args: argparse.Namespace) -> None:
                 await register(http, gw, "cand", hang.url)
             await asyncio.sleep(1.5)
             idle = gw.rss()
-            rss: list[int] = []
-
-            async def sample() -> None:
-                while True:
-                    rss.append(gw.rss())
-                    await asyncio.sleep(0.25)
-
-            async with asyncio.TaskGroup() as tg:
-                sampler = tg.create_task(sample())
-                mem = await closed_loop(gw.url, 16, args.rss_seconds, pad=100_000)
-                sampler.cancel()
+            overload = closed_loop(gw.url, 16, args.rss_seconds, pad=100_000)
+            mem, rss = await rss_during(gw.rss, overload)
             await asyncio.sleep(1.5)
             mem_copies = await host_copies(gw.url)
     notes.append(f"end {_load()}")
