@@ -220,21 +220,10 @@ class Proc:
 
     def tree_pids(self) -> list[int]:
         """This process and its descendants (the mirror process of a plane gateway)."""
-        out, todo = [], [self.pid]
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            with contextlib.suppress(OSError):
-                for task in Path(f"/proc/{pid}/task").iterdir():
-                    todo += [int(c) for c in (task / "children").read_text().split()]
-        return out
+        return tree_pids(self.pid)
 
     def tree_rss_bytes(self) -> int:
-        total = 0
-        for pid in self.tree_pids():
-            with contextlib.suppress(OSError, IndexError):
-                total += _rss(pid)
-        return total
+        return tree_rss(self.pid)
 
     def tree_cpu_seconds(self) -> float:
         total = 0.0
@@ -254,6 +243,27 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and its descendants, from /proc."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def tree_rss(root: int) -> int:
+    """Resident memory of `root` and its descendants together, bytes."""
+    total = 0
+    for pid in tree_pids(root):
+        with contextlib.suppress(OSError, IndexError):
+            total += _rss(pid)
+    return total
 
 
 def _rss(pid: int) -> int:

@@ -50,7 +50,18 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from isolation import MiB, _client, _cpu, _rss, closed_loop, copies, live_engine, rss_during, sim
+from isolation import (
+    MiB,
+    _client,
+    _cpu,
+    closed_loop,
+    copies,
+    live_engine,
+    rss_during,
+    sim,
+    tree_pids,
+    tree_rss,
+)
 from overhead import free_port as _free_port
 
 _HANDOFF = re.compile(
@@ -225,14 +236,7 @@ class Gateway:
             _pin(mpid, set(range(os.cpu_count() or 1)))
 
     def tree_pids(self) -> list[int]:
-        out, todo = [], [self.popen.pid]
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            with contextlib.suppress(OSError):
-                for task in Path(f"/proc/{pid}/task").iterdir():
-                    todo += [int(c) for c in (task / "children").read_text().split()]
-        return out
+        return tree_pids(self.popen.pid)
 
     def mirror_pid(self) -> int | None:
         found = _MIRROR_PID.findall(self.log.read_text())
@@ -251,11 +255,7 @@ class Gateway:
         return rest, mirror
 
     def rss(self) -> int:
-        total = 0
-        for pid in self.tree_pids():
-            with contextlib.suppress(OSError, IndexError):
-                total += _rss(pid)
-        return total
+        return tree_rss(self.popen.pid)
 
     def close(self) -> None:
         if self.popen.poll() is None:
