@@ -9,7 +9,9 @@ blindly. Raises only the errors of `domain.errors`.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+import sys
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -25,6 +27,13 @@ if TYPE_CHECKING:
     from evaluators.report.model import Report
 
 log = logging.getLogger("canary.admin")
+
+
+async def load_report_stack() -> None:
+    """Import the report builder (and with it scipy) in a thread the first time a report is
+    asked for: the import takes most of a second, which the proxy's loop must not wait for."""
+    if "evaluators.report.build" not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, "evaluators.report.build")
 
 
 class PromotionRefused(de.PromotionConflict):
@@ -55,6 +64,7 @@ class Promotions:
 
     async def report(self, ep: Endpoint, *, final: bool = False) -> Report:
         """The candidate's report over all its pairs (`final`: a planned look)."""
+        await load_report_stack()
         from evaluators.report.build import evaluate
 
         settings = self.settings.with_overrides(ep.verdict_overrides)
@@ -69,6 +79,7 @@ class Promotions:
 
     async def promote(self, name: str, *, actor: str, reason: str, force: bool) -> PromotionRecord:
         """Make `name` the live endpoint if its verdict is `promote` (or `force`)."""
+        await load_report_stack()
         from evaluators.report.model import report_to_json
 
         _, endpoints = await q.load_endpoints(self.engine)

@@ -7,9 +7,10 @@ stream socket toward the host's mirror process. Frames are written together at m
 `_COALESCE_S` after the first (one write and one wake-up of the mirror process per few copies).
 The write is non-blocking: the bytes go to the kernel's socket buffer, and what the kernel cannot
 take waits in the transport's buffer; queued and buffered bytes together are capped at
-`mirror_channel_max_bytes`. Frames still queued when the channel drops are counted as dropped. A copy that would pass the cap is `dropped_overflow`; one larger than
-the cap or the mirror memory budget is `dropped_oversize` before a byte of it is copied; while
-the mirror process is down every chosen copy is `dropped_overflow` (reason counted). Nothing here
+`mirror_channel_max_bytes`. A copy that would pass the cap is `dropped_overflow`; one larger
+than the cap or the mirror memory budget is `dropped_oversize` before a byte of it is copied;
+while the mirror process is down every chosen copy is `dropped_overflow` (reason counted), and so
+is every copy whose frame was still queued when the channel dropped. Nothing here
 ever awaits the mirror process on the request path, parses a body, or logs per request.
 
 A session-mode candidate without the session header on the request cannot be sampled without

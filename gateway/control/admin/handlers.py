@@ -13,6 +13,7 @@ credential), log a request body, or answer 2xx before the commit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -346,10 +347,18 @@ def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> w
     checks: dict[str, ReadyCheck] = {"database_file": database_file}
     app[ADMIN_READY_CHECKS] = checks
     app[ADMIN_COLLECTORS] = [guard.prometheus_lines]
-    openapi = msgspec.json.encode(openapi_document())
+    # Built on first request, in a thread: the document is derived from the report model, whose
+    # import pulls in the statistics stack (scipy, ~0.7 s and tens of MiB). A worker that is
+    # never asked for it never loads it, and the proxy's loop never waits for the import.
+    openapi: list[bytes] = []
+    building = asyncio.Lock()
 
     async def openapi_json(_request: web.Request) -> web.Response:
-        return web.Response(body=openapi, content_type="application/json")
+        async with building:
+            if not openapi:
+                doc = await asyncio.to_thread(openapi_document)
+                openapi.append(msgspec.json.encode(doc))
+        return web.Response(body=openapi[0], content_type="application/json")
 
     r = app.router
     r.add_get("/candidates", list_candidates, name="candidates")

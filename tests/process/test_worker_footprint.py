@@ -1,0 +1,51 @@
+"""A worker that is never asked for a report never loads the statistics stack: scipy and numpy
+(tens of MiB per process, most of a second to import) arrive only with the first report or
+OpenAPI request, and are imported off the proxy's loop then (a real `running()` gateway in a
+fresh process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+_SCRIPT = """
+import asyncio, sys
+import aiohttp
+from gateway.process.config import load_config
+from gateway.process.runtime import running
+
+async def main(db):
+    cfg = load_config(None, environ={}, overrides={
+        "listen": "127.0.0.1:0", "db_url": db, "insecure_admin": True,
+        "live_url": "http://127.0.0.1:9", "mirror_priority": "normal"})
+    async with running(cfg) as parts, aiohttp.ClientSession() as http:
+        async with http.get(parts.url + "/healthz") as resp:
+            assert resp.status == 200, resp.status
+        print("after start", "scipy" in sys.modules, "numpy" in sys.modules, flush=True)
+        async with http.get(parts.url + "/admin/openapi.json") as resp:
+            assert resp.status == 200, resp.status
+            await resp.read()
+        print("after openapi", "scipy" in sys.modules, flush=True)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_the_statistics_stack_loads_only_when_asked_for(tmp_path: Path) -> None:
+    db = f"sqlite+aiosqlite:///{tmp_path / 'canary.db'}"
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, db],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = {
+        line.split()[0] + " " + line.split()[1]: line.split()[2:]
+        for line in out.stdout.splitlines()
+    }
+    assert lines["after start"] == ["False", "False"], out.stdout
+    assert lines["after openapi"][0] == "True", out.stdout  # it was really built from the model
