@@ -518,47 +518,50 @@ async def run(args: argparse.Namespace) -> None:
                 xs,
             )
 
-        await one("tiny", "off", rates[0])  # a warm-up row, not recorded (caches, first start)
-        # 1 + 2: tiny requests at each rate, then streams; interleaved round by round.
-        for rnd in range(args.rounds):
-            for rate in rates:
-                for label in SCENARIOS:
-                    row = await one("tiny", label, rate)
-                    results.setdefault((f"{rate:g}", label), []).append(row)
-                    print(f"r{rnd} {rate:g}/s {label:17} {_fmt(row)}", flush=True)
-                    notes.append(f"r{rnd} {rate:g}/s {label}: {row.copies} {_load()}")
-                lat, errors, kinds = await open_loop_tiny(
-                    f"http://127.0.0.1:{anchor_port}", rate, args.seconds
-                )
-                xs = [d for _, d in lat]
-                row = Row(
-                    "nginx mirror, hung", len(xs), errors, _pct(xs, 0.5), _pct(xs, 0.99), xs=xs
-                )
-                results.setdefault((f"{rate:g}", "nginx"), []).append(row)
-                print(f"r{rnd} {rate:g}/s nginx mirror hung {_fmt(row)} {kinds}", flush=True)
-            for label in SCENARIOS:
-                row = await one("streams", label, 0.0)
-                results.setdefault(("streams", label), []).append(row)
-                print(f"r{rnd} streams {label:17} {_fmt(row)}", flush=True)
-                notes.append(f"r{rnd} streams {label}: {row.copies} {_load()}")
-        notes.append(f"after latency rows {_load()}")
-
-        # 3. --workers 2 vs 1, mirroring off, wrk closed loop; every process on every CPU.
-        _pin(0, set(range(ncpu)))
         tput: dict[str, list[float]] = {}
-        for rnd in range(args.rounds + 1):
-            tput.setdefault("nginx direct", []).append(wrk(live, args.seconds, 64)[0])
-            for workers in (1, 2):
-                with gateway(tmp, live, workers=workers) as gw:
-                    wrk(gw.url, 1, 64)  # warm the connections
-                    cpu0 = gw.cpu()[0]
-                    rps, bad = wrk(gw.url, args.seconds, 64)
-                    cpu = gw.cpu()[0] - cpu0
-                key = f"--workers {workers}"
-                tput.setdefault(key, []).append(rps)
-                tput.setdefault(f"{key} CPU ms/req", []).append(cpu * 1000 / (rps * args.seconds))
-                print(f"r{rnd} {key}: {rps:.0f} req/s, non-2xx {bad}, {_load()}", flush=True)
-        notes.append(f"after throughput {_load()}")
+        if args.only != "rss":
+            await one("tiny", "off", rates[0])  # a warm-up row, not recorded (caches, first start)
+            # 1 + 2: tiny requests at each rate, then streams; interleaved round by round.
+            for rnd in range(args.rounds):
+                for rate in rates:
+                    for label in SCENARIOS:
+                        row = await one("tiny", label, rate)
+                        results.setdefault((f"{rate:g}", label), []).append(row)
+                        print(f"r{rnd} {rate:g}/s {label:17} {_fmt(row)}", flush=True)
+                        notes.append(f"r{rnd} {rate:g}/s {label}: {row.copies} {_load()}")
+                    lat, errors, kinds = await open_loop_tiny(
+                        f"http://127.0.0.1:{anchor_port}", rate, args.seconds
+                    )
+                    xs = [d for _, d in lat]
+                    row = Row(
+                        "nginx mirror, hung", len(xs), errors, _pct(xs, 0.5), _pct(xs, 0.99), xs=xs
+                    )
+                    results.setdefault((f"{rate:g}", "nginx"), []).append(row)
+                    print(f"r{rnd} {rate:g}/s nginx mirror hung {_fmt(row)} {kinds}", flush=True)
+                for label in SCENARIOS:
+                    row = await one("streams", label, 0.0)
+                    results.setdefault(("streams", label), []).append(row)
+                    print(f"r{rnd} streams {label:17} {_fmt(row)}", flush=True)
+                    notes.append(f"r{rnd} streams {label}: {row.copies} {_load()}")
+            notes.append(f"after latency rows {_load()}")
+
+            # 3. --workers 2 vs 1, mirroring off, wrk closed loop; every process on every CPU.
+            _pin(0, set(range(ncpu)))
+            for rnd in range(args.rounds + 1):
+                tput.setdefault("nginx direct", []).append(wrk(live, args.seconds, 64)[0])
+                for workers in (1, 2):
+                    with gateway(tmp, live, workers=workers) as gw:
+                        wrk(gw.url, 1, 64)  # warm the connections
+                        cpu0 = gw.cpu()[0]
+                        rps, bad = wrk(gw.url, args.seconds, 64)
+                        cpu = gw.cpu()[0] - cpu0
+                    key = f"--workers {workers}"
+                    tput.setdefault(key, []).append(rps)
+                    tput.setdefault(f"{key} CPU ms/req", []).append(
+                        cpu * 1000 / (rps * args.seconds)
+                    )
+                    print(f"r{rnd} {key}: {rps:.0f} req/s, non-2xx {bad}, {_load()}", flush=True)
+            notes.append(f"after throughput {_load()}")
 
         # 4. RSS at overload: 100 KB prompts, hung candidate, 1 MiB budget.
         with gateway(tmp, live, budget=MiB) as gw:
@@ -571,6 +574,11 @@ async def run(args: argparse.Namespace) -> None:
             await asyncio.sleep(1.5)
             mem_copies = await host_copies(gw.url)
     notes.append(f"end {_load()}")
+    if args.only == "rss":
+        print(_rss_line(args, idle, rss, mem, mem_copies))
+        for note in notes:
+            print(f"note: {note}")
+        return
     _print(args, rates, results, tput, idle, rss, mem, mem_copies, notes)
 
 
@@ -594,6 +602,17 @@ def _observed(rows: Sequence[Row]) -> str:
         if c.get("sampled"):
             shares.append((c.get("observed_ok", 0) + c.get("observed_error", 0)) / c["sampled"])
     return f"{100 * min(shares):.1f} %" if shares else "–"
+
+
+def _rss_line(
+    args: argparse.Namespace, idle: int, rss: Sequence[int], mem: Any, copies: dict[str, Any]
+) -> str:
+    return (
+        f"RSS of every gateway process: idle {idle / MiB:.1f} MiB, peak {max(rss) / MiB:.1f} MiB "
+        f"(+{(max(rss) - idle) / MiB:.1f}) over {args.rss_seconds:.0f} s of 100 KB prompts "
+        f"({len(mem.lat)} requests, errors {mem.errors}); budget 1 MiB; target: growth <= "
+        f"budget + 64 MiB; copies {copies}"
+    )
 
 
 def _print(
@@ -656,11 +675,7 @@ def _print(
         f"(target >= 1.8x); gateway CPU ms/req: 1 worker {med['--workers 1 CPU ms/req']:.3f}, "
         f"2 workers {med['--workers 2 CPU ms/req']:.3f}"
     )
-    print(
-        f"RSS of every gateway process: idle {idle / MiB:.1f} MiB, peak {max(rss) / MiB:.1f} MiB "
-        f"over {args.rss_seconds:.0f} s of 100 KB prompts ({len(mem.lat)} requests, errors "
-        f"{mem.errors}); budget 1 MiB; target <= budget + 64 MiB; copies {mem_copies}"
-    )
+    print(_rss_line(args, idle, rss, mem, mem_copies))
     for note in notes:
         print(f"note: {note}")
 
@@ -673,6 +688,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--streams", type=int, default=64, help="concurrent SSE streams")
     p.add_argument("--rss-seconds", type=float, default=30.0)
     p.add_argument("--no-pin", action="store_true", help="let every process use every CPU")
+    p.add_argument(
+        "--only", choices=["all", "rss"], default="all", help="rss: only the memory part (4)"
+    )
     args = p.parse_args(argv)
     uvloop.run(run(args))
 
