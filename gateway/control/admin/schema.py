@@ -53,6 +53,7 @@ class EndpointView(msgspec.Struct, kw_only=True):
     kind: str
     model: str | None
     sample_rate: float
+    target_rps: float | None
     sampling: Sampling
     buffer_max_items: int
     buffer_max_bytes: int
