@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gateway.cli.client import AdminClient
-    from gateway.control.admin.schema import CandidateDetail, EndpointView
+    from gateway.control.admin.schema import CandidateDetail, EndpointView, RateView
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 TOKEN_ENV = "CANARY_ADMIN_TOKEN"
@@ -159,6 +159,34 @@ def _sampling(ep: EndpointView) -> str:
     return f"{ep.target_rps:g} copies/s, at most {ep.sample_rate:g} of traffic, by {ep.sampling}"
 
 
+def _per_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}/s"
+
+
+def rate_rows(r: RateView) -> list[tuple[str, str]]:
+    """The realized rate: copies/s, the share in force, the host's traffic, and (with a
+    target) how often the share changed and what that cost conversations."""
+    if r.effective_sample_rate is None:
+        return [("realized", "not measured yet (the host's mirror process reports it)")]
+    rows = [
+        (
+            "realized",
+            f"{_per_s(r.realized_copies_per_second)} copies, a share of "
+            f"{r.effective_sample_rate:.4g} of {_per_s(r.eligible_requests_per_second)} "
+            "requests",
+        )
+    ]
+    if r.target_rps is not None:
+        cost = f", {r.sessions_cut} sessions cut, {r.sessions_joined} joined mid-way"
+        rows.append(
+            (
+                "rate changes",
+                f"{r.rate_changes}{cost if r.sessions_cut or r.sessions_joined else ''}",
+            )
+        )
+    return rows
+
+
 def endpoint_rows(ep: EndpointView) -> list[tuple[str, str]]:
     verdict = ", ".join(f"{k}={v:g}" for k, v in sorted(ep.verdict.items()))
     creds = f"${ep.credentials_env} (the variable's name)" if ep.credentials_env else "-"
@@ -193,6 +221,7 @@ def show_text(ep: CandidateDetail) -> str:
             f"({b.fill_ratio:.1%})",
         ),
     )
+    rows[7:7] = rate_rows(ep.rate)
     out = [f"{k:<14}{v}" for k, v in rows]
     out.append("")
     out.append("counters (this gateway replica)")
@@ -205,14 +234,27 @@ def show_text(ep: CandidateDetail) -> str:
     return "\n".join(out)
 
 
-def list_text(eps: Sequence[EndpointView]) -> str:
+def list_text(eps: Sequence[EndpointView], rates: dict[str, RateView] | None = None) -> str:
+    """One row per endpoint: RATE is the share (`sample_rate`) or, for a candidate with
+    `target_rps`, the copies/s it asks for; REALIZED the copies/s this host samples now."""
     if not eps:
         return "no candidates (add one: canary candidates add NAME URL)"
+    rates = rates or {}
     rows = [
-        (e.name, e.role, e.state, f"{e.sample_rate:g}", e.sampling, _opt(e.kind), e.url)
+        (
+            e.name,
+            e.role,
+            e.state,
+            f"{e.sample_rate:g}" if e.target_rps is None else f"{e.target_rps:g}/s",
+            _per_s(r.realized_copies_per_second) if (r := rates.get(e.name)) else "-",
+            e.sampling,
+            _opt(e.kind),
+            e.url,
+        )
         for e in eps
     ]
-    return table(("NAME", "ROLE", "STATE", "RATE", "SAMPLING", "KIND", "URL"), rows)
+    headers = ("NAME", "ROLE", "STATE", "RATE", "REALIZED", "SAMPLING", "KIND", "URL")
+    return table(headers, rows)
 
 
 # --- actions ----------------------------------------------------------------------------------
@@ -259,7 +301,7 @@ async def _update(c: AdminClient, args: argparse.Namespace) -> str:
 
 async def _list(c: AdminClient, args: argparse.Namespace) -> str:
     listed = await c.list_candidates()
-    return _fmt(args, listed, list_text(listed.candidates))
+    return _fmt(args, listed, list_text(listed.candidates, listed.rates))
 
 
 async def _show(c: AdminClient, args: argparse.Namespace) -> str:
