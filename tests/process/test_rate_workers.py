@@ -89,6 +89,19 @@ async def _load(url: str, sent: dict[str, float], stop_at: float) -> None:
     await asyncio.gather(*(client() for _ in range(CLIENTS)))
 
 
+async def _both_workers_listen(url: str) -> None:
+    """Workers come up one after the other: the load's connections must reach both."""
+    pids: set[int] = set()
+    async with asyncio.timeout(60):
+        while len(pids) < 2:
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with (
+                aiohttp.ClientSession(connector=connector) as http,
+                http.get(url + "/healthz") as resp,
+            ):
+                pids.add((await resp.json())["pid"])
+
+
 async def _worker_shares(url: str, name: str) -> dict[str, tuple[float, float]]:
     """Each worker's (share it applies, the host's share) for `name`, by worker, asking over
     new connections until both workers answered with one value (a change of the share between
@@ -148,6 +161,7 @@ async def test_target_rps_across_two_workers(tmp_path: Path) -> None:
             "--live", f"http://127.0.0.1:{live_port}",
         )  # fmt: skip
         try:
+            await _both_workers_listen(url)
             start = time.monotonic()
             load = asyncio.create_task(_load(url, sent, start + LOAD_S))
             await asyncio.sleep(LOAD_S - 4)
