@@ -84,6 +84,17 @@ def env_name_refusal(
 
 Reason = Annotated[str, Meta(max_length=2000, pattern=r"^[^\x00]*$")]
 Rate = Annotated[float, Meta(ge=0.0, le=1.0)]
+# Copies per second a candidate asks for (adaptive sampling, gateway.mirror.rate); the upper
+# bound only keeps nonsense out: no host offers a million requests a second.
+MAX_TARGET_RPS = 1_000_000.0
+TargetRps = Annotated[
+    float,
+    Meta(
+        gt=0.0,
+        le=MAX_TARGET_RPS,
+        description="Copies per second wanted from this gateway host; sample_rate is the ceiling",
+    ),
+]
 Items = Annotated[int, Meta(ge=1, le=1_000_000)]
 Bytes = Annotated[int, Meta(ge=1, le=1 << 40)]
 Concurrency = Annotated[int, Meta(ge=1, le=4096)]
@@ -118,6 +129,7 @@ MUTABLE_FIELDS = (
     "url",
     "kind",
     "sample_rate",
+    "target_rps",
     "sampling",
     "buffer_max_items",
     "buffer_max_bytes",
@@ -142,6 +154,8 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = ""
     model: str | None = None
     sample_rate: float = DEFAULT_SAMPLE_RATE
+    # When set, the share mirrored adapts so copies/s approach it; sample_rate is the ceiling.
+    target_rps: float | None = None
     sampling: Sampling = "request"
     buffer_max_items: int = DEFAULT_BUFFER_MAX_ITEMS
     buffer_max_bytes: int = DEFAULT_BUFFER_MAX_BYTES
@@ -167,6 +181,7 @@ class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     url: Url
     kind: Kind = ""
     sample_rate: Rate = DEFAULT_SAMPLE_RATE
+    target_rps: TargetRps | None = None
     sampling: Sampling = "request"
     buffer_max_items: Items = DEFAULT_BUFFER_MAX_ITEMS
     buffer_max_bytes: Bytes = DEFAULT_BUFFER_MAX_BYTES
@@ -199,6 +214,7 @@ class CandidatePatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     url: Url | UnsetType = UNSET
     kind: Kind | UnsetType = UNSET
     sample_rate: Rate | UnsetType = UNSET
+    target_rps: TargetRps | UnsetType | None = UNSET
     sampling: Sampling | UnsetType = UNSET
     buffer_max_items: Items | UnsetType = UNSET
     buffer_max_bytes: Bytes | UnsetType = UNSET

@@ -59,6 +59,7 @@ class EndpointRow(Base):
     kind: Mapped[str] = mapped_column(String(32), default="")
     model: Mapped[str | None] = mapped_column(String(200))
     sample_rate: Mapped[float] = mapped_column(Float, default=0.0)
+    target_rps: Mapped[float | None] = mapped_column(Float)  # NULL: a fixed sample_rate
     sampling: Mapped[str] = mapped_column(String(16), default="request")
     buffer_max_items: Mapped[int] = mapped_column(Integer)
     buffer_max_bytes: Mapped[int] = mapped_column(BigInteger)

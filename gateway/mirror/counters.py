@@ -26,6 +26,7 @@ __all__ = [
     "MirrorCounters",
     "identity_holds",
     "prometheus_lines",
+    "rate_lines",
 ]
 
 
@@ -151,3 +152,59 @@ def _per_lane(
 ) -> Iterator[str]:
     for name, c in items:
         yield f'{metric}{{candidate="{_esc(name)}"}} {c[key]}'
+
+
+_RATE_GAUGES: Final = (
+    (
+        "target_rps",
+        "canary_mirror_target_copies_per_second",
+        "Copies per second the candidate asks for (target_rps; only candidates that set it).",
+    ),
+    (
+        "effective_sample_rate",
+        "canary_mirror_effective_sample_rate",
+        "Share of eligible requests (or sessions) sampled for the candidate now.",
+    ),
+    (
+        "realized_copies_per_second",
+        "canary_mirror_realized_copies_per_second",
+        "Copies per second sampled for the candidate on this host, smoothed.",
+    ),
+)
+_RATE_COUNTERS: Final = (
+    (
+        "rate_changes",
+        "canary_mirror_sample_rate_changes_total",
+        "Times the adaptive share (target_rps) of the candidate changed.",
+    ),
+    (
+        "sessions_cut",
+        "canary_mirror_sessions_cut_total",
+        "Conversations in progress a lowered adaptive share stopped mirroring.",
+    ),
+    (
+        "sessions_joined",
+        "canary_mirror_sessions_joined_total",
+        "Conversations a raised adaptive share began mirroring after their first turn.",
+    ),
+)
+
+
+def rate_lines(
+    rates: Mapping[str, Mapping[str, float | None]], eligible_rps: float | None
+) -> Iterator[str]:
+    """Adaptive sampling: per candidate target, effective share, realized rate and the cost of
+    changes; the host's eligible request rate (HELP/TYPE included; None values are omitted)."""
+    yield "# HELP canary_mirror_eligible_requests_per_second Requests on mirrored routes, host."
+    yield "# TYPE canary_mirror_eligible_requests_per_second gauge"
+    if eligible_rps is not None:
+        yield f"canary_mirror_eligible_requests_per_second {eligible_rps:.6g}"
+    for kind, table in (("gauge", _RATE_GAUGES), ("counter", _RATE_COUNTERS)):
+        for key, metric, help_text in table:
+            yield f"# HELP {metric} {help_text}"
+            yield f"# TYPE {metric} {kind}"
+            for name, r in rates.items():
+                value = r.get(key)
+                if value is not None:
+                    text = f"{value:.6g}" if kind == "gauge" else str(int(value))
+                    yield f'{metric}{{candidate="{_esc(name)}"}} {text}'

@@ -21,6 +21,12 @@ it was perhaps not sampled at all).
 The worker's own counts (copies it chose but could not hand off) are stored under the worker's
 replica name; the mirror process stores everything else under its own. Each row satisfies the
 accounting identity on its own, so their sum does too.
+
+Adaptive sampling (`target_rps`): the request path adds one to `eligible` for each request on a
+mirrored route (sampled or not); a task sends the count to the mirror process about once a
+second (ELIGIBLE). The mirror process answers with the sampling references (RATES) and the
+instant they apply; this worker swaps its thresholds at that instant, as every other worker of
+the host does, so a key's decision never depends on which worker served it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from multidict import CIMultiDictProxy
 from domain.accounting import GAUGE_FIELDS, IDENTITY_FIELDS
 from domain.endpoint import Endpoint
 from domain.ids import uuid7
+from gateway.mirror import rate as rate_mod
 from gateway.mirror import wire
 from gateway.mirror.lane import MIRROR_HEADER
 from gateway.mirror.sampler import SALT, is_sampled, mirrored_route, threshold_for
@@ -53,6 +60,7 @@ log = logging.getLogger("canary.mirror.handoff")
 _encode = msgspec.msgpack.Encoder().encode
 _decode_stats = msgspec.msgpack.Decoder(wire.StatsMeta).decode
 _decode_idle = msgspec.msgpack.Decoder(wire.IdleMeta).decode
+_decode_rates = msgspec.msgpack.Decoder(wire.RatesMeta).decode
 _SKIP: Final = COPY_SKIP | {MIRROR_HEADER.lower()}
 # Results are tiny and must not be refused when copies fill the channel: they get this headroom.
 _RESULT_HEADROOM: Final = 1 << 20
@@ -62,14 +70,16 @@ _RECONNECT_S: Final = 0.2
 # machine) costs the worker more than the frame itself. Copies may wait this long; production's
 # own timings are taken before, on the worker, so they are unaffected.
 _COALESCE_S: Final = 0.002
+ELIGIBLE_REPORT_S: Final = 1.0  # how often the eligible count goes to the mirror process
 
 
 class _WOffer:
-    __slots__ = ("name", "session_mode", "threshold")
+    __slots__ = ("name", "rate", "session_mode", "threshold")
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, refs: tuple[float, float]) -> None:
         self.name = endpoint.name
-        self.threshold = threshold_for(endpoint.sample_rate)
+        self.rate = rate_mod.endpoint_rate(endpoint, refs)
+        self.threshold = threshold_for(self.rate)
         self.session_mode = endpoint.sampling == "session"
 
 
@@ -108,6 +118,13 @@ class Handoff:
         self._limit = config.mirror_channel_max_bytes
         self._oversize = min(config.mirror_channel_max_bytes, config.mirror_memory_budget_bytes)
         self._offers: tuple[_WOffer, ...] = ()
+        self._candidates: tuple[Endpoint, ...] = ()
+        start = rate_mod.START_REFERENCE_RPS
+        self._refs = (start, start)  # until the mirror process names the references in force
+        self._rates_seq = -1
+        self._rate_timers: set[asyncio.TimerHandle] = set()
+        self.eligible = 0  # requests on mirrored routes, sampled or not (the request path adds)
+        self._reporter: asyncio.Task[None] | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._pending: list[bytes] = []  # frame parts not yet written to the transport
         self._pending_bytes = 0
@@ -138,7 +155,19 @@ class Handoff:
         metrics and counters are complete from the first scrape), then keep reconnecting."""
         if await self._connect():
             await self.wait_stats(after=0.0)
-        self._task = asyncio.get_running_loop().create_task(self._keep(), name="mirror-handoff")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._keep(), name="mirror-handoff")
+        self._reporter = loop.create_task(self._report(), name="mirror-eligible")
+
+    async def _report(self) -> None:
+        """Send the eligible count about once a second (a failed send is carried over)."""
+        sent, at = self.eligible, time.monotonic()
+        while True:
+            await asyncio.sleep(ELIGIBLE_REPORT_S)
+            now, count = time.monotonic(), self.eligible
+            meta = _encode(wire.EligibleMeta(count - sent, now - at))
+            if self._send_small(wire.KIND_ELIGIBLE, meta):
+                sent, at = count, now
 
     async def _connect(self) -> bool:
         loop = asyncio.get_running_loop()
@@ -160,6 +189,7 @@ class Handoff:
     def _on_lost(self) -> None:
         self._transport = None
         self._drop_pending()
+        self._rates_seq = -1  # a restarted mirror process numbers its references from 0
         self._lost.set()
         for fut in self._idle_waiters.values():
             if not fut.done():
@@ -170,11 +200,15 @@ class Handoff:
         """Stop handing off; give the channel up to `timeout_s` to drain, then close it."""
         self._closed = True
         self._offers = ()
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for timer in self._rate_timers:
+            timer.cancel()
+        self._rate_timers.clear()
+        for task in (self._task, self._reporter):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._reporter = None
         self._flush()
         transport, self._transport = self._transport, None
         if transport is None:
@@ -190,14 +224,35 @@ class Handoff:
         """Sample toward these candidates from now on; tell the mirror process to reload."""
         if self._closed:
             return
-        self._offers = tuple(
-            _WOffer(e)
+        self._candidates = tuple(
+            e
             for e in candidates
             if e.role == "candidate" and e.state == "active" and e.sample_rate > 0
         )
+        self._rebuild()
         for offer in self._offers:
             self._lanes.setdefault(offer.name, [0, 0, 0])
         self._send_small(wire.KIND_RELOAD, b"")
+
+    def _rebuild(self) -> None:
+        self._offers = tuple(_WOffer(e, self._refs) for e in self._candidates)
+
+    def _on_rates(self, msg: wire.RatesMeta) -> None:
+        """Swap the references at the instant the mirror process named (the same for every
+        worker of the host); late or repeated messages never go back in time."""
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle
+
+        def fire() -> None:
+            self._rate_timers.discard(timer)
+            if self._closed or msg.seq < self._rates_seq:
+                return
+            self._rates_seq = msg.seq
+            self._refs = (msg.request_rps, msg.session_rps)
+            self._rebuild()
+
+        timer = loop.call_later(max(0.0, msg.apply_at - time.monotonic()), fire)
+        self._rate_timers.add(timer)
 
     # ------------------------------------------------------------------ RequestTee
 
@@ -209,12 +264,16 @@ class Handoff:
         body: bytes,
         request_id: str,
     ) -> object | None:
-        """Decide the sample (no body parsing) and write one frame; never awaits."""
-        offers = self._offers
-        if not offers or mirrored_route(method, path_qs) is None:
+        """Decide the sample (no body parsing) and queue one frame; never awaits."""
+        if mirrored_route(method, path_qs) is None:
             return None
+        offers = self._offers
         if MIRROR_HEADER in headers:
-            self.process["skipped_loop"] += 1
+            if offers:
+                self.process["skipped_loop"] += 1
+            return None
+        self.eligible += 1
+        if not offers:
             return None
         header_value = headers.get(self._session_header)
         skey = header_value.encode() if header_value else None
@@ -328,6 +387,8 @@ class Handoff:
             self.stats = _decode_stats(meta)
             self.stats_at = time.monotonic()
             self._stats_event.set()
+        elif kind == wire.KIND_RATES:
+            self._on_rates(_decode_rates(meta))
         elif kind == wire.KIND_IDLE_ACK:
             fut = self._idle_waiters.pop(_decode_idle(meta).seq, None)
             if fut is not None and not fut.done():
@@ -373,6 +434,16 @@ class Handoff:
             for key in ("sampled", "dropped_overflow", "dropped_oversize"):
                 into[key] = into.get(key, 0) + row[key]
         return merged
+
+    def host_rates(self) -> dict[str, dict[str, float | None]]:
+        """The mirror process's adaptive-sampling view per candidate, plus the share this
+        worker applies now (`worker_sample_rate`; None: not sampled here)."""
+        mine = {o.name: o.rate for o in self._offers}
+        host = self.stats.rates if self.stats else {}
+        return {
+            name: {**host.get(name, {}), "worker_sample_rate": mine.get(name)}
+            for name in {*host, *mine}
+        }
 
     def writer_stats(self) -> dict[str, int]:
         return dict(self.stats.writer) if self.stats else {}

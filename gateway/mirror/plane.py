@@ -1,17 +1,22 @@
 """The mirror plane: what the host's mirror process runs (rings, lanes, metering, the writer).
 
 One mirror process per host serves every worker. It listens on a Unix socket; each worker
-connects once and writes COPY / RESULT / RELOAD / IDLE frames (`gateway.mirror.wire`). The plane
-turns a COPY into `Mirror.on_request` (body parsing, session keys, turn indexes, model
-overrides, rings and lanes all happen here, never on a production loop), keeps the returned
-token until the worker's RESULT for that exchange arrives, then hands the exchange and
-production's observation to the storage writer. It runs its own registry (polling, and reloading
-at once when a worker says RELOAD), saves its copy accounting under its own replica name, and
-sends every worker a STATS frame about twice a second, which is how workers export the mirror's
-metrics and the admin API shows its counters.
+connects once and writes COPY / RESULT / RELOAD / IDLE / ELIGIBLE frames
+(`gateway.mirror.wire`). The plane turns a COPY into `Mirror.on_request` (body parsing, session
+keys, turn indexes, model overrides, rings and lanes all happen here, never on a production
+loop), keeps the returned token until the worker's RESULT for that exchange arrives, then hands
+the exchange and production's observation to the storage writer. It runs its own registry
+(polling, and reloading at once when a worker says RELOAD), saves its copy accounting under its
+own replica name, and sends every worker a STATS frame about twice a second, which is how
+workers export the mirror's metrics and the admin API shows its counters.
+
+It is also the host's rate controller (`target_rps`): the workers' ELIGIBLE counts are the
+host's eligible rate, and every change of the sampling references goes to every worker in a
+RATES frame (and to each worker when it connects) naming the instant it applies.
 
 It must never be awaited by a worker, and it never writes to a worker more than a STATS frame
-backlog of `_STATS_BACKLOG` bytes (a worker that does not read misses stats, nothing else).
+backlog of `_STATS_BACKLOG` bytes (a worker that does not read misses stats, nothing else; a
+RATES frame, tiny and rare, is always sent).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final
@@ -51,6 +57,12 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode_copy = msgspec.msgpack.Decoder(wire.CopyMeta).decode
 _decode_result = msgspec.msgpack.Decoder(wire.ResultMeta).decode
 _decode_idle = msgspec.msgpack.Decoder(wire.IdleMeta).decode
+_decode_eligible = msgspec.msgpack.Decoder(wire.EligibleMeta).decode
+
+
+def rates_frame(msg: wire.RatesMeta) -> bytes:
+    meta = _encode(msg)
+    return wire.frame_header(wire.KIND_RATES, len(meta), 0) + meta
 
 
 def lower_priority(mode: str, niceness: int) -> str:
@@ -96,6 +108,7 @@ class _Plane:
         self.reload = asyncio.Event()
         self.ready = asyncio.Event()
         self.idle_tasks: set[asyncio.Task[None]] = set()
+        mirror.adaptive.on_change = self.send_rates
 
     def on_copy(self, meta: bytes, body: bytes) -> None:
         m = _decode_copy(meta)
@@ -139,7 +152,10 @@ class _Plane:
         """One worker's connection: frames in order until EOF."""
         await self.ready.wait()
         self.conns.add(writer)
-        writer.write(self.stats_frame())  # the worker's first /metrics already has the mirror
+        # The references in force (or due) first: the worker samples as the others do before
+        # it serves, then the stats, so its first /metrics already has the mirror.
+        writer.write(rates_frame(self.mirror.adaptive.msg))
+        writer.write(self.stats_frame())
         try:
             while True:
                 try:
@@ -155,6 +171,7 @@ class _Plane:
                     log.warning("dropped a malformed frame", extra={"fields": {"kind": kind}})
         finally:
             self.conns.discard(writer)
+            self.mirror.adaptive.control.eligible.forget(id(writer))
             writer.close()
 
     def dispatch(self, kind: int, meta: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
@@ -162,6 +179,10 @@ class _Plane:
             self.on_copy(meta, body)
         elif kind == wire.KIND_RESULT:
             self.on_result(meta)
+        elif kind == wire.KIND_ELIGIBLE:
+            m = _decode_eligible(meta)
+            eligible = self.mirror.adaptive.control.eligible
+            eligible.report(id(writer), m.count, m.interval_s, time.monotonic())
         elif kind == wire.KIND_RELOAD:
             self.reload.set()
         elif kind == wire.KIND_IDLE:
@@ -186,9 +207,18 @@ class _Plane:
                 process={**mirror.process_counters(), **self.counts},
                 writer=self.writer.stats(),
                 prometheus="\n".join(lines),
+                rates=mirror.rate_stats(),
             )
         )
         return wire.frame_header(wire.KIND_STATS, len(meta), 0) + meta
+
+    def send_rates(self, msg: wire.RatesMeta) -> None:
+        """A new reference to every worker (tiny, sent even past the stats backlog: a worker
+        that misses it samples differently from the others)."""
+        frame = rates_frame(msg)
+        for conn in list(self.conns):
+            if not conn.is_closing():
+                conn.write(frame)
 
     def _own_lines(self) -> list[str]:
         out = [
@@ -265,7 +295,8 @@ async def serve_plane(
     # bounded writer of its own in this (the mirror) process, never on a worker's loop.
     capture = capture_from_config(config)
     capture_writer = capture_writer_for(engine, capture, config) if capture is not None else None
-    mirror = Mirror(config, live, writer, replica, capture=capture)
+    # The workers count the eligible requests (this process sees only the sampled ones).
+    mirror = Mirror(config, live, writer, replica, capture=capture, count_eligible=False)
     plane = _Plane(config, mirror, writer, priority, capture=capture)
 
     def on_change(snapshot: Snapshot) -> None:

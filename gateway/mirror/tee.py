@@ -10,6 +10,11 @@ each lane hands its candidate's observation when the copy finishes. Both join on
 queued copies where the new limits allow, removed ones drop their queue (counted) and finish
 what is in flight, paused ones get no new copies. `close()` stops offering, lets the lanes drain
 for up to `drain_timeout_s`, then cancels what is left (counted).
+
+Candidates with `target_rps` sample with an adaptive share (`gateway.mirror.rate`): once a second
+the controller turns the host's eligible rate into references, and a change applies at the
+instant it names (here, and in every worker through the plane). A lowered session-mode threshold
+counts the conversations in progress it cuts; a raised one the conversations it joins mid-way.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from domain.endpoint import Endpoint
 from domain.ids import uuid7
 from domain.records import ExchangeRecord
 from gateway.mirror import counters as counters_mod
+from gateway.mirror import rate as rate_mod
+from gateway.mirror.adaptive import AdaptiveRates
 from gateway.mirror.capture import CaptureSink
 from gateway.mirror.counters import MirrorCounters
 from gateway.mirror.lane import MIRROR_HEADER, Copy, Lane
@@ -55,13 +62,22 @@ __all__ = ["Mirror"]
 class _Offer:
     """What the request path needs of one active lane, precomputed by `apply`."""
 
-    __slots__ = ("lane", "salt", "session_mode", "threshold")
+    __slots__ = ("lane", "rate", "salt", "session_mode", "threshold")
 
-    def __init__(self, lane: Lane) -> None:
+    def __init__(self, lane: Lane, refs: tuple[float, float]) -> None:
         self.lane = lane
         self.salt = SALT
-        self.threshold = threshold_for(lane.endpoint.sample_rate)
+        self.rate = rate_mod.endpoint_rate(lane.endpoint, refs)
+        self.threshold = threshold_for(self.rate)
         self.session_mode = lane.session_mode
+
+    @property
+    def name(self) -> str:
+        return self.lane.name
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.lane.endpoint
 
 
 _NO_HEADERS: Mapping[str, str] = {}
@@ -94,6 +110,7 @@ class Mirror:
         *,
         lag_interval_s: float = 0.01,
         capture: CaptureSink | None = None,
+        count_eligible: bool = True,
     ) -> None:
         self._config = config
         self._capture = capture
@@ -116,6 +133,15 @@ class Mirror:
         self._retiring: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
+        # Sampling toward target_rps. In-process this mirror counts the eligible requests it
+        # sees; in the mirror process (`count_eligible=False`) the workers report theirs.
+        self._count_eligible = count_eligible
+        self.adaptive = AdaptiveRates(
+            self.order,
+            lambda: self._offers,
+            lambda: [(name, lane.counters.sampled) for name, lane in self._lanes.items()],
+            count_eligible=count_eligible,
+        )
 
     # ------------------------------------------------------------------ candidate set
 
@@ -135,8 +161,9 @@ class Mirror:
                     lane.start()
             elif lane.endpoint != endpoint:
                 lane.update(endpoint)
+        self.adaptive.forget(wanted)
         self._offers = tuple(
-            _Offer(lane)
+            _Offer(lane, self.adaptive.refs)
             for lane in self._lanes.values()
             if lane.endpoint.state == "active" and lane.endpoint.sample_rate > 0
         )
@@ -170,6 +197,7 @@ class Mirror:
         self.guard.start()
         for lane in self._lanes.values():
             lane.start()
+        self.adaptive.start()
 
     async def close(self) -> None:
         """Stop offering, drain for up to `drain_timeout_s`, count the rest as dropped."""
@@ -177,6 +205,7 @@ class Mirror:
             return
         self._closed = True
         self._offers = ()
+        await self.adaptive.close()
         lanes = list(self._lanes.values())
         for lane in lanes:
             lane.begin_drain()
@@ -229,6 +258,16 @@ class Mirror:
         `only` is the worker's sampling decision (the same formula), taken as given; `replica`
         the worker that served production (stored on the exchange)."""
         offers = self._offers
+        route: str | None = None
+        if self._count_eligible:  # in-process: every request on a mirrored route counts
+            route = mirrored_route(method, path_qs)
+            if route is None:
+                return None
+            if MIRROR_HEADER in headers:
+                if offers:
+                    self.process.skipped_loop += 1
+                return None
+            self.adaptive.eligible += 1
         if not offers:
             return None
         if only is not None:
@@ -236,12 +275,13 @@ class Mirror:
             self.process.unknown_candidate += len(only) - len(offers)
             if not offers:
                 return None
-        route = mirrored_route(method, path_qs)
         if route is None:
-            return None
-        if MIRROR_HEADER in headers:
-            self.process.skipped_loop += 1
-            return None
+            route = mirrored_route(method, path_qs)
+            if route is None:
+                return None
+            if MIRROR_HEADER in headers:
+                self.process.skipped_loop += 1
+                return None
         header_value = headers.get(self._session_header)
         view: RequestView | None = None
         skey: bytes | None = None
@@ -307,7 +347,11 @@ class Mirror:
             skey = session_key(view, header_value)
         turn = turn_index(view)
         if any(o.session_mode for o in chosen):
-            self.order.arrive(skey, turn)
+            at = time.monotonic()
+            h = xxhash.xxh3_64_intdigest(SALT + skey)
+            seen = self.order.arrive(skey, turn, h, at)
+            if turn > 0 and self.adaptive.changed:
+                self.adaptive.count_joined(chosen, h, seen, at)
         copy = Copy(exchange_id, path_qs, headers, body)
         session_digest: bytes | None = None
         targets: list[str] = []
@@ -371,6 +415,16 @@ class Mirror:
             )
         )
 
+    # ------------------------------------------------------------------ adaptive sampling
+
+    def control_tick(self, now: float) -> None:
+        """One step of the `target_rps` controller (the mirror runs one a second)."""
+        self.adaptive.tick(now)
+
+    def rate_stats(self) -> dict[str, dict[str, float | None]]:
+        """Per candidate: target, effective share, realized copies/s and what changes cost."""
+        return self.adaptive.stats(lane.endpoint for lane in self._lanes.values())
+
     # ------------------------------------------------------------------ export
 
     def counters(self) -> dict[str, dict[str, int]]:
@@ -384,7 +438,8 @@ class Mirror:
 
     def prometheus_lines(self) -> Iterable[str]:
         """Prometheus text lines, for the metrics registry's `add_collector`."""
-        return counters_mod.prometheus_lines(
+        yield from counters_mod.rate_lines(self.rate_stats(), self.adaptive.control.eligible_rps)
+        yield from counters_mod.prometheus_lines(
             self.counters(),
             self.process_counters(),
             self.budget.used,

@@ -6,8 +6,10 @@ bytes it already read to the socket and the mirror process reads them back as on
 
 Worker -> mirror: COPY (a sampled or undecided request), RESULT (production's meter result for
 a copy that was handed off), RELOAD (the registry moved), IDLE (answer IDLE_ACK once every copy
-before it is finished). Mirror -> worker: STATS (host-wide counters and metrics), IDLE_ACK.
-This module never does IO.
+before it is finished), ELIGIBLE (about once a second: how many requests on mirrored routes the
+worker served, sampled or not). Mirror -> worker: STATS (host-wide counters and metrics),
+IDLE_ACK, RATES (the adaptive sampling references and the instant they apply, sent on connect
+and whenever they change). This module never does IO.
 """
 
 from __future__ import annotations
@@ -22,13 +24,17 @@ from gateway.server.meter import MeterResult
 __all__ = [
     "FRAME",
     "KIND_COPY",
+    "KIND_ELIGIBLE",
     "KIND_IDLE",
     "KIND_IDLE_ACK",
+    "KIND_RATES",
     "KIND_RELOAD",
     "KIND_RESULT",
     "KIND_STATS",
     "CopyMeta",
+    "EligibleMeta",
     "IdleMeta",
+    "RatesMeta",
     "ResultMeta",
     "StatsMeta",
     "frame_header",
@@ -41,6 +47,8 @@ KIND_RELOAD: Final = 3
 KIND_IDLE: Final = 4
 KIND_STATS: Final = 5
 KIND_IDLE_ACK: Final = 6
+KIND_ELIGIBLE: Final = 7
+KIND_RATES: Final = 8
 
 
 class CopyMeta(msgspec.Struct, array_like=True, frozen=True):
@@ -70,6 +78,24 @@ class IdleMeta(msgspec.Struct, array_like=True, frozen=True):
     seq: int
 
 
+class EligibleMeta(msgspec.Struct, array_like=True, frozen=True):
+    """Requests on mirrored routes this worker served (sampled or not) over `interval_s`."""
+
+    count: int
+    interval_s: float
+
+
+class RatesMeta(msgspec.Struct, array_like=True, frozen=True):
+    """The adaptive sampling references (eligible req/s, per sampling mode) every worker uses
+    from `apply_at` on (`time.monotonic()`, one clock for every process of the host); `seq`
+    orders them within one mirror process's lifetime."""
+
+    seq: int
+    apply_at: float
+    request_rps: float
+    session_rps: float
+
+
 class StatsMeta(msgspec.Struct, frozen=True):
     """The mirror process's view of the host, sent to every worker about twice a second."""
 
@@ -79,6 +105,8 @@ class StatsMeta(msgspec.Struct, frozen=True):
     process: dict[str, int]
     writer: dict[str, int]
     prometheus: str
+    # Per candidate: target, effective share, realized copies/s, what changes cost (admin view).
+    rates: dict[str, dict[str, float | None]] = msgspec.field(default_factory=dict)
 
 
 def frame_header(kind: int, meta_len: int, body_len: int) -> bytes:

@@ -194,6 +194,8 @@ def _customize(parts: Components) -> list[AppCustomizer]:
             writer_stats=parts.mirror.writer_stats,
             verdict_settings=_verdict_settings(config),
             listen_host=config.listen_host,
+            rates=parts.mirror.host_rates,
+            replica=parts.replica,
         )
         mount_admin(app, build_admin_app(ctx, config))
 

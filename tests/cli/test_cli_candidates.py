@@ -97,7 +97,7 @@ async def test_operator_session(tmp_path: Path) -> None:
         code, out, _ = await canary("candidates", "list", url=url)
         assert code == 0
         assert out.splitlines()[0].split() == [
-            "NAME", "ROLE", "STATE", "RATE", "SAMPLING", "KIND", "URL",
+            "NAME", "ROLE", "STATE", "RATE", "REALIZED", "SAMPLING", "KIND", "URL",
         ]  # fmt: skip
         assert "int8" in out and "quantized" in out and "0.25" in out
         assert fits(out), out

@@ -64,6 +64,14 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
         ("[[candidates]]\nname = 'Bad Name'\nurl = 'http://x'\n", "key 'candidates[0].name'"),
         ("[[candidates]]\nname = 'a'\nurl = 'http://x'\nsample_rate = 2\n", "sample_rate"),
         (
+            "[[candidates]]\nname = 'a'\nurl = 'http://x'\ntarget_rps = 0\n",
+            "key 'candidates[0].target_rps': expected `float` > 0.0",
+        ),
+        (
+            "[[candidates]]\nname = 'a'\nurl = 'http://x'\ntarget_rps = nan\n",
+            "key 'candidates[0].target_rps'",
+        ),
+        (
             "[[candidates]]\nname = 'a'\nurl = 'http://x'\napi_key = 's'\n",
             "'candidates[0].api_key'",
         ),
@@ -110,3 +118,15 @@ def test_split_host_port_handles_ipv6() -> None:
     assert split_host_port("0.0.0.0:0") == ("0.0.0.0", 0)
     with pytest.raises(ValueError):
         split_host_port("host:http")
+
+
+def test_candidate_target_rps_from_a_file(tmp_path: Path) -> None:
+    """`target_rps` in a `[[candidates]]` table is the candidate's target; absent, none."""
+    path = _write(
+        tmp_path,
+        "[[candidates]]\nname = 'a'\nurl = 'http://x'\ntarget_rps = 12.5\nsample_rate = 1.0\n"
+        "[[candidates]]\nname = 'b'\nurl = 'http://y'\n",
+    )
+    cfg = load_config(path, environ={})
+    assert [c.target_rps for c in cfg.candidates] == [12.5, None]
+    assert cfg.candidates[0].to_endpoint().target_rps == 12.5

@@ -259,3 +259,42 @@ async def test_canary_db_unreachable_database(tmp_path: Path) -> None:
     )
     assert code == 1 and "s3cret" not in err and "Traceback" not in err
     assert "127.0.0.1:1" in err
+
+
+async def test_target_rps_revision_up_and_down(db_url: str) -> None:
+    """0004 adds `endpoints.target_rps` (NULL on existing rows) and its downgrade removes it,
+    keeping every row and the one-live index (SQLite copies the table to drop a column)."""
+    await upgrade(db_url, "0003")
+    engine = make_engine(db_url)
+    try:
+        async with engine.begin() as conn:
+            for name, role in (("prod", "live"), ("a", "candidate"), ("b", "candidate")):
+                await conn.execute(
+                    text(
+                        "INSERT INTO endpoints (name, url, role, kind, sample_rate, sampling, "
+                        "buffer_max_items, buffer_max_bytes, concurrency, timeout_s, gpus, "
+                        "forward_auth, state, version, created_at, updated_at) VALUES (:n, "
+                        "'http://127.0.0.1:9', :r, '', 0.1, 'request', 1, 1, 1, 1.0, 1, "
+                        "false, 'active', 1, 0, 0)"
+                    ),
+                    {"n": name, "r": role},
+                )
+        await upgrade(db_url, "0004")
+        _, endpoints = await queries.load_endpoints(engine)
+        assert [e.target_rps for e in endpoints] == [None, None, None]
+        await queries.update_endpoint(engine, "a", {"target_rps": 20.0})
+        assert (await queries.get_endpoint(engine, "a")).target_rps == 20.0
+        await downgrade(db_url, "0003")
+        async with engine.connect() as conn:
+            columns = await conn.run_sync(
+                lambda c: {col["name"] for col in inspect(c).get_columns("endpoints")}
+            )
+            assert "target_rps" not in columns and "sample_rate" in columns
+            assert (await conn.execute(text("SELECT count(*) FROM endpoints"))).scalar_one() == 3
+        with pytest.raises(IntegrityError):
+            async with engine.begin() as conn:
+                await conn.execute(text("UPDATE endpoints SET role = 'live' WHERE name = 'b'"))
+        await upgrade(db_url)
+        assert (await queries.get_endpoint(engine, "a")).target_rps is None
+    finally:
+        await engine.dispose()

@@ -201,3 +201,16 @@ async def test_unreachable_database_raises_storage_unavailable() -> None:
         if threading.active_count() <= threads:
             break
         await asyncio.sleep(0.01)
+
+
+async def test_target_rps_round_trip(db_engine: AsyncEngine) -> None:
+    """`target_rps` is stored, changed and cleared (NULL) like any nullable field; an
+    out-of-range value never reaches the database."""
+    stored = await queries.create_endpoint(db_engine, cand("rps", target_rps=20.0, sample_rate=1.0))
+    assert (await queries.get_endpoint(db_engine, "rps")).target_rps == 20.0 == stored.target_rps
+    changed = await queries.update_endpoint(db_engine, "rps", {"target_rps": 0.5})
+    assert changed.target_rps == 0.5
+    assert (await queries.load_endpoints(db_engine))[1][0].target_rps == 0.5
+    cleared = await queries.update_endpoint(db_engine, "rps", {"target_rps": None})
+    assert cleared.target_rps is None
+    assert (await queries.get_endpoint(db_engine, "rps")).target_rps is None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gateway.cli.client import AdminClient
-    from gateway.control.admin.schema import CandidateDetail, EndpointView
+    from gateway.control.admin.schema import CandidateDetail, EndpointView, RateView
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 TOKEN_ENV = "CANARY_ADMIN_TOKEN"
@@ -153,6 +153,40 @@ def _opt(value: object) -> str:
     return "-" if value is None or value == {} or value == "" else str(value)
 
 
+def _sampling(ep: EndpointView) -> str:
+    if ep.target_rps is None:
+        return f"{ep.sample_rate:g} of traffic, by {ep.sampling}"
+    return f"{ep.target_rps:g} copies/s, at most {ep.sample_rate:g} of traffic, by {ep.sampling}"
+
+
+def _per_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}/s"
+
+
+def rate_rows(r: RateView) -> list[tuple[str, str]]:
+    """The realized rate: copies/s, the share in force, the host's traffic, and (with a
+    target) how often the share changed and what that cost conversations."""
+    if r.effective_sample_rate is None:
+        return [("realized", "not measured yet (the host's mirror process reports it)")]
+    rows = [
+        (
+            "realized",
+            f"{_per_s(r.realized_copies_per_second)} copies, a share of "
+            f"{r.effective_sample_rate:.4g} of {_per_s(r.eligible_requests_per_second)} "
+            "requests",
+        )
+    ]
+    if r.target_rps is not None:
+        cost = f", {r.sessions_cut} sessions cut, {r.sessions_joined} joined mid-way"
+        rows.append(
+            (
+                "rate changes",
+                f"{r.rate_changes}{cost if r.sessions_cut or r.sessions_joined else ''}",
+            )
+        )
+    return rows
+
+
 def endpoint_rows(ep: EndpointView) -> list[tuple[str, str]]:
     verdict = ", ".join(f"{k}={v:g}" for k, v in sorted(ep.verdict.items()))
     creds = f"${ep.credentials_env} (the variable's name)" if ep.credentials_env else "-"
@@ -163,7 +197,7 @@ def endpoint_rows(ep: EndpointView) -> list[tuple[str, str]]:
         ("url", ep.url),
         ("kind", _opt(ep.kind)),
         ("model", _opt(ep.model)),
-        ("sampling", f"{ep.sample_rate:g} of traffic, by {ep.sampling}"),
+        ("sampling", _sampling(ep)),
         ("buffer", f"{ep.buffer_max_items} items, {_size(ep.buffer_max_bytes)}"),
         ("concurrency", str(ep.concurrency)),
         ("timeout", f"{ep.timeout_s:g} s"),
@@ -187,6 +221,7 @@ def show_text(ep: CandidateDetail) -> str:
             f"({b.fill_ratio:.1%})",
         ),
     )
+    rows[7:7] = rate_rows(ep.rate)
     out = [f"{k:<14}{v}" for k, v in rows]
     out.append("")
     out.append("counters (this gateway replica)")
@@ -199,14 +234,27 @@ def show_text(ep: CandidateDetail) -> str:
     return "\n".join(out)
 
 
-def list_text(eps: Sequence[EndpointView]) -> str:
+def list_text(eps: Sequence[EndpointView], rates: dict[str, RateView] | None = None) -> str:
+    """One row per endpoint: RATE is the share (`sample_rate`) or, for a candidate with
+    `target_rps`, the copies/s it asks for; REALIZED the copies/s this host samples now."""
     if not eps:
         return "no candidates (add one: canary candidates add NAME URL)"
+    rates = rates or {}
     rows = [
-        (e.name, e.role, e.state, f"{e.sample_rate:g}", e.sampling, _opt(e.kind), e.url)
+        (
+            e.name,
+            e.role,
+            e.state,
+            f"{e.sample_rate:g}" if e.target_rps is None else f"{e.target_rps:g}/s",
+            _per_s(r.realized_copies_per_second) if (r := rates.get(e.name)) else "-",
+            e.sampling,
+            _opt(e.kind),
+            e.url,
+        )
         for e in eps
     ]
-    return table(("NAME", "ROLE", "STATE", "RATE", "SAMPLING", "KIND", "URL"), rows)
+    headers = ("NAME", "ROLE", "STATE", "RATE", "REALIZED", "SAMPLING", "KIND", "URL")
+    return table(headers, rows)
 
 
 # --- actions ----------------------------------------------------------------------------------
@@ -225,6 +273,8 @@ def _add_fields() -> tuple[str, ...]:
 
 def _body(args: argparse.Namespace) -> dict[str, Any]:
     body = {f: v for f in _add_fields() if (v := getattr(args, f)) is not None}
+    if body.get("target_rps") == _OFF:
+        body["target_rps"] = None  # `--target-rps off`: back to the fixed sample_rate
     for extra in ("url", "role"):
         if getattr(args, extra, None) is not None:
             body[extra] = getattr(args, extra)
@@ -251,7 +301,7 @@ async def _update(c: AdminClient, args: argparse.Namespace) -> str:
 
 async def _list(c: AdminClient, args: argparse.Namespace) -> str:
     listed = await c.list_candidates()
-    return _fmt(args, listed, list_text(listed.candidates))
+    return _fmt(args, listed, list_text(listed.candidates, listed.rates))
 
 
 async def _show(c: AdminClient, args: argparse.Namespace) -> str:
@@ -285,10 +335,43 @@ def _verdict_pair(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"expected KEY=NUMBER, got {text!r}") from None
 
 
+_OFF = "off"
+
+
+def _target_rps(text: str) -> float | str:
+    """A positive number of copies per second (at most MAX_TARGET_RPS), or `off`."""
+    from domain.endpoint import MAX_TARGET_RPS
+
+    if text.strip().lower() in (_OFF, "none"):
+        return _OFF
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected copies per second, got {text!r}") from None
+    if not 0 < value <= MAX_TARGET_RPS:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(
+            f"target_rps must be > 0 and <= {MAX_TARGET_RPS:g} copies per second, got {text!r}"
+        )
+    return value
+
+
 def _field_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("candidate settings (omitted ones keep their default or value)")
     g.add_argument("--kind", help="free label, e.g. quantized, bi-kv, control")
-    g.add_argument("--sample-rate", type=float, metavar="0..1", help="share of traffic mirrored")
+    g.add_argument(
+        "--sample-rate",
+        type=float,
+        metavar="0..1",
+        help="share of traffic mirrored (with --target-rps: the most that may be mirrored)",
+    )
+    g.add_argument(
+        "--target-rps",
+        type=_target_rps,
+        metavar="N|off",
+        help="copies per second wanted from this gateway host: the share mirrored adapts "
+        "to the traffic, never above --sample-rate; `off` (update) goes back to the fixed "
+        "--sample-rate",
+    )
     g.add_argument("--sampling", choices=("request", "session"), help="sample by request/session")
     g.add_argument("--buffer-max-items", type=int, metavar="N")
     g.add_argument("--buffer-max-bytes", type=int, metavar="BYTES")
@@ -345,6 +428,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "register a candidate; mirroring to it starts at once",
         (
             "canary candidates add int8 http://10.0.0.7:8000 --sample-rate 0.2",
+            "canary candidates add replica http://10.0.0.9:8000 --target-rps 20",
             "canary candidates add bi-kv https://bikv.internal:8443 --kind bi-kv \\\n"
             "      --sampling session --credentials-env BIKV_API_KEY",
         ),

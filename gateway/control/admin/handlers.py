@@ -86,6 +86,9 @@ class AdminContext:
     writer_stats: Callable[[], Mapping[str, int]]
     verdict_settings: VerdictSettings
     listen_host: str | None = None
+    # The host's realized sampling rates by candidate, and this worker's replica name.
+    rates: Callable[[], Mapping[str, Mapping[str, float | None]]] = dict
+    replica: str = ""
     promotions: Promotions = field(init=False)
 
     def __post_init__(self) -> None:
@@ -128,9 +131,20 @@ async def _refresh(ctx: AdminContext) -> None:
 
 
 async def list_candidates(request: web.Request) -> web.Response:
-    version, endpoints = await q.load_endpoints(request.app[CTX].engine)
-    listed = [s.view(ep) for ep in endpoints if ep.role != "live"]
-    return json_response(s.CandidateList(registry_version=version, candidates=listed))
+    ctx = request.app[CTX]
+    version, endpoints = await q.load_endpoints(ctx.engine)
+    rates = ctx.rates()
+    listed = [ep for ep in endpoints if ep.role != "live"]
+    body = s.CandidateList(
+        registry_version=version,
+        candidates=[s.view(ep) for ep in listed],
+        rates={
+            ep.name: s.rate_view(ep, rates[ep.name], ctx.replica)
+            for ep in listed
+            if ep.name in rates
+        },
+    )
+    return json_response(body)
 
 
 async def create_candidate(request: web.Request) -> web.Response:
@@ -151,7 +165,8 @@ async def create_candidate(request: web.Request) -> web.Response:
 async def get_candidate(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     ep = await q.get_endpoint(ctx.engine, request.match_info["name"])
-    return json_response(s.detail(ep, ctx.counters().get(ep.name, {})))
+    rate = ctx.rates().get(ep.name, {})
+    return json_response(s.detail(ep, ctx.counters().get(ep.name, {}), rate, ctx.replica))
 
 
 async def update_candidate(request: web.Request) -> web.Response:
@@ -263,7 +278,7 @@ async def rollback(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     snap = ctx.registry.snapshot
-    counters = ctx.counters()
+    counters, rates = ctx.counters(), ctx.rates()
     try:
         await q.registry_version(ctx.engine)
         last = await q.list_promotions(ctx.engine, 1)
@@ -274,7 +289,10 @@ async def status(request: web.Request) -> web.Response:
         storage_ok=storage_ok,
         registry_version=snap.version,
         live=s.view(snap.live),
-        candidates=[s.detail(ep, counters.get(ep.name, {})) for ep in snap.candidates],
+        candidates=[
+            s.detail(ep, counters.get(ep.name, {}), rates.get(ep.name, {}), ctx.replica)
+            for ep in snap.candidates
+        ],
         writer=dict(ctx.writer_stats()),
         last_promotion=s.promotion_view(last[0]) if last else None,
     )

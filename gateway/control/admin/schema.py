@@ -53,6 +53,7 @@ class EndpointView(msgspec.Struct, kw_only=True):
     kind: str
     model: str | None
     sample_rate: float
+    target_rps: float | None
     sampling: Sampling
     buffer_max_items: int
     buffer_max_bytes: int
@@ -97,18 +98,40 @@ class BufferFill(msgspec.Struct, kw_only=True):
     fill_ratio: float  # the larger of items/max_items and bytes/max_bytes
 
 
+class RateView(msgspec.Struct, kw_only=True):
+    """The sampling rate as this gateway host realizes it (the host's mirror process measures
+    it; None until it has). With `target_rps` the effective share adapts so copies/s approach
+    the target, never above `sample_rate`; session-mode changes cut conversations in progress
+    (`sessions_cut`) or join them after their first turn (`sessions_joined`)."""
+
+    target_rps: float | None
+    sample_rate: float  # the ceiling
+    effective_sample_rate: float | None = None
+    realized_copies_per_second: float | None = None
+    eligible_requests_per_second: float | None = None
+    rate_changes: int = 0
+    sessions_cut: int = 0
+    sessions_joined: int = 0
+    worker: str = ""  # the worker that answered, and the share it applies now
+    worker_sample_rate: float | None = None
+
+
 class CandidateDetail(EndpointView, kw_only=True):
-    """`GET /admin/candidates/{name}`: the endpoint plus live counters and buffer fill."""
+    """`GET /admin/candidates/{name}`: the endpoint plus live counters, buffer fill and the
+    realized sampling rate."""
 
     counters: Counters
     buffer: BufferFill
+    rate: RateView
 
 
 class CandidateList(msgspec.Struct, kw_only=True):
-    """`GET /admin/candidates`: every endpoint that is not live (candidates and retired)."""
+    """`GET /admin/candidates`: every endpoint that is not live (candidates and retired), and
+    the realized sampling rate of those this gateway host mirrors to, by name."""
 
     registry_version: int
     candidates: list[EndpointView]
+    rates: dict[str, RateView] = msgspec.field(default_factory=dict)
 
 
 class PromotionView(msgspec.Struct, kw_only=True):
@@ -168,8 +191,38 @@ def view(ep: Endpoint) -> EndpointView:
     return EndpointView(**fields)
 
 
-def detail(ep: Endpoint, counters: Mapping[str, int]) -> CandidateDetail:
-    """The endpoint plus this replica's counters (unknown names ignored) and buffer fill."""
+def rate_view(ep: Endpoint, rate: Mapping[str, float | None], worker: str = "") -> RateView:
+    """The endpoint's sampling rate as the host realizes it (unknown names ignored)."""
+
+    def num(key: str) -> float | None:
+        value = rate.get(key)
+        return None if value is None else float(value)
+
+    def count(key: str) -> int:
+        return int(rate.get(key) or 0)
+
+    return RateView(
+        target_rps=ep.target_rps,
+        sample_rate=ep.sample_rate,
+        effective_sample_rate=num("effective_sample_rate"),
+        realized_copies_per_second=num("realized_copies_per_second"),
+        eligible_requests_per_second=num("eligible_requests_per_second"),
+        rate_changes=count("rate_changes"),
+        sessions_cut=count("sessions_cut"),
+        sessions_joined=count("sessions_joined"),
+        worker=worker,
+        worker_sample_rate=num("worker_sample_rate"),
+    )
+
+
+def detail(
+    ep: Endpoint,
+    counters: Mapping[str, int],
+    rate: Mapping[str, float | None] | None = None,
+    worker: str = "",
+) -> CandidateDetail:
+    """The endpoint plus this replica's counters (unknown names ignored), buffer fill and the
+    host's realized sampling rate."""
     known = {f: counters[f] for f in Counters.__struct_fields__ if f in counters}
     items, size = counters.get("buffer_items", 0), counters.get("buffer_bytes", 0)
     fill = max(items / ep.buffer_max_items, size / ep.buffer_max_bytes)
@@ -181,7 +234,10 @@ def detail(ep: Endpoint, counters: Mapping[str, int]) -> CandidateDetail:
         fill_ratio=round(fill, 4),
     )
     return CandidateDetail(
-        **msgspec.structs.asdict(view(ep)), counters=Counters(**known), buffer=buffer
+        **msgspec.structs.asdict(view(ep)),
+        counters=Counters(**known),
+        buffer=buffer,
+        rate=rate_view(ep, rate or {}, worker),
     )
 
 

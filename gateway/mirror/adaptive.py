@@ -1,0 +1,218 @@
+"""`AdaptiveRates`: the mirror's side of sampling toward a target rate (`target_rps`).
+
+It runs the controller (`gateway.mirror.rate`) once a second on the host's eligible rate,
+applies a changed reference to the mirror's offers at the instant it names (and hands it to
+`on_change`, which the plane sends to every worker), and counts what a change cost: in session
+mode, the conversations in progress a lowered threshold cuts (from the recent-conversation
+ledger of `gateway.mirror.order`) and those a raised threshold joins after their first turn.
+It never touches the request path except `count_joined`, called only for later turns of
+sampled conversations while some candidate has changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Final, Protocol
+
+from domain.endpoint import Endpoint
+from gateway.mirror import rate as rate_mod
+from gateway.mirror import wire
+from gateway.mirror.order import TurnOrder
+from gateway.mirror.sampler import threshold_for
+
+__all__ = ["SESSION_ACTIVE_S", "AdaptiveRates", "OfferLike"]
+
+# A conversation seen within this long counts as in progress when a threshold change cuts it.
+SESSION_ACTIVE_S: Final = 120.0
+
+
+class OfferLike(Protocol):
+    """What this module reads and sets on one of the mirror's offers."""
+
+    rate: float
+    threshold: float
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def endpoint(self) -> Endpoint: ...
+    @property
+    def session_mode(self) -> bool: ...
+
+
+class _Cost:
+    """What the adaptive share of one candidate did: changes, and what they cost sessions."""
+
+    __slots__ = ("changed_at", "changes", "cut", "joined", "raised_at", "raised_from")
+
+    def __init__(self) -> None:
+        self.changes = 0
+        self.cut = 0  # conversations in progress a lowered threshold stopped mirroring
+        self.joined = 0  # conversations a raised threshold began mirroring after turn 0
+        self.changed_at = float("-inf")
+        self.raised_at: float | None = None
+        self.raised_from = 0.0  # the threshold before the last raise
+
+
+class AdaptiveRates:
+    """The controller, the references in force, and the cost of their changes, per candidate.
+
+    `offers` returns the mirror's current offers; `sampled` each candidate's cumulative
+    sampled count. With `count_eligible` (the in-process mirror) the caller adds to
+    `eligible`; in the mirror process the workers' reports go to `control.eligible`."""
+
+    def __init__(
+        self,
+        order: TurnOrder,
+        offers: Callable[[], Sequence[OfferLike]],
+        sampled: Callable[[], Iterable[tuple[str, int]]],
+        *,
+        count_eligible: bool,
+    ) -> None:
+        self._order = order
+        self._offers = offers
+        self._sampled = sampled
+        self._count_eligible = count_eligible
+        self.eligible = 0
+        self._reported = (0, time.monotonic())
+        self.control = rate_mod.RateControl()
+        start = rate_mod.START_REFERENCE_RPS
+        self.refs = (start, start)
+        self.msg = wire.RatesMeta(0, 0.0, start, start)  # the last one, sent to new workers
+        self.on_change: Callable[[wire.RatesMeta], None] | None = None
+        self._costs: dict[str, _Cost] = {}
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="mirror-rates")
+
+    async def close(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(rate_mod.TICK_S)
+            self.tick(time.monotonic())
+
+    # ------------------------------------------------------------------ control
+
+    def tick(self, now: float) -> None:
+        """One controller step; a changed reference is scheduled here and handed to
+        `on_change`, both naming the same instant."""
+        if self._count_eligible:
+            count, at = self._reported
+            self.control.eligible.report("self", self.eligible - count, now - at, now)
+            self._reported = (self.eligible, now)
+        if not self.control.tick(now, self._sampled()):
+            return
+        request_rps, session_rps = self.control.refs()
+        msg = wire.RatesMeta(
+            self.control.seq, now + rate_mod.APPLY_LEAD_S, request_rps, session_rps
+        )
+        self.msg = msg
+        self.schedule(msg)
+        if self.on_change is not None:
+            self.on_change(msg)
+
+    def schedule(self, msg: wire.RatesMeta) -> None:
+        """Apply `msg` at its instant (at once when it is due, or without a running loop)."""
+        delay = msg.apply_at - time.monotonic()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or delay <= 0:
+            self._apply(msg)
+            return
+        timer: asyncio.TimerHandle
+
+        def fire() -> None:
+            self._timers.discard(timer)
+            self._apply(msg)
+
+        timer = loop.call_later(delay, fire)
+        self._timers.add(timer)
+
+    def _apply(self, msg: wire.RatesMeta) -> None:
+        if self._closed:
+            return
+        self.refs = (msg.request_rps, msg.session_rps)
+        now = time.monotonic()
+        for offer in self._offers():
+            if offer.endpoint.target_rps is None:
+                continue
+            share = rate_mod.endpoint_rate(offer.endpoint, self.refs)
+            old, new = offer.threshold, threshold_for(share)
+            if new == old:
+                continue
+            cost = self._costs.setdefault(offer.name, _Cost())
+            cost.changes += 1
+            if offer.session_mode and new < old:
+                since = max(cost.changed_at, now - SESSION_ACTIVE_S)
+                cost.cut += self._order.cut(new, old, since)
+            elif offer.session_mode:
+                cost.raised_at, cost.raised_from = now, old
+            cost.changed_at = now
+            offer.rate, offer.threshold = share, new
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop the costs of candidates that are gone."""
+        kept = set(keep)
+        for name in [n for n in self._costs if n not in kept]:
+            del self._costs[name]
+
+    # ------------------------------------------------------------------ sessions
+
+    @property
+    def changed(self) -> bool:
+        """Some candidate's share changed (the request path asks before `count_joined`)."""
+        return bool(self._costs)
+
+    def count_joined(
+        self, chosen: Sequence[OfferLike], h: int, seen: float | None, now: float
+    ) -> None:
+        """A later turn of a conversation a candidate did not mirror before its threshold was
+        last raised, arriving for the first time since: joined mid-way (counted once)."""
+        for offer in chosen:
+            cost = self._costs.get(offer.name)
+            if cost is None or cost.raised_at is None or not offer.session_mode:
+                continue
+            if now - cost.raised_at > SESSION_ACTIVE_S or h < cost.raised_from:
+                continue
+            if seen is None or seen < cost.raised_at:
+                cost.joined += 1
+
+    # ------------------------------------------------------------------ export
+
+    def stats(self, endpoints: Iterable[Endpoint]) -> dict[str, dict[str, float | None]]:
+        """Per candidate: target, the share in force (0: not offered), realized copies/s, the
+        host's eligible rate, and what changes cost."""
+        shares = {o.name: o.rate for o in self._offers()}
+        out: dict[str, dict[str, float | None]] = {}
+        for ep in endpoints:
+            cost = self._costs.get(ep.name) or _Cost()
+            out[ep.name] = {
+                "target_rps": ep.target_rps,
+                "effective_sample_rate": shares.get(ep.name, 0.0),
+                "realized_copies_per_second": self.control.realized(ep.name),
+                "eligible_requests_per_second": self.control.eligible_rps,
+                "rate_changes": cost.changes,
+                "sessions_cut": cost.cut,
+                "sessions_joined": cost.joined,
+            }
+        return out
