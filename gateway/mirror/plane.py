@@ -307,28 +307,31 @@ async def serve_plane(
     )
     loop = asyncio.get_running_loop()
     server = await asyncio.start_unix_server(plane.handle, socket_path)
-    await writer.start()
-    if capture_writer is not None:
-        await capture_writer.start()
-    await mirror.start()
-    ready()
-    # Workers seed the registry; until the live endpoint exists there is nothing to mirror.
-    while not stop.is_set():
-        try:
-            await registry.start(seed_live=None)
-            break
-        except errors.StorageError:
-            await asyncio.sleep(0.1)
-    plane.ready.set()
-    tasks = (
-        loop.create_task(plane.broadcast(), name="mirror-stats"),
-        loop.create_task(_reloads(plane, registry), name="mirror-reload"),
-        loop.create_task(
-            _flush_counters(engine, replica, mirror, config.counters_flush_interval_s),
-            name="mirror-counters",
-        ),
-    )
+    tasks: tuple[asyncio.Task[None], ...] = ()
+    # Everything started from here on is closed in `finally`, also when a start-up step fails
+    # (the writers' tasks, the engine's connections): a failed start leaves nothing running.
     try:
+        await writer.start()
+        if capture_writer is not None:
+            await capture_writer.start()
+        await mirror.start()
+        ready()
+        # Workers seed the registry; until the live endpoint exists there is nothing to mirror.
+        while not stop.is_set():
+            try:
+                await registry.start(seed_live=None)
+                break
+            except errors.StorageError:
+                await asyncio.sleep(0.1)
+        plane.ready.set()
+        tasks = (
+            loop.create_task(plane.broadcast(), name="mirror-stats"),
+            loop.create_task(_reloads(plane, registry), name="mirror-reload"),
+            loop.create_task(
+                _flush_counters(engine, replica, mirror, config.counters_flush_interval_s),
+                name="mirror-counters",
+            ),
+        )
         await stop.wait()
         log.info("mirror process stopping", extra={"fields": {"workers": len(plane.conns)}})
         with contextlib.suppress(TimeoutError):
