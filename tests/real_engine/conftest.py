@@ -1,10 +1,8 @@
 """One real-engine run per test session: four vLLM engines, the gateway, sessions, reports.
 
-Engines come from `$CANARY_REAL_ENGINE_ROOT` (default `./.real-engine`, made by
-`bench/real_engine_setup.sh`). Without them every test here skips and says why, unless
-`CANARY_REQUIRE_REAL_ENGINE=1` (what `.ci/run` sets): then a missing engine fails the suite.
-`CANARY_REAL_ENGINE_URLS="live=URL,bi-kv=URL,control=URL,quantized=URL"` uses engines already
-running instead (they must be configured as below), which is handy while editing the tests.
+The engines are the test session's (`real_engines`, `tests/fixtures_real_engine.py`: started
+once from `$CANARY_REAL_ENGINE_ROOT`, shared with the capacity tests; skipped, or failed under
+`CANARY_REQUIRE_REAL_ENGINE=1`, without the install).
 
 The run, once: `canary serve --live` in front of `live` (no prefix caching) as a real process
 with SQLite; `bi-kv` (prefix caching), `control` (configured like live) and `quantized` (the same
@@ -54,12 +52,6 @@ VERDICT = {
     "similarity_delta": 0.03,
     "latency_delta": 1.10,
 }
-ENGINE_SPECS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("live", ("--no-enable-prefix-caching",)),
-    ("bi-kv", ("--enable-prefix-caching",)),
-    ("control", ("--no-enable-prefix-caching",)),
-    ("quantized", ("--no-enable-prefix-caching", "--dtype", "bfloat16")),
-)
 KINDS = {"bi-kv": "bi-kv", "control": "control", "quantized": "quantized"}
 WORDS = (
     "the request returns a value when the file is opened and the stream is closed after each "
@@ -102,41 +94,6 @@ class RealRun:
         with sqlite3.connect(self.db_path) as db:
             db.row_factory = sqlite3.Row
             return list(db.execute(sql, args))
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CANARY_REQUIRE_REAL_ENGINE") == "1":
-        pytest.fail(f"CANARY_REQUIRE_REAL_ENGINE=1 but {reason}", pytrace=False)
-    pytest.skip(f"real vLLM not available: {reason}")
-
-
-def _given_engines(spec: str, workdir: Path) -> dict[str, eng.Engine]:
-    out: dict[str, eng.Engine] = {}
-    for part in spec.split(","):
-        name, _, url = part.partition("=")
-        port = int(url.rstrip("/").rsplit(":", 1)[1])
-        out[name.strip()] = eng.Engine(name.strip(), port, (), workdir / f"vllm-{name}.log")
-    return out
-
-
-@pytest.fixture(scope="session")
-def real_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, eng.Engine]]:
-    """The four engines, started once for the whole test session and stopped after it."""
-    workdir = tmp_path_factory.mktemp("real-engine")
-    given = os.environ.get("CANARY_REAL_ENGINE_URLS")
-    if given:
-        yield _given_engines(given, workdir)
-        return
-    root = eng.engine_root()
-    reason = eng.missing(root)
-    if reason is not None:
-        _unavailable(reason)
-    started = eng.start_all(ENGINE_SPECS, root, workdir)
-    try:
-        yield {e.name: e for e in started}
-    finally:
-        for e in started:
-            e.stop()
 
 
 def _user_message(rng: random.Random, session: int, turn: int) -> str:
