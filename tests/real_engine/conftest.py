@@ -61,8 +61,8 @@ VERDICT = {
 }
 # The engines share the gateway's two cores, so the host has no spare CPU; the README's advice
 # for such a host is the mirror process at `nice` ("Limits and failure behaviour"). Measured on
-# this suite (bench/RESULTS.md): at SCHED_IDLE each mirrored TTFT carried ~10 ms more of the
-# mirror's late wake-ups than at normal priority, on bi-kv and its control alike.
+# this suite (bench/RESULTS.md): SCHED_IDLE added about 1-5 ms of the mirror's late wake-ups to
+# each mirrored TTFT (of 250-350 ms) against normal priority, on bi-kv and its control alike.
 MIRROR_PRIORITY = os.environ.get("CANARY_REAL_ENGINE_MIRROR_PRIORITY", "nice")
 KINDS = {"bi-kv": "bi-kv", "control": "control", "quantized": "quantized"}
 WORDS = (
