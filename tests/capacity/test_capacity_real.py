@@ -1,5 +1,9 @@
 """On real vLLM (CPU build, tiny model, float32): conversations captured by the gateway and
-replayed by `canary capacity` show the higher goodput of prefix caching at a TTFT SLO."""
+replayed by `canary capacity` show the higher goodput of prefix caching at a TTFT SLO.
+
+The engines are the test session's (`real_engines`, `tests/fixtures_real_engine.py`, shared
+with the real-engine suite): `bi-kv` (prefix caching) is the candidate `pc`, `live` (the same
+model without it) its control `nopc`."""
 
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim
 from gateway.sim.workload import WorkloadSpec, run_workload
+from tests.real_engine import engines as eng
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-MODEL = "tiny-llama"
+MODEL = eng.MODEL
 
 
 async def _capture(db: str, engines: dict[str, str]) -> None:
@@ -61,12 +66,12 @@ async def _capture(db: str, engines: dict[str, str]) -> None:
 
 
 async def test_prefix_caching_has_the_higher_goodput_at_a_ttft_slo(
-    real_engines: dict[str, str], tmp_path: Path
+    real_engines: dict[str, eng.Engine], tmp_path: Path
 ) -> None:
     """The prefix-caching engine reaches a higher capacity at TTFT <= 200 ms than the same
     model without it (ratio above 1), and only it reports prefix-cache hits."""
     db = f"sqlite+aiosqlite:///{tmp_path / 'c.db'}"
-    await _capture(db, real_engines)
+    await _capture(db, {"pc": real_engines["bi-kv"].url, "nopc": real_engines["live"].url})
     out = tmp_path / "capacity.json"
     argv = ["capacity", "pc", "--db", db, "--slo", "ttft=200ms", "--loads", "1,2,4,8",
             "--step-seconds", "5", "--format", "json", "--out", str(out)]  # fmt: skip

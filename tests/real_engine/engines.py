@@ -1,10 +1,12 @@
-"""Real vLLM engines for the real-engine suite: find the install, start, scrape, stop.
+"""Real vLLM engines for the tests that need them: find the install, start, scrape, stop.
 
 The install is the one `bench/real_engine_setup.sh` makes (vLLM's CPU build in its own venv and
 the tiny model built locally), under `$CANARY_REAL_ENGINE_ROOT` (default `./.real-engine`).
 Every engine runs in its own process group and is killed with it; every engine gets vLLM's
 idle busy-polling capped (`SPIN_S`, the same for all) so four engines and the gateway can share
-two cores. This module must never download anything or touch a process it did not start.
+two cores. The test session starts `SUITE` once (`tests/fixtures_real_engine.py`); this module
+imports no pytest, so scripts can use it too. It must never download anything or touch a
+process it did not start.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ PORT_RANGE = range(8200, 8220)
 # compile at once on two busy cores.
 START_TIMEOUT_S = float(os.environ.get("CANARY_REAL_ENGINE_START_TIMEOUT_S", "600"))
 SPIN_S = float(os.environ.get("CANARY_REAL_ENGINE_SPIN_S", "0.01"))
+# The engines of a test session, by name, with the flags that make each what it is (later flags
+# win over `Engine.start`'s defaults). Every test that needs a real engine uses these.
+SUITE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("live", ("--no-enable-prefix-caching",)),
+    ("bi-kv", ("--enable-prefix-caching",)),
+    ("control", ("--no-enable-prefix-caching",)),
+    ("quantized", ("--no-enable-prefix-caching", "--dtype", "bfloat16")),
+)
 
 _SPIN_HOOK = """\
 # vLLM's shared-memory queue busy-polls for 1 s after every read; cap it (same for every engine).
@@ -72,6 +82,16 @@ def missing(root: Path) -> str | None:
     if not (root / MODEL / "model.safetensors").exists():
         return f"no tiny model at {root / MODEL} (run: ROOT={root} bash bench/real_engine_setup.sh)"
     return None
+
+
+def given(spec: str, workdir: Path) -> dict[str, Engine]:
+    """Engines already running, from `name=URL,name=URL` (not started, never stopped here)."""
+    out: dict[str, Engine] = {}
+    for part in spec.split(","):
+        name, _, url = part.partition("=")
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        out[name.strip()] = Engine(name.strip(), port, (), workdir / f"vllm-{name.strip()}.log")
+    return out
 
 
 def free_port(taken: set[int]) -> int:

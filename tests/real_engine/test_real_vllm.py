@@ -114,28 +114,30 @@ def test_at_least_98_percent_of_copies_observed(real_run: RealRun) -> None:
     assert not low, f"fewer than 98 % of sampled copies observed: {low}"
 
 
-# What may still hold bi-kv, each with the statuses it may have: latency metrics left
-# undecided — never beyond — by the timing noise of a loaded two-core host running four engines
-# (seen: TPOT, whose per-pair ratio on this tiny model is noise because tokens arrive grouped;
-# TTFT > 2 s after one or two engine stalls; TTFT itself, or the goal with its estimate below 1,
-# at a few hundred pairs). Such a hold is reported as an expected failure with its reasons.
-# Anything else (coverage included), or any of these shown beyond its margin, fails.
-_LATENCY = ("ttft_later_turns", "ttft_first_turn", "ttft", "tpot", "e2e", "ttft_slo", "e2e_slo")
-_OUTSIDE = {m: {"undecided"} for m in _LATENCY}
+# What may still hold bi-kv on two shared cores, measured (bench/RESULTS.md, "The real-engine
+# suite"): TTFT on turn 1 and TPOT, undecided, never beyond. Nothing is cached at turn 1, so its
+# ratio is ~1, and each engine's turn-1 TTFT varies by itself (log-sd ~0.8-0.9, the two arms'
+# correlation ~0.1, with four engines' processes contending for two cores), so a pair's
+# log-ratio has sd ~1.1 and the always-valid interval at 200 sessions is about x0.6-x1.6, where
+# the README's 10 % margin needs its upper end below x1.1. TPOT's per-pair sd is ~1.3 (tokens
+# arrive grouped): its upper end lands near 1.1 (0.93-1.14 seen) with an estimate of ~0.6-0.7.
+# Anything else holding it, or anything beyond its margin, fails the test.
+_MAY_HOLD = {"ttft_first_turn": {"undecided"}, "tpot": {"undecided"}}
 _BLOCKING = {"insufficient", "undecided", "beyond", "critical"}
 
 
 def test_bikv_is_promoted(real_run: RealRun) -> None:
-    """The prefix-caching candidate, identical in answers and faster on later turns, promotes."""
+    """The prefix-caching candidate, identical in answers and faster on later turns, promotes:
+    its goal shown, every quality metric inside, and no guardrail beyond its margin."""
     report = real_run.reports["bi-kv"]
     goal = report["metrics"]["ttft_later_turns"]
-    assert goal["estimate"] < 1 and goal["status"] in ("improved", "undecided"), _reasons(report)
+    assert goal["status"] == "improved", _reasons(report)
     for metric in QUALITY & set(report["metrics"]):
         assert report["metrics"][metric]["status"] in ("inside", "n/a", "info"), _reasons(report)
     if report["verdict"] == "promote":
         return
     blockers = {r["metric"]: r["status"] for r in report["reasons"][1:] if r["status"] in _BLOCKING}
-    unexplained = {m: st for m, st in blockers.items() if st not in _OUTSIDE.get(m, set())}
+    unexplained = {m: st for m, st in blockers.items() if st not in _MAY_HOLD.get(m, set())}
     assert not unexplained, _reasons(report)
     pytest.xfail(f"bi-kv held only by {sorted(blockers)}:\n{_reasons(report)}")
 
