@@ -314,7 +314,12 @@ def real_run(real_engines: dict[str, eng.Engine]) -> Iterator[RealRun]:
         timings["sessions_s"] = time.monotonic() - t0
         counters = _drained(gw, list(KINDS), len(turns))
         timings["drain_s"] = time.monotonic() - t0 - timings["sessions_s"]
-        after = {name: eng.scrape(e.url) for name, e in real_engines.items()}
+        # Every engine answered every turn (live directly, the candidates at rate 1).
+        key = "vllm:request_success_total"
+        after = {
+            name: eng.settled_scrape(e.url, key, reach=before[name].get(key, 0.0) + len(turns))
+            for name, e in real_engines.items()
+        }
         with urllib.request.urlopen(gw + "/metrics", timeout=10) as resp:
             gateway_metrics = resp.read().decode()
         t1 = time.monotonic()

@@ -241,5 +241,29 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+def settled_scrape(
+    url: str,
+    key: str = "vllm:request_success_total",
+    *,
+    reach: float | None = None,
+    quiet_s: float = 2.0,
+    within_s: float = 30.0,
+) -> dict[str, float]:
+    """`scrape` once `key` has reached `reach`, or has stopped moving for `quiet_s`: the engine
+    counts a request a little after its last byte was sent, so a scrape right after the streams
+    end can miss the last few."""
+    deadline = time.monotonic() + within_s
+    last = scrape(url)
+    while time.monotonic() < deadline:
+        if reach is not None and last.get(key, 0.0) >= reach:
+            return last
+        time.sleep(quiet_s)
+        now = scrape(url)
+        if reach is None and now.get(key) == last.get(key):
+            return now
+        last = now
+    return last
+
+
 def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
     return after.get(key, 0.0) - before.get(key, 0.0)
