@@ -121,8 +121,8 @@ async def _serve_gateway(
     live: str, candidates: Sequence[str], rate: float, budget: int, lag_ms: float
 ) -> None:
     from domain.endpoint import Endpoint
+    from gateway.config import GatewayConfig
     from gateway.mirror.tee import Mirror
-    from gateway.process.config import GatewayConfig
     from gateway.server.app import start_gateway
     from gateway.server.hooks import LiveTarget
     from gateway.server.metrics import Registry
@@ -161,7 +161,7 @@ async def _serve_plane_gateway(
     live: str, candidates: Sequence[str], rate: float, budget: int, priority: str
 ) -> None:
     """The product as `canary serve` runs it: worker + the host's mirror process + SQLite."""
-    from gateway.process.config import load_config
+    from gateway.config import load_config
     from gateway.process.runtime import running
 
     with tempfile.TemporaryDirectory() as tmp:

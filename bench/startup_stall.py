@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 async def suspects() -> None:
     from domain.endpoint import Endpoint
+    from gateway.config import GatewayConfig
     from gateway.mirror.lane import Lane
     from gateway.mirror.ring import MemoryBudget
     from gateway.mirror.sinks import InMemorySink
-    from gateway.process.config import GatewayConfig
     from gateway.server.upstream import make_client_session
 
     for label in ("first ClientSession+TCPConnector", "second ClientSession+TCPConnector"):
@@ -65,7 +65,7 @@ async def probe(lags: list[float], stop: asyncio.Event) -> None:
 
 
 async def gateway_run(cycles: int) -> None:
-    from gateway.process.config import load_config
+    from gateway.config import load_config
     from gateway.process.runtime import running
     from gateway.sim.server import start_sim
 

@@ -32,7 +32,7 @@ Name = Annotated[str, Meta(pattern=NAME_PATTERN, description="Endpoint name: " +
 # http(s), a host without userinfo (credentials never travel inside a URL): a name, or an IPv6
 # literal in brackets; an optional port in 0..65535, then a printable path without ? or # (paths
 # are appended to it, so a query or fragment would misroute every request). Precise enough
-# that every string it admits passes gateway.process.config.check_http_url, which the handler runs
+# that every string it admits passes gateway.config.check_http_url, which the handler runs
 # as well.
 _H16 = "[0-9A-Fa-f]{1,4}"
 _IPV6 = "|".join(

@@ -35,8 +35,8 @@ from evaluators.pairs.columns import pairset_from_pairs
 from evaluators.report.build import build_report
 from evaluators.report.model import PairsSummary, Report, report_to_json
 from gateway.cli import main as cli
+from gateway.config import CandidateConfig, GatewayConfig, load_config
 from gateway.control.admin.openapi import openapi_document
-from gateway.process.config import CandidateConfig, GatewayConfig, load_config
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim

@@ -29,7 +29,7 @@ from domain.records import ExchangeRecord
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from gateway.process.config import GatewayConfig
+    from gateway.config import GatewayConfig
     from storage.captures import CaptureWriter
 
 __all__ = ["REDACTED", "CaptureSink", "redact_body", "redact_headers", "session_captured"]

@@ -44,11 +44,11 @@ from multidict import CIMultiDictProxy
 from domain.accounting import GAUGE_FIELDS, IDENTITY_FIELDS
 from domain.endpoint import Endpoint
 from domain.ids import uuid7
+from gateway.config import GatewayConfig
 from gateway.mirror import rate as rate_mod
 from gateway.mirror import wire
 from gateway.mirror.lane import MIRROR_HEADER
 from gateway.mirror.sampler import SALT, is_sampled, mirrored_route, threshold_for
-from gateway.process.config import GatewayConfig
 from gateway.server.headers import COPY_SKIP
 from gateway.server.hooks import LiveTarget
 from gateway.server.meter import MeterResult

@@ -29,11 +29,11 @@ from yarl import URL
 
 from domain import outcomes
 from domain.endpoint import Endpoint
+from gateway.config import GatewayConfig
+from gateway.credentials import candidate_credential
 from gateway.mirror.counters import LaneCounters
 from gateway.mirror.observe import classify, observation
 from gateway.mirror.ring import Entry, MemoryBudget, Offer, RingBuffer
-from gateway.process.config import GatewayConfig
-from gateway.process.credentials import candidate_credential
 from gateway.server.headers import COPY_SKIP, copy_end_to_end, copy_skip
 from gateway.server.hooks import ObservationSink
 from gateway.server.meter import MeterResult, ResponseMeter

@@ -36,12 +36,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain import errors
 from domain.endpoint import Endpoint
+from gateway.config import GatewayConfig
 from gateway.control.registry import Registry, Snapshot
+from gateway.credentials import REFUSALS
 from gateway.mirror import wire
 from gateway.mirror.capture import CaptureSink, capture_from_config, capture_writer_for
 from gateway.mirror.tee import Mirror
-from gateway.process.config import GatewayConfig
-from gateway.process.credentials import REFUSALS
 from gateway.server.hooks import LiveTarget
 from storage import queries
 from storage.engine import make_engine

@@ -31,6 +31,7 @@ from multidict import CIMultiDictProxy
 from domain.endpoint import Endpoint
 from domain.ids import uuid7
 from domain.records import ExchangeRecord
+from gateway.config import GatewayConfig
 from gateway.mirror import counters as counters_mod
 from gateway.mirror import rate as rate_mod
 from gateway.mirror.adaptive import AdaptiveRates
@@ -52,7 +53,6 @@ from gateway.mirror.sampler import (
     threshold_for,
     turn_index,
 )
-from gateway.process.config import GatewayConfig
 from gateway.server.hooks import LiveTarget, ObservationSink
 from gateway.server.meter import MeterResult
 

@@ -38,10 +38,10 @@ from domain import errors as storage_errors
 from domain.endpoint import Endpoint
 from domain.errors import SchemaBehind, UsageError
 from evaluators.judge.settings import VerdictSettings
+from gateway.config import GatewayConfig, parse_admin_tokens
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry, Snapshot
 from gateway.mirror.handoff import Handoff
-from gateway.process.config import GatewayConfig, parse_admin_tokens
 from gateway.process.workers import PlaneProcess, replica_name
 from gateway.server.app import (
     READY_CHECKS,

@@ -17,7 +17,6 @@ The supervisor must never serve traffic itself and never leave a child running w
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -25,24 +24,21 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Coroutine
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 import msgspec
 
-from gateway.process.config import GatewayConfig, split_host_port
+from gateway.config import GatewayConfig, split_host_port
+from gateway.lifecycle import die_with_parent, run_loop
 
 log = logging.getLogger("canary.supervisor")
 
 # A worker dying more often than this is a crash loop: the supervisor stops everything.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def replica_name(config: GatewayConfig, role: str = "") -> str:
@@ -51,18 +47,6 @@ def replica_name(config: GatewayConfig, role: str = "") -> str:
     base = config.replica_name or f"{socket.gethostname()}-{os.getpid()}"
     tag = f"-{role}" if role else ""
     return f"{base[:40]}{tag}-{int(time.time() * 1000):x}"
-
-
-def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run `main` to completion on uvloop when installed, else on asyncio's default loop."""
-    try:
-        import uvloop
-
-        factory: Any = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is optional
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(main)
 
 
 def serve_forever(config: GatewayConfig) -> int:
@@ -75,16 +59,6 @@ def serve_forever(config: GatewayConfig) -> int:
     return _supervise(config)
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGTERM this child when its parent dies (Linux), so a supervisor (or the
-    demo) killed with SIGKILL or by the OOM killer never leaves children holding ports."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _worker_main(
     config: GatewayConfig,
     index: int,
@@ -93,7 +67,7 @@ def _worker_main(
     plane_socket: str | None,
 ) -> None:
     die_with_parent(parent_pid)
-    from gateway.process.logs import setup_logging
+    from gateway.logs import setup_logging
     from gateway.process.runtime import serve_until_stopped
 
     setup_logging(config.log_format, config.log_level)
@@ -107,8 +81,8 @@ def _plane_main(
     conn: multiprocessing.connection.Connection,
 ) -> None:
     die_with_parent(parent_pid)
+    from gateway.logs import setup_logging
     from gateway.mirror.plane import lower_priority, serve_plane
-    from gateway.process.logs import setup_logging
 
     # After the imports (start-up is not slowed by a busy host), before any thread exists (the
     # storage driver's), so every thread inherits the lower priority.

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gateway.process.config import GatewayConfig, split_host_port
+from gateway.config import GatewayConfig, split_host_port
 from gateway.server.connections import ConnectionStats, GatewayRunner
 from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.metrics import Registry

@@ -33,15 +33,6 @@ RESPONSE_SKIP: Final = HOP_BY_HOP
 COPY_SKIP: Final = HOP_BY_HOP | {"host", "content-length", "expect", "accept-encoding"}
 
 
-# Headers that carry a client's credentials (`credential_headers` in the config replaces the
-# list): OpenAI's and vLLM's `Authorization`, Azure OpenAI's `api-key`, gateways' `x-api-key`,
-# browser sessions' `Cookie`, and `Proxy-Authorization`. A copy goes to a URL an admin chose:
-# none of them reaches it unless the candidate says `forward_auth`.
-CREDENTIAL_HEADERS: Final = frozenset(
-    ("authorization", "api-key", "x-api-key", "cookie", "proxy-authorization")
-)
-
-
 def copy_skip(credential_headers: Iterable[str], forward_auth: bool) -> frozenset[str]:
     """What a copy must not carry: `COPY_SKIP`, plus the credential headers unless
     `forward_auth`. Computed when a lane is configured, never per copy."""

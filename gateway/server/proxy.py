@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from domain.ids import uuid7
-from gateway.process.config import GatewayConfig
+from gateway.config import GatewayConfig
 from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
 from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
 from gateway.server.hooks import LiveTarget, RequestTee

@@ -30,7 +30,7 @@ import msgspec
 
 from domain.errors import CanaryError
 from gateway.cli.progress import Progress
-from gateway.process.workers import die_with_parent
+from gateway.lifecycle import die_with_parent
 from gateway.sim.workload import WorkloadSpec, run_workload
 
 # name, simulator profile, extra `canary sim` flags, candidate kind (None: production)

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.errors import ConfigError
 from domain.records import ExchangeRecord
+from gateway.config import load_config
 from gateway.mirror.capture import (
     CAPTURE_SALT,
     REDACTED,
@@ -21,7 +22,6 @@ from gateway.mirror.capture import (
     redact_body,
     session_captured,
 )
-from gateway.process.config import load_config
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim

@@ -19,9 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
+from gateway.config import GatewayConfig
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry
-from gateway.process.config import GatewayConfig
 from gateway.process.runtime import Components, running
 from gateway.server.hooks import LiveTarget
 from storage.engine import make_engine, upgrade

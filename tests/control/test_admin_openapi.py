@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.endpoint import URL_PATTERN
+from gateway.config import CandidateConfig, check_http_url
 from gateway.control.admin.openapi import openapi_document
 from gateway.control.admin.schema import CandidateCreate
-from gateway.process.config import CandidateConfig, check_http_url
 from tests.control.test_admin_harness import TOKEN, admin_server, call, real_gateway
 
 # Fuzzing budget per operation and phase: about 1,000 requests, 10-20 s.

@@ -14,8 +14,8 @@ import pytest
 
 from domain.endpoint import Endpoint
 from domain.errors import ConfigError
-from gateway.process.config import GatewayConfig, load_config
-from gateway.process.credentials import REFUSALS, candidate_credential
+from gateway.config import GatewayConfig, load_config
+from gateway.credentials import REFUSALS, candidate_credential
 from storage import queries as q
 from storage.engine import masked
 from tests.control.test_admin_harness import admin_server, call, real_gateway

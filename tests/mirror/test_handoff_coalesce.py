@@ -11,9 +11,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from domain.accounting import identity_holds
 from domain.endpoint import Endpoint
+from gateway.config import GatewayConfig
 from gateway.mirror import wire
 from gateway.mirror.handoff import Handoff
-from gateway.process.config import GatewayConfig
 from gateway.server.hooks import LiveTarget
 
 CHAT = "/v1/chat/completions"

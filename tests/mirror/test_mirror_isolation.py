@@ -22,10 +22,10 @@ import xxhash
 from aiohttp import web
 
 from domain.endpoint import Endpoint
+from gateway.config import GatewayConfig
 from gateway.mirror.counters import identity_holds
 from gateway.mirror.sinks import InMemorySink
 from gateway.mirror.tee import Mirror
-from gateway.process.config import GatewayConfig
 from gateway.server.app import start_gateway
 from gateway.server.hooks import LiveTarget
 from gateway.sim.profiles import get_profile

@@ -18,10 +18,10 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from domain.endpoint import Endpoint
+from gateway.config import GatewayConfig
 from gateway.mirror.counters import identity_holds
 from gateway.mirror.sinks import InMemorySink
 from gateway.mirror.tee import Mirror
-from gateway.process.config import GatewayConfig
 from gateway.server.hooks import LiveTarget
 from gateway.server.meter import MeterResult
 from gateway.sim.profiles import get_profile

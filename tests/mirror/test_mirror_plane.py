@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 
 from domain.accounting import identity_holds
-from gateway.process.config import GatewayConfig, load_config
+from gateway.config import GatewayConfig, load_config
 from gateway.process.runtime import running
 from gateway.sim.server import start_sim
 from storage import queries

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from domain.errors import ConfigError
-from gateway.process.config import (
+from gateway.config import (
     CandidateConfig,
     GatewayConfig,
     load_config,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.process.config import GatewayConfig, load_config
+from gateway.config import GatewayConfig, load_config
 from gateway.process.runtime import SIMULATOR_KIND, running
 from gateway.sim.server import start_sim
 

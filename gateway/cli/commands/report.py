@@ -105,7 +105,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings]:
     from evaluators.judge.settings import STRICT, VerdictSettings
-    from gateway.process.config import load_config
+    from gateway.config import load_config
 
     cfg = load_config(args.config)
     url: str = args.db or cfg.db_url

@@ -48,8 +48,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.process.config import load_config
-    from gateway.process.logs import setup_logging
+    from gateway.config import load_config
+    from gateway.logs import setup_logging
     from gateway.process.workers import serve_forever
 
     overrides = {

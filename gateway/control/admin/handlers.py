@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain import errors as se
 from domain.endpoint import CandidatePatch, Endpoint
 from domain.records import PromotionRecord
+from gateway.config import GatewayConfig, check_http_url, credential_env_refusal
 from gateway.control.admin import schema as s
 from gateway.control.admin.auth import INSECURE_ACTOR, TokenChecker, admin_mode, is_loopback
 from gateway.control.admin.boundary import (
@@ -38,7 +39,6 @@ from gateway.control.admin.boundary import (
 )
 from gateway.control.admin.guard import AuthGuard
 from gateway.control.promotion import PromotionRefused, Promotions
-from gateway.process.config import GatewayConfig, check_http_url, credential_env_refusal
 from gateway.server.app import ADMIN_COLLECTORS, ADMIN_READY_CHECKS, ReadyCheck
 from storage import queries as q
 from storage.engine import DatabaseFileGuard

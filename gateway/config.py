@@ -14,7 +14,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -22,7 +22,15 @@ from msgspec import Meta
 
 from domain.endpoint import NAME_PATTERN, CandidateSpec, Endpoint, MiB, env_name_refusal
 from domain.errors import ConfigError
-from gateway.server.headers import CREDENTIAL_HEADERS
+
+# Headers that carry a client's credentials (`credential_headers` in the config replaces the
+# list): OpenAI's and vLLM's `Authorization`, Azure OpenAI's `api-key`, gateways' `x-api-key`,
+# browser sessions' `Cookie`, and `Proxy-Authorization`. A copy goes to a URL an admin chose:
+# none of them reaches it unless the candidate says `forward_auth`.
+CREDENTIAL_HEADERS: Final = frozenset(
+    ("authorization", "api-key", "x-api-key", "cookie", "proxy-authorization")
+)
+
 
 _NAME_RE = re.compile(NAME_PATTERN)
 

@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Mapping
 
-from gateway.process.config import GatewayConfig, credential_env_refusal
+from gateway.config import GatewayConfig, credential_env_refusal
 
 log = logging.getLogger("canary.credentials")
 

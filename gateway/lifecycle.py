@@ -1,0 +1,37 @@
+"""Process lifecycle helpers shared by every process the gateway starts (workers, the mirror
+process, the simulator): which event loop runs, and dying with the parent. No wiring here: the
+planes and the simulator may import this, it imports nothing of ours."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` to completion on uvloop when installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+
+        factory: Any = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is optional
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGTERM this child when its parent dies (Linux), so a supervisor (or the
+    demo) killed with SIGKILL or by the OOM killer never leaves children holding ports."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
