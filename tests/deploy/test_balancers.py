@@ -37,7 +37,11 @@ def nginx_conf(tmp: Path, listen: int, replicas: list[str], *, affinity: bool = 
     text = text.replace("".join(servers), "".join(f"        server {r};\n" for r in replicas))
     text = text.replace("listen 8000;", f"listen 127.0.0.1:{listen};")
     text = text.replace("pid /tmp/canary-nginx.pid;", f"pid {tmp / 'nginx.pid'};")
-    text = text.replace("worker_processes auto;", "worker_processes 1;")
+    # One process that stays in the foreground (the test owns it), writing its temporary files
+    # under `tmp`, which a worker switched to another user could not.
+    text = text.replace("worker_processes auto;", "worker_processes 1;\nmaster_process off;")
+    text = text.replace("http {\n", f"http {{\n    client_body_temp_path {tmp / 'body'};\n"
+                        f"    proxy_temp_path {tmp / 'proxy'};\n", 1)  # fmt: skip
     if not affinity:
         text, n = re.subn(r"^ *hash \$canary_session consistent;\n", "", text, flags=re.M)
         assert n == 1
