@@ -105,7 +105,8 @@ def _caveats(
             f"{sessions:,} sessions ({share:.1%} of the pairs) were handled by more than one "
             "gateway replica: their turns could reach the candidate out of order or at once, so "
             "they are left out of TTFT by turn and of the turn-1 and later-turn TTFT metrics; "
-            "key the load balancer on the session (X-Session-ID, README: running a fleet)"
+            "key the load balancer on the X-Session-ID header (README: a balancer that keeps a "
+            "session on one replica)"
         )
     dropped = sum(accounting.get(k, 0) for k in ("dropped_overflow", "dropped_oversize"))
     dropped += accounting.get("shed_overload", 0)
