@@ -2,8 +2,8 @@
 
 `build_app` wires the catch-all proxy route and the gateway's own `/healthz`, `/readyz` and
 `/metrics` (never forwarded), with the upstream session owned by a `cleanup_ctx`. Other parts
-compose onto the returned app before it starts: append to `app.cleanup_ctx` (mirror, registry,
-storage writer), `app.add_subapp("/admin", ...)` (a more specific prefix wins over the catch-all
+compose onto the returned app before it starts: append to `app.cleanup_ctx`,
+`app.add_subapp("/admin", ...)` (a more specific prefix wins over the catch-all
 whatever the order), and append async readiness checks to `app[READY_CHECKS]`.
 `start_gateway` runs one on a socket, proxying to the live endpoint it is given (it never starts
 one: the process wiring, `gateway.process`, decides when the built-in simulator runs); the
