@@ -10,7 +10,6 @@ from typing import Any
 import msgspec
 import pytest
 import uvloop
-from aiohttp import web
 
 from domain.endpoint import Endpoint
 from gateway.mirror.counters import identity_holds
@@ -363,25 +362,6 @@ def test_shutdown_drains_then_counts_the_rest(run: Run[None]) -> None:
         assert send(mirror, chat("late"), "late") is None
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         assert others == []
-
-    run(scenario())
-
-
-def test_cleanup_ctx_lifecycle(run: Run[None]) -> None:
-    """Mirror.cleanup_ctx starts with an aiohttp app and drains when the app shuts down."""
-
-    async def scenario() -> None:
-        server = await sim("fast")
-        sink = InMemorySink()
-        mirror = make_mirror([Endpoint(name="f", url=server.url, sample_rate=1.0)], sink)
-        app = web.Application()
-        app.cleanup_ctx.append(mirror.cleanup_ctx)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        send(mirror, chat("x"), "r")
-        await runner.cleanup()
-        await server.close()
-        assert mirror.counters()["f"]["observed_ok"] == 1
 
     run(scenario())
 
