@@ -21,6 +21,7 @@ the metric that reads it, and an Alembic revision adding the column.
 
 from __future__ import annotations
 
+import operator
 import types
 import typing
 from typing import Annotated, Any, Final, Literal, Union
@@ -123,10 +124,12 @@ MEASURED: Final = tuple(f.name for f in describe(Measured))
 # The per-pair quantities: the float columns of each arm in the evaluators' PairSet.
 PER_PAIR: Final = tuple(f.name for f in describe(Measured) if f.quantity.per_pair)
 
+_get_measured: Final = operator.attrgetter(*MEASURED)
+
 
 def measured(value: Measured) -> dict[str, Any]:
     """The `Measured` fields of any of its subclasses (a meter result, a record), by name."""
-    return {name: getattr(value, name) for name in MEASURED}
+    return dict(zip(MEASURED, _get_measured(value), strict=True))
 
 
 def kept_text(
