@@ -12,19 +12,28 @@ makes the database itself refuse a second one, whatever a racing replica does.
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Column,
     Float,
     Index,
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeEngine
+
+from domain.observation import describe
+from domain.records import ObservationRecord
 
 # SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL wants BIGINT for large tables.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -107,38 +116,37 @@ class ExchangeRow(Base):
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
 
 
+_SQL_TYPES: dict[type[Any], TypeEngine[Any]] = {
+    float: Float(),
+    int: Integer(),
+    bool: Boolean(),
+    str: Text(),
+}
+
+
+def declared_columns(record: type[msgspec.Struct]) -> list[Column[Any]]:
+    """The columns of a record declared in domain (`domain.observation.describe`): its type
+    (a string with a length is VARCHAR, without one TEXT), NULL where it may be None."""
+    columns: list[Column[Any]] = []
+    for f in describe(record):
+        length = f.quantity.length
+        sql = String(length) if f.type is str and length else _SQL_TYPES[f.type]
+        columns.append(Column(f.name, sql, nullable=f.nullable))
+    return columns
+
+
 class ObservationRow(Base):
-    __tablename__ = "observations"
-    __table_args__ = (
+    """One arm's answer to one exchange: `domain.records.ObservationRecord`'s fields, as
+    declared there, plus a surrogate id."""
+
+    __table__ = Table(
+        "observations",
+        Base.metadata,
+        Column("id", BigId, primary_key=True, autoincrement=True),
+        *declared_columns(ObservationRecord),
         UniqueConstraint("exchange_id", "endpoint"),
         Index("ix_observations_endpoint_exchange", "endpoint", "exchange_id"),
     )
-
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    exchange_id: Mapped[str] = mapped_column(String(36))
-    endpoint: Mapped[str] = mapped_column(String(63))
-    arm: Mapped[str] = mapped_column(String(16))  # production | candidate
-    started_at: Mapped[float] = mapped_column(Float)
-    status: Mapped[int] = mapped_column(Integer, default=0)
-    error_kind: Mapped[str | None] = mapped_column(String(32))
-    queue_wait_s: Mapped[float | None] = mapped_column(Float)
-    ttft_s: Mapped[float | None] = mapped_column(Float)
-    tpot_s: Mapped[float | None] = mapped_column(Float)
-    e2e_s: Mapped[float | None] = mapped_column(Float)
-    itl_count: Mapped[int] = mapped_column(Integer, default=0)
-    itl_mean_s: Mapped[float | None] = mapped_column(Float)
-    itl_p50_s: Mapped[float | None] = mapped_column(Float)
-    itl_p99_s: Mapped[float | None] = mapped_column(Float)
-    itl_max_s: Mapped[float | None] = mapped_column(Float)
-    output_tokens: Mapped[int | None] = mapped_column(Integer)
-    output_tokens_source: Mapped[str | None] = mapped_column(String(8))
-    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
-    cached_tokens: Mapped[int | None] = mapped_column(Integer)
-    finish_reason: Mapped[str | None] = mapped_column(String(32))
-    output_text: Mapped[str | None] = mapped_column(Text)
-    output_hash: Mapped[str | None] = mapped_column(String(32))
-    text_truncated: Mapped[bool] = mapped_column(Boolean, default=False)
-    tool_calls: Mapped[str | None] = mapped_column(Text)
 
 
 class PromotionRow(Base):

@@ -102,7 +102,7 @@ def test_exchange_and_production_records() -> None:
     )
     assert token is not None
     result = MeterResult(
-        status=200, is_sse=True, text="hello world", text_hash="ab", prompt_tokens=7
+        status=200, is_sse=True, text="hello world", output_hash="ab", prompt_tokens=7
     )
     mirror.on_response(token, result, None)
     (ex,) = sink.exchanges
@@ -122,7 +122,9 @@ def test_store_text_false_keeps_only_the_hash() -> None:
         [Endpoint(name="a", url="http://x:1", sample_rate=1.0)], sink, store_text=False
     )
     token = mirror.on_request("POST", "/v1/completions", headers(), b'{"prompt":"p"}', "r")
-    mirror.on_response(token, MeterResult(status=200, is_sse=False, text="t", text_hash="h"), None)
+    mirror.on_response(
+        token, MeterResult(status=200, is_sse=False, text="t", output_hash="h"), None
+    )
     (obs,) = sink.observations
     assert obs.output_text is None and obs.output_hash == "h"
 
