@@ -105,16 +105,15 @@ def validate_endpoint(ep: Endpoint) -> Endpoint:
 
 def row_to_endpoint(row: RowMapping) -> Endpoint:
     data = {name: row[name] for name in _FIELDS}
-    raw = data["verdict_overrides"]
-    data["verdict_overrides"] = msgspec.json.decode(raw) if raw else {}
-    return msgspec.convert(data, Endpoint)
+    raw = data["verdict"]
+    data["verdict"] = msgspec.json.decode(raw) if raw else {}
+    # Not re-validated: a row stored before today's bounds still loads (writes are validated).
+    return Endpoint(**data)
 
 
 def endpoint_values(ep: Endpoint) -> dict[str, Any]:
     values = {name: getattr(ep, name) for name in _FIELDS}
-    values["verdict_overrides"] = (
-        json_encoder.encode(ep.verdict_overrides).decode() if ep.verdict_overrides else None
-    )
+    values["verdict"] = json_encoder.encode(ep.verdict).decode() if ep.verdict else None
     return values
 
 
