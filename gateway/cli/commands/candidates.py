@@ -207,8 +207,27 @@ def endpoint_rows(ep: EndpointView) -> list[tuple[str, str]]:
         ("credentials", creds),
         ("forward auth", "yes" if ep.forward_auth else "no"),
         ("verdict", _opt(verdict)),
+        *((f.replace("_", " "), _opt(getattr(ep, f))) for f in _plain_fields()),
         ("version", str(ep.version)),
     ]
+
+
+# The fields endpoint_rows renders its own way (or not at all); any other field of the
+# declaration is shown as it is, so a new one appears without touching this module.
+_RENDERED = frozenset(
+    {
+        "name", "role", "state", "url", "kind", "model", "sample_rate", "target_rps",
+        "sampling", "buffer_max_items", "buffer_max_bytes", "concurrency", "timeout_s",
+        "price_per_hour_usd", "gpus", "credentials_env", "forward_auth", "verdict", "version",
+        "created_at", "updated_at",
+    }
+)  # fmt: skip
+
+
+def _plain_fields() -> tuple[str, ...]:
+    from domain.endpoint import Endpoint  # not the detail's counters, buffer and rate
+
+    return tuple(f for f in Endpoint.__struct_fields__ if f not in _RENDERED)
 
 
 def show_text(ep: CandidateDetail) -> str:
