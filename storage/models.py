@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import msgspec.inspect
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -32,6 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeEngine
 
+from domain.endpoint import Endpoint
 from domain.observation import describe
 from domain.records import ObservationRecord
 
@@ -49,9 +51,56 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
+def _column_type(t: msgspec.inspect.Type) -> tuple[TypeEngine[Any], bool]:
+    """The SQL type of an `Endpoint` field's msgspec type, and whether NULL is allowed: strings
+    bounded to 255 or less are VARCHAR(max_length), longer ones TEXT; literals VARCHAR(16);
+    integers bounded to 32 bits INTEGER, others BIGINT; a dict is a JSON object in TEXT (NULL
+    when empty); `T | None` is nullable."""
+    mi = msgspec.inspect
+    nullable = False
+    if isinstance(t, mi.UnionType):
+        (t,) = [m for m in t.types if not isinstance(m, mi.NoneType)]
+        nullable = True
+    if isinstance(t, mi.Metadata):
+        t = t.type
+    if isinstance(t, mi.StrType):
+        size = t.max_length
+        return (String(size) if size is not None and size <= 255 else Text()), nullable
+    if isinstance(t, mi.LiteralType):
+        assert max(len(str(v)) for v in t.values) <= 16
+        return String(16), nullable
+    if isinstance(t, mi.IntType):
+        small = t.le is not None and t.le < 2**31 and t.ge is not None and t.ge > -(2**31)
+        return (Integer() if small else BigInteger()), nullable
+    if isinstance(t, mi.FloatType):
+        return Float(), nullable
+    if isinstance(t, mi.BoolType):
+        return Boolean(), nullable
+    if isinstance(t, mi.DictType):
+        return Text(), True
+    raise TypeError(f"no column type for {t!r}")
+
+
+def endpoint_columns(struct: type[msgspec.Struct] = Endpoint) -> list[Column[Any]]:
+    """One column per `domain.endpoint.Endpoint` field, in its order, typed from the field's
+    declaration (the one place a field is declared); `name` is unique."""
+    info = msgspec.inspect.type_info(struct)
+    assert isinstance(info, msgspec.inspect.StructType)
+    columns: list[Column[Any]] = []
+    for f in info.fields:
+        type_, nullable = _column_type(f.type)
+        columns.append(Column(f.name, type_, nullable=nullable, unique=f.name == "name"))
+    return columns
+
+
 class EndpointRow(Base):
-    __tablename__ = "endpoints"
-    __table_args__ = (
+    """The registry: one row per endpoint, its columns generated from `Endpoint`."""
+
+    __table__ = Table(
+        "endpoints",
+        Base.metadata,
+        Column("id", BigId, primary_key=True, autoincrement=True),
+        *endpoint_columns(),
         Index(
             "uq_endpoints_one_live",
             "role",
@@ -60,29 +109,6 @@ class EndpointRow(Base):
             postgresql_where=text("role = 'live'"),
         ),
     )
-
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(63), unique=True)
-    url: Mapped[str] = mapped_column(Text)
-    role: Mapped[str] = mapped_column(String(16))  # live | candidate | retired
-    kind: Mapped[str] = mapped_column(String(32), default="")
-    model: Mapped[str | None] = mapped_column(String(200))
-    sample_rate: Mapped[float] = mapped_column(Float, default=0.0)
-    target_rps: Mapped[float | None] = mapped_column(Float)  # NULL: a fixed sample_rate
-    sampling: Mapped[str] = mapped_column(String(16), default="request")
-    buffer_max_items: Mapped[int] = mapped_column(Integer)
-    buffer_max_bytes: Mapped[int] = mapped_column(BigInteger)
-    concurrency: Mapped[int] = mapped_column(Integer)
-    timeout_s: Mapped[float] = mapped_column(Float)
-    price_per_hour_usd: Mapped[float | None] = mapped_column(Float)
-    gpus: Mapped[int] = mapped_column(Integer, default=1)
-    credentials_env: Mapped[str | None] = mapped_column(String(128))
-    forward_auth: Mapped[bool] = mapped_column(Boolean, default=False)
-    state: Mapped[str] = mapped_column(String(16), default="active")
-    verdict_overrides: Mapped[str | None] = mapped_column(Text)  # JSON object
-    version: Mapped[int] = mapped_column(BigInteger, default=1)
-    created_at: Mapped[float] = mapped_column(Float)
-    updated_at: Mapped[float] = mapped_column(Float)
 
 
 class RegistryMetaRow(Base):
