@@ -29,6 +29,7 @@ from typing import Any, Final
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from domain.exposition import Family, Kind, Sample
 from domain.records import ExchangeRecord, ObservationRecord
 from storage.sql import EXCHANGES, OBSERVATIONS, insert_ignore, is_transient
 from storage.textguard import exchange_row, observation_row
@@ -50,7 +51,7 @@ _STAT_KEYS: Final = (
     "retries",
     "db_errors",
 )
-_HELP: Final = {
+_HELP: Final[dict[str, tuple[Kind, str]]] = {
     "queue_depth": ("gauge", "Records waiting to be written."),
     "written_exchanges": ("counter", "Exchange records written (duplicates ignored)."),
     "written_observations": ("counter", "Observation records written (duplicates ignored)."),
@@ -60,6 +61,11 @@ _HELP: Final = {
     "batches": ("counter", "Batches committed."),
     "retries": ("counter", "Batch retries while the database was unavailable."),
     "db_errors": ("counter", "Failed database writes, transient or not."),
+}
+# One family per stat: counters end in _total.
+FAMILIES: Final = {
+    key: Family(f"canary_writer_{key}" + ("_total" if kind == "counter" else ""), kind, text)
+    for key, (kind, text) in _HELP.items()
 }
 
 
@@ -157,14 +163,10 @@ class ObservationWriter:
         out["queue_depth"] = self._depth() + sum(self._in_flight)
         return out
 
-    def prometheus_lines(self) -> Iterable[str]:
+    def prometheus_lines(self) -> Iterable[Sample]:
         stats = self.stats()
         for key in _STAT_KEYS:
-            kind, text = _HELP[key]
-            metric = f"canary_writer_{key}" + ("_total" if kind == "counter" else "")
-            yield f"# HELP {metric} {text}"
-            yield f"# TYPE {metric} {kind}"
-            yield f"{metric} {stats[key]}"
+            yield FAMILIES[key].sample(stats[key])
 
     # ---- the drain task
     async def _run(self) -> None:
