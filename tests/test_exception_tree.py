@@ -54,6 +54,7 @@ def test_every_exception_class_is_in_the_tree() -> None:
         (errors.DuplicateName("x"), 409),
         (errors.PromotionConflict("no", reason="r"), 409),
         (errors.StorageUnavailable("down"), 503),
+        (errors.InvalidEndpoint("url: too long"), 422),
         (errors.SchemaBehind("run canary db upgrade"), 503),
         (UsageError("bad flag"), 422),
         (errors.ConfigError("bad key"), 422),
