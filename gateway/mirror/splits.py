@@ -21,6 +21,7 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain import errors
+from domain.exposition import Exposed, Family
 from storage import queries
 
 # Two replicas' turns of one session closer together than this are seen; a session idle
@@ -69,11 +70,14 @@ class SplitWatch:
             await asyncio.sleep(self.every_s)
             await self.check()
 
-    def prometheus_lines(self) -> list[str]:
-        label = self.replica.replace("\\", "\\\\").replace('"', '\\"')
-        return [
-            "# HELP canary_mirror_split_sessions_total Sessions this replica shares with another "
-            "replica in the store (a balancer not keyed on the session).",
-            "# TYPE canary_mirror_split_sessions_total counter",
-            f'canary_mirror_split_sessions_total{{replica="{label}"}} {self.counted}',
-        ]
+    def prometheus_lines(self) -> list[Exposed]:
+        return [SPLIT_SESSIONS.sample(self.counted, self.replica)]
+
+
+SPLIT_SESSIONS: Final = Family(
+    "canary_mirror_split_sessions_total",
+    "counter",
+    "Sessions this replica shares with another replica in the store (a balancer not keyed on "
+    "the session).",
+    ("replica",),
+)

@@ -10,6 +10,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
+from domain.exposition import render
 from domain.records import ExchangeRecord, ObservationRecord
 from evaluators.judge.settings import VerdictSettings
 from evaluators.metrics.latency import SPLIT_REASON
@@ -93,7 +94,9 @@ async def test_each_replica_counts_the_sessions_it_shares_once(db_engine: AsyncE
     for watch in (a, b, other, a, b):
         await watch.check()
     assert (a.counted, b.counted, other.counted) == (3, 3, 0)
-    assert 'canary_mirror_split_sessions_total{replica="a-mirror-1"} 3' in a.prometheus_lines()
+    assert 'canary_mirror_split_sessions_total{replica="a-mirror-1"} 3' in render(
+        a.prometheus_lines()
+    )
     keys = await queries.split_sessions_seen_by(db_engine, "a-mirror-1", now - 500)
     assert sorted(keys) == [f"{s + 1:032x}" for s in sorted(SPLIT)]
     assert await queries.split_sessions_seen_by(db_engine, "a-mirror-1", now) == []
