@@ -291,7 +291,9 @@ async def test_round_robin_splits_are_reported_and_excluded(db_url: str, tmp_pat
     assert pairs.split_share == pytest.approx(pairs.split_pairs / pairs.n)
     by_turn = sum(int(row["n"] or 0) for row in report.ttft_by_turn)
     assert by_turn <= pairs.used_latency - pairs.split_pairs
-    assert report.metrics["ttft_later_turns"].units <= spec.sessions - pairs.split_sessions
+    later = report.metrics["ttft_later_turns"]
+    assert (later.units or 0) <= spec.sessions - pairs.split_sessions
+    assert later.notes and "pairs of split sessions left out" in later.notes[0], later.notes
     assert any("more than one gateway replica" in c for c in report.caveats), report.caveats
     assert sum(counters.values()) >= pairs.split_sessions, counters
     assert all(counters[r] > 0 for r in counters), counters
