@@ -182,3 +182,39 @@ async def test_verdict_follows_pairs_and_promote_moves_live_traffic(tmp_path: Pa
         assert await stack.sim_requests("live") == before_live
         await page.wait_for_selector("#last-promotion:has-text('by ops')")
     assert console.errors == []
+
+
+async def test_promote_against_the_verdict_needs_force_and_a_reason(tmp_path: Path) -> None:
+    """Without pairs the verdict is hold: the dialog offers force; confirming without it is the
+    API's 409 (shown in the dialog); force without a reason is refused before any call; force
+    with a reason promotes, audited as forced; Roll back on the list restores the old live."""
+    async with running_stack(tmp_path) as stack, page_on(stack) as (page, console):
+        await log_in(page, stack)
+        await page.click(f"a[href='#/c/{CANDIDATE}']")
+        await page.wait_for_selector("#d-verdict[data-verdict='hold']")
+        await page.click("#promote")
+        await page.wait_for_selector("#confirm[open]")
+        assert await page.is_visible("#c-force-row")
+        await page.click("#c-ok")  # no force: the API refuses
+        await page.wait_for_selector("#c-error:has-text('refusing to promote')")
+        await page.check("#c-force")
+        await page.click("#c-ok")  # force, no reason: refused here
+        await page.wait_for_selector("#c-error:has-text('needs a reason')")
+        await page.fill("#c-reason", "browser test: forced")
+        await page.click("#c-ok")
+        await page.wait_for_selector(f"#live:has-text('live: {CANDIDATE}')")
+        await page.wait_for_selector("#last-promotion:has-text('(forced)')")
+        assert await _chat(stack.url) == 200
+
+        await page.click("#rollback")
+        await page.wait_for_selector("#confirm[open]")
+        assert await page.is_hidden("#c-force-row")
+        await page.fill("#c-reason", "browser test: roll back")
+        await page.click("#c-ok")
+        await page.wait_for_selector("#list-message:has-text('Rolled back: live is live')")
+        await page.wait_for_selector("#live:has-text('live: live')")
+        before = await stack.sim_requests("live")
+        assert await _chat(stack.url) == 200
+        assert await stack.sim_requests("live") == before + 1
+    # The one error is the refused promote the test asked for (the browser logs the 409).
+    assert len(console.errors) == 1 and "409" in console.errors[0], console.errors
