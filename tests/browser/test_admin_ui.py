@@ -23,6 +23,12 @@ pytestmark = pytest.mark.slow
 
 SHOTS = Path(os.environ.get("CANARY_SCREENSHOTS", Path(__file__).parents[2] / "docs/screenshots"))
 VIEWPORT = {"width": 1280, "height": 900}
+DETAIL_POLL_S = 3.0  # app.js DETAIL_MS
+# Makes the tab hidden or visible as a browser does when the operator switches tabs.
+VISIBILITY = """hidden => {
+    Object.defineProperty(document, "hidden", {configurable: true, get: () => hidden});
+    document.dispatchEvent(new Event("visibilitychange"));
+}"""
 PROMOTE_WITHIN_S = 240.0  # the bi-KV candidate usually promotes after ~80 sessions
 
 
@@ -66,7 +72,7 @@ async def log_in(page: Any, stack: Stack) -> None:
 async def test_page_refuses_without_a_token(tmp_path: Path) -> None:
     """Without a token the page shows only the token prompt and the API answers 401 to it; a
     wrong token is refused; the files carry a strict CSP and hold no data; a right token opens
-    the list, and nothing of the token reaches a URL."""
+    the list, and nothing of the token reaches a URL; a hidden tab stops polling."""
     async with running_stack(tmp_path) as stack, page_on(stack) as (page, console):
         resp = await page.goto(stack.ui)
         assert resp.status == 200
@@ -94,6 +100,18 @@ async def test_page_refuses_without_a_token(tmp_path: Path) -> None:
         await page.wait_for_selector(f"#candidates tr[data-candidate='{CANDIDATE}']")
         assert TOKEN not in page.url
         assert await page.evaluate("sessionStorage.getItem('canary-admin-token')") == TOKEN
+
+        # A hidden tab reads nothing; shown again, it reads the candidate's report at once.
+        await page.click(f"a[href='#/c/{CANDIDATE}']")
+        await page.wait_for_selector("#d-verdict[data-verdict='hold']")
+        await page.evaluate(VISIBILITY, True)
+        calls: list[str] = []
+        page.on("request", lambda r: calls.append(r.url))
+        await asyncio.sleep(3 * DETAIL_POLL_S)
+        assert calls == []
+        report = f"/admin/candidates/{CANDIDATE}/report"
+        async with page.expect_request(lambda r: r.url.endswith(report), timeout=10_000):
+            await page.evaluate(VISIBILITY, False)
     # The only errors are the two 401s this test asked for (the browser logs each refused call).
     assert all("401" in e for e in console.errors), console.errors
 
