@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 
 from gateway.control.admin.ui import CSP
-from tests.control.test_admin_harness import admin_server, auth, call
+from tests.control.test_admin_harness import admin_server, auth, call, real_gateway
 
 
 def sqlite_url(tmp: Path) -> str:
@@ -62,3 +62,18 @@ def test_page_loads_nothing_from_elsewhere_and_runs_no_inline_script() -> None:
     assert "sessionStorage" in js and "localStorage" not in js
     assert not re.search(r"https?://", js.replace("http://www.w3.org/2000/svg", ""))
     assert "innerHTML" not in js and "eval(" not in js
+
+
+async def test_page_goes_where_the_admin_app_goes(tmp_path: Path) -> None:
+    """With `admin_listen` the page is served on the admin listener, next to the API it calls;
+    the production port does not serve it (forwarded to the live endpoint like any path)."""
+    async with real_gateway(tmp_path, admin_listen="127.0.0.1:0") as parts:
+        gw = parts.gateway
+        assert gw is not None
+        async with aiohttp.ClientSession() as http:
+            async with http.get(gw.admin_url + "/ui/") as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Security-Policy"] == CSP
+                assert 'src="app.js"' in await resp.text()
+            async with http.get(gw.url + "/admin/ui/") as resp:
+                assert "Content-Security-Policy" not in resp.headers
