@@ -19,7 +19,8 @@ import pytest
 from gateway.sim.workload import WorkloadSpec, run_workload
 from tests.browser.stack import CANDIDATE, TOKEN, Stack, chromium, running_stack
 
-pytestmark = pytest.mark.slow
+# A real gateway, three engines and a browser on a shared host: minutes, not the suite's 120 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 SHOTS = Path(os.environ.get("CANARY_SCREENSHOTS", Path(__file__).parents[2] / "docs/screenshots"))
 VIEWPORT = {"width": 1280, "height": 900}
