@@ -59,8 +59,11 @@ def _pairs_summary(ctx: EvalContext, coverage: float | None, used: int) -> Pairs
     ps = ctx.pairs
     present = ps.candidate.present
     t = ps.received_at
+    n = int(np.count_nonzero(present))
+    split = present & ps.split
+    split_pairs = int(np.count_nonzero(split))
     return PairsSummary(
-        n=int(np.count_nonzero(present)),
+        n=n,
         lost=ps.lost,
         pending=ps.pending,
         used_latency=used,
@@ -77,6 +80,9 @@ def _pairs_summary(ctx: EvalContext, coverage: float | None, used: int) -> Pairs
         window_end=float(t[-1]) if ps.n else None,
         coverage=coverage,
         planned_look=ctx.planned_look,
+        split_sessions=len(np.unique(ps.session[split])),
+        split_pairs=split_pairs,
+        split_share=split_pairs / n if n else 0.0,
     )
 
 
@@ -89,6 +95,18 @@ def _caveats(
             "no control candidate: latency is compared with production, which ran at a "
             "different load, and agreement with an unknown noise floor, so neither gates "
             "(the candidate cannot be promoted on latency); register a control (kind = control)"
+        )
+    split = ctx.pairs.candidate.present & ctx.pairs.split
+    if np.any(split):
+        sessions = len(np.unique(ctx.pairs.session[split]))
+        present = int(np.count_nonzero(ctx.pairs.candidate.present))
+        share = int(np.count_nonzero(split)) / max(1, present)
+        out.append(
+            f"{sessions:,} sessions ({share:.1%} of the pairs) were handled by more than one "
+            "gateway replica: their turns could reach the candidate out of order or at once, so "
+            "they are left out of TTFT by turn and of the turn-1 and later-turn TTFT metrics; "
+            "key the load balancer on the X-Session-ID header (README: a balancer that keeps a "
+            "session on one replica)"
         )
     dropped = sum(accounting.get(k, 0) for k in ("dropped_overflow", "dropped_oversize"))
     dropped += accounting.get("shed_overload", 0)

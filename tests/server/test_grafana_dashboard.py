@@ -255,7 +255,7 @@ def test_dashboard_queries_only_what_the_gateway_exports(exported: Exported) -> 
 
 def test_dashboard_covers_what_operators_watch() -> None:
     """Production latency and errors, copies by outcome, shedding and drops with reasons,
-    buffers and the memory budget, the mirror process's CPU and priority."""
+    buffers and the memory budget, the mirror process's CPU and priority, split sessions."""
     exprs = " ".join(expr for _, expr, _ in dashboard_queries())
     for needed in (
         "canary_proxy_ttft_seconds_bucket",
@@ -271,6 +271,7 @@ def test_dashboard_covers_what_operators_watch() -> None:
         "canary_mirror_buffer_bytes",
         "canary_mirror_cpu_busy",
         "priority) (canary_mirror_process_info",
+        "max by (replica) (increase(canary_mirror_split_sessions_total",
     ):
         assert needed in exprs, needed
 
