@@ -54,7 +54,7 @@ def serve_forever(config: GatewayConfig) -> int:
     if config.workers == 1:
         from gateway.process.runtime import serve_until_stopped
 
-        run_loop(serve_until_stopped(config))
+        run_loop(serve_until_stopped(config), config.event_loop)
         return 0
     return _supervise(config)
 
@@ -71,7 +71,10 @@ def _worker_main(
     from gateway.process.runtime import serve_until_stopped
 
     setup_logging(config.log_format, config.log_level)
-    run_loop(serve_until_stopped(config, simulator_url=simulator_url, plane_socket=plane_socket))
+    run_loop(
+        serve_until_stopped(config, simulator_url=simulator_url, plane_socket=plane_socket),
+        config.event_loop,
+    )
 
 
 def _plane_main(
@@ -101,7 +104,7 @@ def _plane_main(
         )
         await serve_plane(config, socket_path, replica, priority, lambda: conn.send("ready"), stop)
 
-    run_loop(main())
+    run_loop(main(), config.event_loop)
 
 
 class PlaneProcess:
