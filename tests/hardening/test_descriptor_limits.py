@@ -199,7 +199,7 @@ async def test_200_concurrent_streams_under_nofile_1024(
 
 
 FLOOD = 4000  # idle sockets opened against the gateway (about nine times its limit at 1024)
-FLOOD_RATE = 800.0  # per second
+FLOOD_RATE = 400.0  # per second
 ORDINARY_RATE = 20.0  # ordinary requests per second, each on a new connection
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=1.0)
 
