@@ -433,7 +433,8 @@ def main() -> int:
     ]
     print("\n".join(lines))
     shutil.rmtree(tmp, ignore_errors=True)
-    return 1 if pf.findings or admin_found or errors or not alive else 0
+    ran = st_code in (0, 1)  # 1: failures, all listed above; anything else: it did not run
+    return 1 if pf.findings or admin_found or errors or not alive or not ran else 0
 
 
 if __name__ == "__main__":
