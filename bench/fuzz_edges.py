@@ -337,7 +337,8 @@ def fuzz_admin(admin: str, seconds: float, tmp: Path) -> tuple[int, str]:
         "--no-color", "--continue-on-failure",
         "--report", "junit", "--report-dir", str(tmp / "st-report"),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    # In tmp: its cache directory goes there, not into the repository.
+    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, check=False)
     return proc.returncode, proc.stdout + proc.stderr
 
 
