@@ -63,6 +63,8 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     log_format: Literal["json", "text"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     replica_name: str = ""  # label for this gateway in stored rows; default: hostname-pid
+    # The event loop of every process: uvloop when installed ("auto"), or asyncio's own.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
 
     # --- the live endpoint (None: start the built-in engine simulator as the live endpoint).
     # `live_<field>` is the live `Endpoint`'s <field>, with the type declared there

@@ -42,7 +42,7 @@ log = logging.getLogger("canary.supervisor")
 def serve_forever(config: GatewayConfig) -> int:
     """Run `canary serve` with this config until SIGTERM/SIGINT; returns the exit code."""
     if config.workers == 1:
-        run_loop(serve_until_stopped(config))
+        run_loop(serve_until_stopped(config), config.event_loop)
         return 0
     return _supervise(config)
 
@@ -56,7 +56,10 @@ def _worker_main(
 ) -> None:
     die_with_parent(parent_pid)
     setup_logging(config.log_format, config.log_level)
-    run_loop(serve_until_stopped(config, simulator_url=simulator_url, plane_socket=plane_socket))
+    run_loop(
+        serve_until_stopped(config, simulator_url=simulator_url, plane_socket=plane_socket),
+        config.event_loop,
+    )
 
 
 def _reserve_port(host: str) -> socket.socket:

@@ -374,7 +374,7 @@ def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> w
     async def openapi_json(_request: web.Request) -> web.Response:
         async with building:
             if not openapi:
-                doc = await asyncio.to_thread(openapi_document)
+                doc = await asyncio.to_thread(openapi_document, settings)
                 openapi.append(msgspec.json.encode(doc))
         return web.Response(body=openapi[0], content_type="application/json")
 
