@@ -81,6 +81,9 @@ def logprob_divergence(ctx: EvalContext) -> list[MetricResult]:
     kl = cand.score_kl.astype(np.float64)[use]
     kl = kl[np.isfinite(kl)]
     detail: Detail = {
+        # Shares of production's tokens not the arm's top-1 (the HTML report's bars).
+        "rate_candidate": float(1 - top_c[use].mean()),
+        "rate_reference": float(1 - top_k[use].mean()),
         "top1_candidate": float(top_c[use].mean()),
         "top1_control": float(top_k[use].mean()),
         "loglik_difference": _mean(lp[np.isfinite(lp)]),
