@@ -38,7 +38,7 @@ ARMS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
     ("live", "baseline", (), None),
     ("control", "control", (), "control"),
     ("bi-kv", "bi-kv", (), "bi-kv"),
-    ("quantized", "quantized", ("--divergence", "0.3"), "quantized"),
+    ("quantized", "quantized", ("--divergence", "0.3", "--logprob-shift", "0.1"), "quantized"),
 )
 
 CONFIG_TEMPLATE = """\
