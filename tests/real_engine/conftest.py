@@ -68,7 +68,7 @@ KINDS = {"bi-kv": "bi-kv", "control": "control", "quantized": "quantized"}
 # Share of the quantized candidate's pairs it and the control score (teacher forcing,
 # tests/real_engine/test_real_scoring.py); the kind's default (0.1) gives too few for a decision
 # in a run this short.
-SCORE_RATE = float(os.environ.get("CANARY_REAL_ENGINE_SCORE_RATE", "0.5"))
+SCORE_RATE = float(os.environ.get("CANARY_REAL_ENGINE_SCORE_RATE", "0.25"))
 WORDS = (
     "the request returns a value when the file is opened and the stream is closed after each "
     "line of text the parser reads from the buffer with an optional argument that sets the "

@@ -74,7 +74,7 @@ def test_control_is_never_flagged_by_scoring(real_run: RealRun) -> None:
     on it (no control of its own), and no metric of its report is beyond a margin."""
     report = real_run.reports["control"]
     div = report["metrics"]["logprob_divergence"]
-    assert div["status"] == "n/a", div
+    assert div["status"] in ("n/a", "ungated") and not div["n"], div
     flagged = [
         m for m, body in report["metrics"].items() if body["status"] in ("beyond", "critical")
     ]
@@ -93,7 +93,7 @@ def test_scoring_load_is_visible_and_bounded(real_run: RealRun) -> None:
     sd = math.sqrt(turns * SCORE_RATE * (1 - SCORE_RATE))
     assert abs(sampled - turns * SCORE_RATE) < 5 * sd, (sampled, turns)
     # Past score_max_pending a pair is not scored (score_dropped): the bound, not a failure.
-    assert c["score_ok"] >= 60 and c["score_unsupported"] == 0 and c["score_failed"] == 0, c
+    assert c["score_ok"] >= 50 and c["score_unsupported"] == 0 and c["score_failed"] == 0, c
     assert k["score_sampled"] == sampled  # the control scored the same pairs
     url = real_run.engines["quantized"].url
     now = eng.settled_scrape(url, "vllm:request_success_total")
