@@ -323,7 +323,14 @@ def real_run(real_engines: dict[str, eng.Engine]) -> Iterator[RealRun]:
         # Every engine answered every turn (live directly, the candidates at rate 1).
         key = "vllm:request_success_total"
         after = {
-            name: eng.settled_scrape(e.url, key, reach=before[name].get(key, 0.0) + len(turns))
+            name: eng.settled_scrape(
+                e.url,
+                key,
+                # and one request per scoring copy it answered (test_real_scoring.py)
+                reach=before[name].get(key, 0.0)
+                + len(turns)
+                + counters.get(name, {}).get("score_ok", 0),
+            )
             for name, e in real_engines.items()
         }
         with urllib.request.urlopen(gw + "/metrics", timeout=10) as resp:
