@@ -19,6 +19,7 @@ from domain import errors as se
 from domain.endpoint import PATTERN_REASONS
 from domain.errors import CanaryError
 from gateway.control.admin import schema as s
+from gateway.control.admin.ui import is_public
 from storage.sql import is_transient
 
 log = logging.getLogger("canary.admin")
@@ -104,7 +105,8 @@ def boundary(enabled: bool, authenticate: Callable[[web.Request], str]) -> Any:
         try:
             if not enabled:
                 raise ApiError(404, "not_found", "admin API is disabled (no admin token set)")
-            if request.match_info.route.name != "openapi":
+            name = request.match_info.route.name
+            if name != "openapi" and not is_public(name):  # the page's files hold no data
                 request[ACTOR] = authenticate(request)
             return await handler(request)
         except web.HTTPException as exc:
