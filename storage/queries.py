@@ -19,6 +19,7 @@ from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from domain.accounting import GAUGE_FIELDS
 from domain.endpoint import Endpoint
 from domain.errors import DuplicateName, EndpointNotFound, InvalidEndpoint, PromotionConflict
 from storage.engine import write_transaction
@@ -223,7 +224,7 @@ async def upsert_counters(
 # Point-in-time values, not totals: a replica that died without its final flush would report
 # its last ones forever (a copy "pending" for ever inflates coverage), so they count only while
 # the replica keeps reporting. Cumulative counters always count.
-GAUGES = frozenset({"pending", "inflight", "buffer_items", "buffer_bytes"})
+GAUGES = frozenset(GAUGE_FIELDS)  # domain.accounting: point-in-time values, scoring's too
 GAUGE_MAX_AGE_S = 60.0
 
 

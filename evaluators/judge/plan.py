@@ -49,6 +49,12 @@ class Traffic:
     # (engine nondeterminism: 1 % per arm gives about 2 %)
     disagreement: float = 0.0
     goal_ratio: float = 0.8  # the improvement the goal is expected to show (later-turn TTFT)
+    # share of pairs scored with prompt logprobs (score_rate; 0.1 for quantized by default):
+    # logprob_divergence counts only those
+    score_rate: float = 0.1
+    # sd of one scored pair's top-1 disagreement difference (3.8 pp: bfloat16 vs float32 on
+    # the real-engine suite)
+    score_sd: float = 0.04
 
     @property
     def pairs_per_s(self) -> float:
@@ -177,6 +183,24 @@ def needs(traffic: Traffic, s: VerdictSettings, *, goal: bool = True) -> list[Ne
         pairs = None if units is None else math.ceil(units * traffic.turns)
         secs = None if pairs is None else pairs / traffic.pairs_per_s
         out.append(Need(metric, margin, units, pairs, secs))
+    if traffic.score_rate > 0:
+        # Scored pairs (by exchange, so each is its own unit): the mean of the per-pair top-1
+        # disagreement difference within δ; they arrive at score_rate of the pairs.
+        units = mean_units(s.score_delta, traffic.score_sd, s.alpha, s.score_delta)
+        if units is not None:
+            units = max(units, s.min_metric_pairs)
+        # Units are scored pairs; pairs are the mirrored pairs that many scored ones take.
+        pairs = None if units is None else math.ceil(units / traffic.score_rate)
+        secs = None if pairs is None else pairs / traffic.pairs_per_s
+        out.append(
+            Need(
+                f"logprob divergence ({traffic.score_rate:g} scored)",
+                f"+{s.score_delta * 100:g} pp",
+                units,
+                pairs,
+                secs,
+            )
+        )
     return out
 
 

@@ -47,6 +47,11 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # Text similarity (0..1) drop against the noise floor; a guardrail only with a control.
     similarity_delta: float = 0.02
     similarity_critical: float = 0.20
+    # Scoring (teacher forcing with prompt logprobs, `logprob_divergence`): the share of
+    # production's tokens that are not the candidate's top-1 choice, minus the control's share
+    # on the same pairs. bfloat16 against float32 on real vLLM: about +1 pp.
+    score_delta: float = 0.005
+    score_critical: float = 0.05
     # Output length ratio (two-sided: longer or shorter are both harm).
     length_delta: float = 1.10
     length_critical: float = 1.50
@@ -119,6 +124,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             ("error_delta", "error_critical"),
             ("agreement_delta", "agreement_critical"),
             ("similarity_delta", "similarity_critical"),
+            ("score_delta", "score_critical"),
         ):
             if not 0.0 < getattr(self, lo) <= getattr(self, hi) < 1.0:
                 problems.append(f"need 0 < {lo} <= {hi} < 1")

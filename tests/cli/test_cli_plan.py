@@ -57,7 +57,10 @@ async def test_plan_json_matches_the_sizing_core() -> None:
     doc = json.loads(out)
     assert doc["unit"] == "request" and doc["pairs_per_s"] == 5.0
     for row in doc["needs"]:
-        assert row["pairs"] == row["units"]
+        if row["metric"].startswith("logprob divergence"):  # units: the scored pairs (0.1)
+            assert row["pairs"] == math.ceil(row["units"] / 0.1)
+        else:
+            assert row["pairs"] == row["units"]
         assert math.isclose(row["seconds"], row["pairs"] / 5.0)
     slowest = max(doc["needs"], key=lambda r: r["seconds"])
     assert doc["dominant"] == slowest["metric"]

@@ -65,6 +65,10 @@ VERDICT = {
 # each mirrored TTFT (of 250-350 ms) against normal priority, on bi-kv and its control alike.
 MIRROR_PRIORITY = os.environ.get("CANARY_REAL_ENGINE_MIRROR_PRIORITY", "nice")
 KINDS = {"bi-kv": "bi-kv", "control": "control", "quantized": "quantized"}
+# Share of the quantized candidate's pairs it and the control score (teacher forcing,
+# tests/real_engine/test_real_scoring.py); the kind's default (0.1) gives too few for a decision
+# in a run this short.
+SCORE_RATE = float(os.environ.get("CANARY_REAL_ENGINE_SCORE_RATE", "0.25"))
 WORDS = (
     "the request returns a value when the file is opened and the stream is closed after each "
     "line of text the parser reads from the buffer with an optional argument that sets the "
@@ -232,6 +236,7 @@ def _drained(gw: str, names: list[str], expected: int) -> dict[str, dict[str, in
         done = all(
             c.get("sampled", 0) >= expected
             and c.get("pending", 0) == 0
+            and c.get("score_pending", 0) == 0
             and c.get("sent", 0)
             == c.get("observed_ok", 0) + c.get("observed_error", 0) + c.get("timed_out", 0)
             for c in counters.values()
@@ -305,6 +310,7 @@ def real_run(real_engines: dict[str, eng.Engine]) -> Iterator[RealRun]:
                     "concurrency": 4,
                     "timeout_s": 120.0,
                     "verdict": VERDICT,
+                    **({"score_rate": SCORE_RATE} if kind == "quantized" else {}),
                 },
             )
             assert status == 201, f"registering {name}: {status} {body}"
@@ -317,7 +323,14 @@ def real_run(real_engines: dict[str, eng.Engine]) -> Iterator[RealRun]:
         # Every engine answered every turn (live directly, the candidates at rate 1).
         key = "vllm:request_success_total"
         after = {
-            name: eng.settled_scrape(e.url, key, reach=before[name].get(key, 0.0) + len(turns))
+            name: eng.settled_scrape(
+                e.url,
+                key,
+                # and one request per scoring copy it answered (test_real_scoring.py)
+                reach=before[name].get(key, 0.0)
+                + len(turns)
+                + counters.get(name, {}).get("score_ok", 0),
+            )
             for name, e in real_engines.items()
         }
         with urllib.request.urlopen(gw + "/metrics", timeout=10) as resp:

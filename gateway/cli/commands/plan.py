@@ -84,6 +84,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--goal-ratio", type=float, default=0.8, help="improvement the goal should show (0.8)"
     )
+    p.add_argument(
+        "--score-rate",
+        type=float,
+        default=0.1,
+        help="share of pairs scored with prompt logprobs (0.1, quantized's default; 0: none)",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -110,6 +116,8 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--probe-s", args.probe_s, "in (0, 600]")
     if not (math.isfinite(args.noise) and args.noise > 0):
         raise bad("--noise", args.noise, "> 0")
+    if not 0 <= args.score_rate <= 1:
+        raise bad("--score-rate", args.score_rate, "in [0, 1]")
     if not 0 <= args.failures < 1:
         raise bad("--failures", args.failures, "in [0, 1)")
     if not 0 <= args.disagreement < 1:
@@ -215,6 +223,7 @@ def build_plan(args: argparse.Namespace, rate: float) -> Plan:
         discordance=args.failures,
         disagreement=args.disagreement,
         goal_ratio=args.goal_ratio,
+        score_rate=args.score_rate,
     )
     rows = [
         PlanRow(n.metric, n.margin, n.units, n.pairs, n.seconds) for n in core.needs(traffic, s)
