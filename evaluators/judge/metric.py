@@ -301,6 +301,15 @@ def _more_pairs(
     return max(k for k in needs if k is not None)
 
 
+def mean_stat(
+    v: NDArray[np.float64], looks: NDArray[np.int64] | None, s: VerdictSettings
+) -> MeanStat:
+    """The verdict's sequence for unit means v: tuned to the candidate's horizon."""
+    return MeanStat(
+        v, looks, horizon=s.horizon_units, sigma_floor=s.latency_sigma_floor, alpha=s.alpha
+    )
+
+
 def _looks(n: int) -> NDArray[np.int64]:
     return np.array([max(n // 2, 1), n], dtype=np.int64)
 
@@ -371,17 +380,15 @@ def judge_mean(
     use: B,
     reference: str,
     detail: Detail | None = None,
-    tau: float | None = None,
 ) -> MetricResult:
     """Judge the mean of an unbounded per-pair statistic; `x` holds the values of `use`."""
     v, sizes, n = _unit_values(x, use, ctx)
     if len(v) == 0:
         return _no_units(spec, ctx, reference, len(x))
     s = ctx.settings
-    t = tau if tau is not None else s.latency_tau
 
     def make(looks: NDArray[np.int64]) -> MeanStat:
-        return MeanStat(v, looks, tau=t, sigma_floor=s.latency_sigma_floor)
+        return mean_stat(v, looks, s)
 
     res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail or {}, s.alpha)
     if ctx.trajectories and spec.role != "diagnostic":

@@ -109,75 +109,186 @@ def _grow(f: Callable[[int], float]) -> int | None:
     return None
 
 
-def mean_units(width: float, sd: float, alpha: float, tau: float) -> int | None:
-    """Units until the normal-mixture half-width of a mean with sd `sd` is below `width`."""
-    if width <= 0:
-        return None
-    looks = np.unique(np.geomspace(2, MAX_UNITS, 400).astype(np.int64))
-    stat = MeanStat(np.zeros(MAX_UNITS), looks, tau=tau, sigma_floor=sd)
-    hw = stat.halfwidth(alpha)
-    ok = np.flatnonzero(hw <= width)
-    if not len(ok):
-        return None
-    i = int(ok[0])
-    lo = int(looks[i - 1]) if i else 2
-    for n in range(lo, int(looks[i]) + 1):  # exact within the bracket
-        one = MeanStat(np.zeros(n), np.array([n]), tau=tau, sigma_floor=sd)
-        if float(one.halfwidth(alpha)[0]) <= width:
-            return n
-    return int(looks[i])
+# Seeded runs behind a latency row (standardized normal unit means), and the scale the
+# simulation is done at: gap / sd = _G0 (a few hundred units), the answer rescaled by (g0/g)².
+_MEAN_RUNS = 400
+_G0 = 0.2
 
 
-def needs(traffic: Traffic, s: VerdictSettings, *, goal: bool = True) -> list[Need]:
-    """What each gating test needs under `traffic` and the settings `s`."""
+@dataclass(frozen=True, slots=True)
+class MeanRow:
+    """A gating test on the mean of unit values (a latency, length or cost log-ratio)."""
+
+    metric: str
+    margin: str
+    sd: float  # sd of one unit's mean (measured, or from the noise model)
+    gap: float  # distance from the true mean to the boundary the bound must clear (> 0)
+
+
+@dataclass(frozen=True, slots=True)
+class RateRow:
+    """A gating test on a rate difference: per-pair discordance q, `turns` pairs a unit."""
+
+    metric: str
+    margin: str
+    delta: float
+    discordance: float
+    turns: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FixedRow:
+    """A gate with a known size (the minimum pairs gate)."""
+
+    metric: str
+    margin: str
+    units: int
+
+
+Row = MeanRow | RateRow | FixedRow
+
+
+def mean_units(gap: float, sd: float, alpha: float, horizon: float) -> int | None:
+    """Units by which QUANTILE of runs have shown a mean inside a boundary `gap` away.
+
+    The verdict's own sequence (`MeanStat` tuned to `horizon`) on normal unit means of sd `sd`,
+    looked at after every unit; simulated at gap/sd = _G0 and rescaled (the sequence is
+    scale-free in units of its variance: the horizon is rescaled with the answer).
+    """
+    if not (gap > 0 and sd > 0):
+        return None
+    g = gap / sd
+    # Brownian scaling: time × k, gap ÷ sqrt(k), horizon × k leave the crossing law unchanged.
+    k = (_G0 / g) ** 2 if g < _G0 else 1.0
+    need = _mean_quantile(g * math.sqrt(k), alpha, max(10.0, horizon / k))
+    if need is None:
+        return None
+    units = need * k
+    return math.ceil(units) if units <= MAX_UNITS else None
+
+
+def _mean_quantile(g: float, alpha: float, horizon: float) -> float | None:
+    n = 256
+    while n <= 65_536:
+        rng = np.random.default_rng(11)
+        z = rng.standard_normal((_MEAN_RUNS, n))
+        looks = np.arange(2, n + 1)
+        stat = MeanStat(z, looks, horizon=horizon, sigma_floor=1e-6, alpha=alpha)
+        crossed = stat.p(g, "below") <= alpha
+        first = np.where(crossed.any(axis=1), np.argmax(crossed, axis=1) + 2, np.inf)
+        k = min(len(first) - 1, math.ceil(QUANTILE * len(first)) - 1)
+        q = float(np.sort(first)[k])
+        if math.isfinite(q):
+            return q
+        n *= 4
+    return None
+
+
+def noise_rows(traffic: Traffic, s: VerdictSettings, *, goal: bool, first_turn: bool) -> list[Row]:
+    """The gating tests of a candidate from the noise model of `traffic` (before any data)."""
     turns = round(traffic.turns)
-    rows: list[tuple[str, str, int | None]] = [
-        (
-            "failures",
-            f"+{s.error_delta * 100:g} pp",
-            rate_units(s.error_delta, s.alpha, traffic.discordance, turns),
+    rows: list[Row] = [
+        RateRow(
+            "failures", f"+{s.error_delta * 100:g} pp", s.error_delta, traffic.discordance, turns
         ),
-        (
+        RateRow(
             "agreement",
             f"+{s.agreement_delta * 100:g} pp",
-            rate_units(s.agreement_delta, s.alpha, traffic.disagreement, turns),
+            s.agreement_delta,
+            traffic.disagreement,
+            turns,
         ),
-        (
+        RateRow(
             "SLO exceedance",
             f"+{s.slo_exceedance_delta * 100:g} pp",
-            rate_units(s.slo_exceedance_delta, s.alpha),
-        ),
-        (
-            "latency (TTFT, TPOT, E2E)",
-            f"×{s.latency_delta:g}",
-            mean_units(math.log(s.latency_delta), traffic.sd_unit, s.alpha, s.latency_tau),
-        ),
-        (
-            "output length",
-            f"×{s.length_delta:g}",
-            mean_units(math.log(s.length_delta), 0.05, s.alpha, s.latency_tau),
+            s.slo_exceedance_delta,
+            0.0,
+            1,
         ),
     ]
+    lat = math.log(s.latency_delta)
+    if first_turn and traffic.turns > 1:
+        one = math.sqrt(traffic.sd_pair**2 + traffic.sd_session**2)
+        rows.append(MeanRow("TTFT, turn 1", f"×{s.latency_delta:g}", one, lat))
+    rows.append(MeanRow("latency (TTFT, TPOT, E2E)", f"×{s.latency_delta:g}", traffic.sd_unit, lat))
+    rows.append(MeanRow("output length", f"×{s.length_delta:g}", 0.05, math.log(s.length_delta)))
     if goal:
+        later = traffic.sd_unit
+        if traffic.turns > 1:
+            later = math.sqrt(
+                traffic.sd_pair**2 / max(traffic.turns - 1, 1) + traffic.sd_session**2
+            )
         width = math.log(s.goal_ttft_ratio) - math.log(traffic.goal_ratio)
         rows.append(
-            (
+            MeanRow(
                 f"goal (ratio {traffic.goal_ratio:g} expected)",
                 f"< {s.goal_ttft_ratio:g}",
-                mean_units(width, traffic.sd_unit, s.alpha, s.latency_tau),
+                later,
+                width,
             )
         )
     rows.append(
-        ("minimum pairs gate", f"{s.min_pairs:,} pairs", math.ceil(s.min_pairs / traffic.turns))
+        FixedRow(
+            "minimum pairs gate", f"{s.min_pairs:,} pairs", math.ceil(s.min_pairs / traffic.turns)
+        )
     )
+    return rows
+
+
+def size(
+    rows: list[Row], s: VerdictSettings, horizon: int | None = None
+) -> tuple[list[int | None], int]:
+    """(units each row needs, the horizon they were sized at).
+
+    Without a horizon the plan finds its own: the units the slowest test needs, with every
+    normal-mixture sequence tuned to that many (a fixed point, a few rounds); that is the
+    horizon to set on the candidate (`horizon_units`), so the verdict runs the same sequences.
+    """
+    fixed = horizon is not None
+    h = float(horizon if horizon is not None else s.horizon_units)
+    cache: dict[Row, int | None] = {}
+    units: list[int | None] = []
+    for _ in range(1 if fixed else 5):
+        units = []
+        for row in rows:
+            if isinstance(row, FixedRow):
+                units.append(row.units)
+            elif isinstance(row, RateRow):
+                if row not in cache:
+                    cache[row] = rate_units(row.delta, s.alpha, row.discordance, row.turns)
+                units.append(cache[row])
+            else:
+                units.append(mean_units(row.gap, row.sd, s.alpha, h))
+        units = [None if u is None else max(u, s.min_metric_pairs) for u in units]
+        known = [u for u in units if u is not None]
+        if fixed or not known:
+            break
+        new = float(min(max(known), 10_000_000))
+        if abs(new - h) <= 0.05 * h:
+            h = new
+            break
+        h = new
+    return units, max(10, round(h))
+
+
+def needs(
+    traffic: Traffic,
+    s: VerdictSettings,
+    *,
+    goal: bool = True,
+    first_turn: bool = True,
+    rows: list[Row] | None = None,
+    horizon: int | None = None,
+) -> tuple[list[Need], int]:
+    """(what each gating test needs under `traffic` and the settings `s`, the horizon)."""
+    rows = rows if rows is not None else noise_rows(traffic, s, goal=goal, first_turn=first_turn)
+    units, h = size(rows, s, horizon)
     out = []
-    for metric, margin, units in rows:
-        if units is not None:
-            units = max(units, s.min_metric_pairs)
-        pairs = None if units is None else math.ceil(units * traffic.turns)
+    for row, u in zip(rows, units, strict=True):
+        pairs = None if u is None else math.ceil(u * traffic.turns)
         secs = None if pairs is None else pairs / traffic.pairs_per_s
-        out.append(Need(metric, margin, units, pairs, secs))
-    return out
+        out.append(Need(row.metric, row.margin, u, pairs, secs))
+    return out, h
 
 
 def margin_for(budget_s: float, traffic: Traffic, s: VerdictSettings) -> tuple[float | None, float]:
@@ -200,5 +311,7 @@ def margin_for(budget_s: float, traffic: Traffic, s: VerdictSettings) -> tuple[f
             lo, hi = (lo, mid) if fits(mid) else (mid, hi)
         rate = hi
     n = int(units)
-    stat = MeanStat(np.zeros(n), np.array([n]), tau=s.latency_tau, sigma_floor=traffic.sd_unit)
+    stat = MeanStat(
+        np.zeros(n), np.array([n]), horizon=n, sigma_floor=traffic.sd_unit, alpha=s.alpha
+    )
     return rate, math.exp(float(stat.halfwidth(s.alpha)[0]))

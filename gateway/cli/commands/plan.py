@@ -84,6 +84,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--goal-ratio", type=float, default=0.8, help="improvement the goal should show (0.8)"
     )
+    p.add_argument(
+        "--horizon",
+        type=int,
+        metavar="UNITS",
+        help="size at this horizon (sessions, or requests); default: the plan's own",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -114,6 +120,8 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--failures", args.failures, "in [0, 1)")
     if not 0 <= args.disagreement < 1:
         raise bad("--disagreement", args.disagreement, "in [0, 1)")
+    if args.horizon is not None and not 10 <= args.horizon <= 10_000_000:
+        raise bad("--horizon", args.horizon, "in [10, 10000000]")
     if not 0 < args.goal_ratio < 1:
         raise bad("--goal-ratio", args.goal_ratio, "in (0, 1): an improvement")
 
@@ -198,6 +206,9 @@ class Plan(msgspec.Struct, kw_only=True):
     needs: list[PlanRow]
     dominant: str | None
     seconds_to_decide: float | None
+    # The horizon the latency rows were sized at: set it on the candidate (`horizon_units`)
+    # so the verdict runs the very sequences of this plan.
+    horizon_units: int
     budget_s: float | None = None
     rate_margin_in_budget: float | None = None
     latency_margin_in_budget: float | None = None
@@ -216,9 +227,8 @@ def build_plan(args: argparse.Namespace, rate: float) -> Plan:
         disagreement=args.disagreement,
         goal_ratio=args.goal_ratio,
     )
-    rows = [
-        PlanRow(n.metric, n.margin, n.units, n.pairs, n.seconds) for n in core.needs(traffic, s)
-    ]
+    needs, horizon = core.needs(traffic, s, horizon=args.horizon)
+    rows = [PlanRow(n.metric, n.margin, n.units, n.pairs, n.seconds) for n in needs]
     known = [r for r in rows if r.seconds is not None]
     out_of_reach = [r for r in rows if r.seconds is None]
     worst = out_of_reach[0] if out_of_reach else max(known, key=lambda r: r.seconds or 0.0)
@@ -232,6 +242,7 @@ def build_plan(args: argparse.Namespace, rate: float) -> Plan:
         needs=rows,
         dominant=worst.metric,
         seconds_to_decide=worst.seconds,
+        horizon_units=horizon,
     )
     if args.budget:
         result.budget_s = parse_duration(args.budget)
@@ -278,6 +289,10 @@ def render_text(plan: Plan) -> str:
             + ", a latency margin down to "
             + ("none" if lat_m is None else f"×{lat_m:.4g}")
         )
+    lines.append(
+        f"horizon: {plan.horizon_units:,} {unit}; register the candidate with "
+        f'verdict {{"horizon_units": {plan.horizon_units}}} so its intervals are tuned to it'
+    )
     lines.append("floors: a rate within δ needs ≥ log(1/α)/(0.8 δ) units even with no")
     lines.append("discordant unit (≈3.7/δ at α = 0.05), more with background failures; add")
     lines.append("the session idle gap for the last sessions to close.")
