@@ -70,7 +70,9 @@ class MetricSpec(msgspec.Struct, frozen=True, kw_only=True):
         return math.log(value) if self.scale == "ratio" else value
 
     def to_natural(self, value: float) -> float:
-        return math.exp(value) if self.scale == "ratio" else value
+        if self.scale != "ratio":
+            return value
+        return math.exp(value) if value < 700.0 else math.inf  # a bound out of any range
 
     def harm_bounds(self, margin: float) -> list[tuple[float, Literal["below", "above"]]]:
         """(boundary, side on which harm lies) for a margin: one side, or two for "both"."""
@@ -310,6 +312,11 @@ def mean_stat(
     )
 
 
+def _sd(v: NDArray[np.float64]) -> float | None:
+    """The sd of the unit values a sequence bets on (what `canary plan` sizes from)."""
+    return float(np.std(v, ddof=1)) if len(v) >= 2 else None
+
+
 def _looks(n: int) -> NDArray[np.int64]:
     return np.array([max(n // 2, 1), n], dtype=np.int64)
 
@@ -390,7 +397,8 @@ def judge_mean(
     def make(looks: NDArray[np.int64]) -> MeanStat:
         return mean_stat(v, looks, s)
 
-    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail or {}, s.alpha)
+    detail = {**(detail or {}), "unit_sd": _sd(v)}
+    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail, s.alpha)
     if ctx.trajectories and spec.role != "diagnostic":
         res.trajectory = _trajectory(spec, make, sizes, s.alpha)
     return res
@@ -414,7 +422,13 @@ def judge_bounded(
         return BoundedStat(v, looks)
 
     a = ctx.settings.alpha
-    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail or {}, a)
+    used = np.asarray(d, dtype=np.float64)[ctx.units.rank[use] >= 0]
+    detail = {
+        **(detail or {}),
+        "unit_sd": _sd(v),
+        "discordant_share": float(np.mean(used != 0)) if len(used) else None,
+    }
+    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail, a)
     if ctx.trajectories and spec.role != "diagnostic":
         res.trajectory = _trajectory(spec, make, sizes, a)
     return res

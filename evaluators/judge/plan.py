@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evaluators.judge.metric import MetricResult
 from evaluators.judge.settings import VerdictSettings
 from evaluators.stats.sequential import BoundedStat, MeanStat
 
@@ -137,6 +138,16 @@ class RateRow:
 
 
 @dataclass(frozen=True, slots=True)
+class BoundedRow:
+    """A gating test on a continuous difference in [-1, 1] (text similarity): unit sd `sd`."""
+
+    metric: str
+    margin: str
+    delta: float
+    sd: float
+
+
+@dataclass(frozen=True, slots=True)
 class FixedRow:
     """A gate with a known size (the minimum pairs gate)."""
 
@@ -145,7 +156,7 @@ class FixedRow:
     units: int
 
 
-Row = MeanRow | RateRow | FixedRow
+Row = MeanRow | RateRow | BoundedRow | FixedRow
 
 
 def mean_units(gap: float, sd: float, alpha: float, horizon: float) -> int | None:
@@ -182,6 +193,72 @@ def _mean_quantile(g: float, alpha: float, horizon: float) -> float | None:
             return q
         n *= 4
     return None
+
+
+def bounded_units(delta: float, alpha: float, sd: float) -> int | None:
+    """Units by which QUANTILE of runs show a [-1, 1] difference within δ (true difference 0,
+    normal unit values of sd `sd`, clipped), with the verdict's betting sequence."""
+    if sd <= 0:
+        return rate_units(delta, alpha)
+
+    def q(n: int) -> float:
+        rng = np.random.default_rng(13)
+        d = np.clip(rng.normal(0.0, sd, (_RUNS, n)), -1.0, 1.0)
+        stat = BoundedStat(d, np.arange(1, n + 1))
+        crossed = stat.log_wealth(delta, "below") >= math.log(1 / alpha)
+        first = np.where(crossed.any(axis=1), np.argmax(crossed, axis=1) + 1, np.inf)
+        k = min(len(first) - 1, math.ceil(QUANTILE * len(first)) - 1)
+        return float(np.sort(first)[k])
+
+    return _grow(q)
+
+
+def measured_rows(
+    metrics: list[MetricResult], s: VerdictSettings, *, goal_ratio: float | None = None
+) -> list[Row]:
+    """One row per gating test of a running experiment, as the verdict gates it, sized from
+    what its pairs so far measured: each latency, length or cost ratio from the sd of its unit
+    values (`detail.unit_sd`), each rate from its share of discordant pairs and pairs per unit,
+    similarity from its unit sd. Guardrails are sized for a candidate truly at the reference
+    (ratio 1, difference 0); the goal for `goal_ratio`, else the improvement measured so far
+    (when there is one), else 0.8.
+    """
+    rows: list[Row] = []
+    for r in metrics:
+        if not r.gating or r.status in ("ungated", "n/a") or r.n == 0:
+            continue
+        sd = r.detail.get("unit_sd")
+        units = r.units or r.n
+        label = f"{r.label} ({r.name})"
+        if r.scale == "ratio":
+            if not isinstance(sd, float):
+                continue
+            if r.role == "goal" and r.goal is not None:
+                est = r.estimate if r.estimate is not None and r.estimate < r.goal else 0.8
+                expected = goal_ratio if goal_ratio is not None else est
+                rows.append(
+                    MeanRow(
+                        f"{label}, {expected:.3g} expected",
+                        f"< {r.goal:g}",
+                        sd,
+                        math.log(r.goal) - math.log(expected),
+                    )
+                )
+            elif r.margin is not None:
+                rows.append(MeanRow(label, f"×{r.margin:g}", sd, math.log(r.margin)))
+        elif r.margin is not None:
+            share = r.detail.get("discordant_share")
+            margin = f"+{r.margin * 100:g} pp" if r.unit == "rate" else f"{r.margin:g}"
+            if r.unit == "rate" and isinstance(share, float):
+                turns = max(1, round(r.n / max(units, 1)))
+                if isinstance(sd, float) and sd > 0 and share > 0:
+                    # Discordance clustered by session: a unit's variance q/k measured says
+                    # how many independent pairs k a unit is worth (at most its turns).
+                    turns = int(min(turns, max(1, round(share / sd**2))))
+                rows.append(RateRow(label, margin, r.margin, share, turns))
+            elif isinstance(sd, float):
+                rows.append(BoundedRow(label, margin, r.margin, sd))
+    return rows
 
 
 def noise_rows(traffic: Traffic, s: VerdictSettings, *, goal: bool, first_turn: bool) -> list[Row]:
@@ -257,6 +334,10 @@ def size(
                 if row not in cache:
                     cache[row] = rate_units(row.delta, s.alpha, row.discordance, row.turns)
                 units.append(cache[row])
+            elif isinstance(row, BoundedRow):
+                if row not in cache:
+                    cache[row] = bounded_units(row.delta, s.alpha, row.sd)
+                units.append(cache[row])
             else:
                 units.append(mean_units(row.gap, row.sd, s.alpha, h))
         units = [None if u is None else max(u, s.min_metric_pairs) for u in units]
@@ -291,27 +372,42 @@ def needs(
     return out, h
 
 
-def margin_for(budget_s: float, traffic: Traffic, s: VerdictSettings) -> tuple[float | None, float]:
-    """(smallest failure-rate margin δ, smallest latency ratio margin) shown within `budget_s`,
-    at the traffic's background failures."""
-    units = budget_s * traffic.pairs_per_s / traffic.turns
-    if units < 2:
-        return None, math.inf
-    turns = round(traffic.turns)
+def margins_within(
+    units: float, rows: list[Row], s: VerdictSettings, *, discordance: float = 0.0, turns: int = 1
+) -> tuple[float | None, float | None]:
+    """(smallest failure-rate margin δ, smallest latency ratio margin) that QUANTILE of clean
+    candidates show within `units`, with the sequences tuned to that many units.
 
-    def fits(delta: float) -> bool:
-        need = rate_units(delta, s.alpha, traffic.discordance, turns)
-        return need is not None and need <= units
+    The latency margin is the one the noisiest latency guardrail among `rows` needs (turn-1
+    TTFT when it is gated: one pair per session, nothing averaged); None when out of reach.
+    """
+    if units < 2:
+        return None, None
+
+    def fits_rate(delta: float) -> bool:
+        need = rate_units(delta, s.alpha, discordance, turns)
+        return need is not None and max(need, s.min_metric_pairs) <= units
 
     rate: float | None = None
     lo, hi = 1e-4, 0.5
-    if fits(hi):
+    if fits_rate(hi):
         for _ in range(14):  # ~5 % precision on a log scale
             mid = math.sqrt(lo * hi)
-            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+            lo, hi = (lo, mid) if fits_rate(mid) else (mid, hi)
         rate = hi
-    n = int(units)
-    stat = MeanStat(
-        np.zeros(n), np.array([n]), horizon=n, sigma_floor=traffic.sd_unit, alpha=s.alpha
-    )
-    return rate, math.exp(float(stat.halfwidth(s.alpha)[0]))
+    sds = [r.sd for r in rows if isinstance(r, MeanRow) and r.margin.startswith("×")]
+    if not sds:
+        return rate, None
+    sd = max(sds)
+
+    def fits_latency(gap: float) -> bool:
+        need = mean_units(gap, sd, s.alpha, units)
+        return need is not None and max(need, s.min_metric_pairs) <= units
+
+    glo, ghi = 1e-4, 3.0
+    if not fits_latency(ghi):
+        return rate, None
+    for _ in range(18):
+        mid = math.sqrt(glo * ghi)
+        glo, ghi = (glo, mid) if fits_latency(mid) else (mid, ghi)
+    return rate, math.exp(ghi)

@@ -37,6 +37,8 @@ _PRIOR_VAR = 0.25
 # Spread of the normal mixture over the bet, in units of the bet tuned to the horizon's scale
 # 1/sqrt(N): 0.9 keeps the half-width within 1.6x the fixed-sample one from N/2 to 2N.
 MIXTURE_SPREAD = 0.9
+# Largest z at which the skewness correction of a bound is evaluated.
+_SKEW_Z_CAP = 3.0
 
 
 def _looks(n: int, looks: NDArray[np.int64] | None) -> NDArray[np.int64]:
@@ -111,8 +113,11 @@ class MeanStat:
         """
         g = np.maximum(self._skew if side == "below" else -self._skew, 0.0)
         sd = np.sqrt(self.var)
-        z = self._halfwidth(alpha) * np.sqrt(self.t) / sd
-        return g * (2.0 * z * z + 1.0) * sd / (3.0 * self.t)
+        h = self._halfwidth(alpha)
+        # Past z = 3 (a sequence tuned far beyond t) the expansion means nothing: cap it, and
+        # never move a bound by more than its own half-width.
+        z = np.minimum(h * np.sqrt(self.t) / sd, _SKEW_Z_CAP)
+        return np.minimum(g * (2.0 * z * z + 1.0) * sd / (3.0 * self.t), h)
 
     def _log_m(self, s: F) -> F:
         """log M_t at the standardized sum s (one look per element)."""
