@@ -67,6 +67,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--db", metavar="URL", help="with --candidate: database URL (or --config)")
     p.add_argument("--config", metavar="FILE", help="with --candidate: gateway config file")
+    p.add_argument(
+        "--since",
+        metavar="T",
+        help="with --candidate: only pairs since T (epoch seconds, ISO 8601, or an age like "
+        "2h); default: since the candidate was registered",
+    )
     p.add_argument("--probe-s", type=float, default=10.0, help="seconds between two reads")
     p.add_argument("--sample-rate", type=float, default=0.1, help="share mirrored (0.1)")
     p.add_argument(
@@ -239,6 +245,11 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
     if measured is not None:
         report, s = measured
         ps = report.pairs
+        if ps.n < 2:
+            raise UsageError(
+                f"--candidate {report.candidate}: {ps.n} pairs so far; a plan from measured "
+                "noise needs a running experiment (or give --rate and --noise)"
+            )
         turns = ps.n / ps.sessions if ps.sessions else 1.0
         span = (ps.window_end or 0.0) - (ps.window_start or 0.0)
         rate = ps.n / span if span > 0 else 1.0
@@ -360,6 +371,7 @@ async def _measured(args: argparse.Namespace) -> tuple[Any, Any]:
     from evaluators.pairs import load as store
     from evaluators.report.build import evaluate
     from gateway.cli.commands.report import _settings as report_settings
+    from gateway.cli.commands.report import parse_time
     from storage.engine import ensure_schema, make_engine
 
     ns = argparse.Namespace(db=args.db, config=args.config, strict=args.strict)
@@ -370,7 +382,8 @@ async def _measured(args: argparse.Namespace) -> tuple[Any, Any]:
         cand, _, _ = await store.load_endpoints(engine, args.candidate)
         try:
             s = settings.with_overrides(cand.verdict_overrides)
-            report = await evaluate(engine, args.candidate, settings=settings)
+            since = parse_time(args.since) if args.since else None
+            report = await evaluate(engine, args.candidate, since=since, settings=settings)
         except ValueError as exc:
             raise UsageError(f"candidate {args.candidate!r}: verdict overrides: {exc}") from exc
     finally:
