@@ -228,6 +228,8 @@ def measured_rows(
         if not r.gating or r.status in ("ungated", "n/a") or r.n == 0:
             continue
         sd = r.detail.get("unit_sd")
+        if isinstance(sd, float) and r.scale == "ratio":
+            sd = max(sd, s.latency_sigma_floor)  # the verdict's floor: identical arms decide
         units = r.units or r.n
         label = f"{r.label} ({r.name})"
         if r.scale == "ratio":
