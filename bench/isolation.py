@@ -103,64 +103,15 @@ async def _serve_live(tokens: int, gap_s: float) -> None:
     await runner.cleanup()
 
 
-class _CountingSink:
-    """Keeps no records (the benchmark measures the mirror, not storage), only counts them."""
-
-    def __init__(self) -> None:
-        self.exchanges = 0
-        self.observations = 0
-
-    def put_exchange(self, record: object) -> None:
-        self.exchanges += 1
-
-    def put_observation(self, record: object) -> None:
-        self.observations += 1
-
-
 async def _serve_gateway(
-    live: str, candidates: Sequence[str], rate: float, budget: int, lag_ms: float
+    live: str, candidates: Sequence[str], rate: float, budget: int, priority: str, lag_ms: float
 ) -> None:
-    from domain.endpoint import Endpoint
-    from gateway.config import GatewayConfig
-    from gateway.mirror.tee import Mirror
-    from gateway.server.app import start_gateway
-    from gateway.server.hooks import LiveTarget
-    from gateway.server.metrics import Registry
-
-    cfg = GatewayConfig(
-        listen="127.0.0.1:0",
-        mirror_memory_budget_bytes=budget,
-        drain_timeout_s=0.5,
-        mirror_shed_loop_lag_ms=lag_ms,
-        # --lag-ms >= 1e6 means "guard off": neither loop lag nor CPU saturation sheds copies.
-        mirror_shed_cpu_busy=0.0 if lag_ms >= 1e6 else 0.9,
+    """The product as `canary serve` runs it: worker + the host's mirror process + SQLite.
+    `lag_ms` >= 1e6 turns the mirror process's overload guard off (neither loop lag nor CPU
+    saturation sheds copies); below that the configured defaults apply."""
+    guard_off = (
+        {"mirror_shed_loop_lag_ms": lag_ms, "mirror_shed_cpu_busy": 0.0} if lag_ms >= 1e6 else {}
     )
-    target = LiveTarget(cfg.live_endpoint(live))
-    mirror = Mirror(cfg, target, _CountingSink(), "bench")
-    mirror.apply(
-        [
-            Endpoint(name=name, url=url, sample_rate=rate, timeout_s=300.0)
-            for name, _, url in (c.partition("=") for c in candidates)
-        ]
-    )
-    registry = Registry()
-    registry.add_collector(mirror.prometheus_lines)
-    gw = await start_gateway(
-        cfg,
-        live=target,
-        tee=mirror,
-        metrics=registry,
-        customize=[lambda app: app.cleanup_ctx.append(mirror.cleanup_ctx)],
-    )
-    print(f"READY {gw.url}", flush=True)
-    await _until_signalled()
-    await gw.close()
-
-
-async def _serve_plane_gateway(
-    live: str, candidates: Sequence[str], rate: float, budget: int, priority: str
-) -> None:
-    """The product as `canary serve` runs it: worker + the host's mirror process + SQLite."""
     from gateway.config import load_config
     from gateway.process.runtime import running
 
@@ -175,6 +126,7 @@ async def _serve_plane_gateway(
                 "mirror_memory_budget_bytes": budget,
                 "drain_timeout_s": 0.5,
                 "mirror_priority": priority,
+                **guard_off,
                 "candidates": [
                     {"name": name, "url": url, "sample_rate": rate, "timeout_s": 300.0}
                     for name, _, url in (c.partition("=") for c in candidates)
@@ -315,11 +267,10 @@ def gateway(
     budget: int = 256 * MiB,
     cpu: int | None = None,
     lag_ms: float = 20.0,
-    model: str = "plane",
     priority: str = "idle",
 ) -> Iterator[Proc]:
     argv = ["--role", "gateway", "--live", live, "--budget", str(budget), "--lag-ms", str(lag_ms)]
-    argv += ["--model", model, "--priority", priority]
+    argv += ["--priority", priority]
     for c in candidates:
         argv += ["--candidate", c]
     proc = Proc(_me(*argv), cpu)
@@ -679,13 +630,14 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 async def plane_bench(args: argparse.Namespace) -> None:
-    """The mirror-process model against the previous in-loop mirror, interleaved: open loop at
+    """The mirror process (what `canary serve` runs), interleaved over rounds: open loop at
     each rate, every fault candidate at 100 %, latency over the whole run from the first
-    request after start-up (the candidate is registered at start), then RSS at overload."""
+    request after start-up (the candidate is registered at start), then RSS at overload. (The
+    in-loop mirror it was once compared with is gone; bench/RESULTS.md keeps that comparison.)"""
     rates = [float(r) for r in args.rates.split(",")]
     secs = args.seconds
     notes: list[str] = [f"start {_load()}"]
-    models = ["plane", "inline"]
+    models = ["plane"]
     with (
         live_engine(args.max_tokens, args.gap) as live,
         live_engine(args.max_tokens, 0.0) as fast,
@@ -707,7 +659,7 @@ async def plane_bench(args: argparse.Namespace) -> None:
             for rate in rates:
                 for label, cands in scenarios:
                     for model in models:
-                        with gateway(live.url, cands, model=model, priority=args.priority) as gw:
+                        with gateway(live.url, cands, priority=args.priority) as gw:
                             tree0 = gw.tree_cpu_seconds()
                             sample = await on_gateway(gw, open_loop(gw.url, rate, secs, 0.0))
                             mirror_cpu = gw.tree_cpu_seconds() - tree0 - sample.gw_cpu_s
@@ -796,13 +748,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--role", choices=["bench", "plane-bench", "sim", "live", "gateway"], default="bench"
     )
-    p.add_argument(
-        "--model",
-        choices=["plane", "inline"],
-        default="plane",
-        help="gateway: the mirror process (plane, what canary serve runs) or the mirror on the "
-        "proxy's loop (inline, the previous design, for comparison)",
-    )
     p.add_argument("--priority", default="idle", help="plane gateway: mirror_priority")
     p.add_argument("--overhead-s", type=float, default=None, help="sim: fixed TTFT, s")
     p.add_argument("--rates", default="300,1000", help="plane-bench: open-loop rates, req/s")
@@ -841,10 +786,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         uvloop.run(_serve_sim(args.profile, args.time_scale, args.max_tokens, args.overhead_s))
     elif args.role == "live":
         uvloop.run(_serve_live(args.max_tokens, args.gap))
-    elif args.role == "gateway" and args.model == "plane":
-        uvloop.run(_serve_plane_gateway(args.live, args.candidate, 1.0, args.budget, args.priority))
     elif args.role == "gateway":
-        uvloop.run(_serve_gateway(args.live, args.candidate, 1.0, args.budget, args.lag_ms))
+        uvloop.run(
+            _serve_gateway(args.live, args.candidate, 1.0, args.budget, args.priority, args.lag_ms)
+        )
     elif args.role == "plane-bench":
         uvloop.run(plane_bench(args))
     else:

@@ -2,7 +2,8 @@
 
 Every `import` and `from ... import` of our packages is read with `ast`, at any depth (inside
 functions too, so a deferred import cannot dodge a rule); only `if TYPE_CHECKING:` blocks are
-exempt from the layer rules, since they run no code. Cycles are checked on module-level imports.
+exempt, since they run no code. Cycles are checked on the same graph: a function-level import
+is an import (it runs the first time the function does), so it may not close a cycle either.
 """
 
 from __future__ import annotations
@@ -133,9 +134,72 @@ def test_renderers_import_the_model_not_the_builder() -> None:
     assert bad == []
 
 
+PLANES = (
+    "gateway.server",
+    "gateway.mirror",
+    "gateway.control",
+    "gateway.sim",
+    "gateway.process",
+    "gateway.cli",
+)
+BELOW_PLANES = ("gateway.config", "gateway.credentials", "gateway.logs", "gateway.lifecycle")
+
+
+def _imports_any(module: str, targets: tuple[str, ...]) -> list[str]:
+    return [
+        t
+        for t in _imports(module, top_level_only=False)
+        if any(t == p or t.startswith(p + ".") for p in targets)
+    ]
+
+
+def test_planes_import_nothing_of_the_wiring() -> None:
+    """No module of server/, mirror/, control/ or sim/ imports the process wiring or the CLI:
+    the wiring sits on top and composes them, never the other way round."""
+    planes = ("gateway.server", "gateway.mirror", "gateway.control", "gateway.sim")
+    bad = [
+        f"{module} imports {target}"
+        for module in MODULES
+        if module.startswith(planes)
+        for target in _imports_any(module, ("gateway.process", "gateway.cli"))
+    ]
+    assert bad == []
+
+
+def test_config_and_helpers_sit_below_the_planes() -> None:
+    """Config, credentials, logs and the process lifecycle helpers import no plane."""
+    bad = [
+        f"{module} imports {target}"
+        for module in BELOW_PLANES
+        for target in _imports_any(module, PLANES)
+    ]
+    assert bad == []
+
+
+# The workload generator is a client of the gateway: it meters responses with the gateway's own
+# meter so client-side TTFT has the same definition. The meter imports nothing of the gateway
+# (only domain, below).
+_SIM_MAY_IMPORT = {("gateway.sim.workload", "gateway.server.meter")}
+
+
+def test_simulator_imports_no_plane() -> None:
+    """The simulator is not the gateway: `gateway.sim` imports no plane of it."""
+    others = tuple(p for p in PLANES if p != "gateway.sim")
+    bad = [
+        f"{module} imports {target}"
+        for module in MODULES
+        if module.startswith("gateway.sim")
+        for target in _imports_any(module, others)
+        if (module, target) not in _SIM_MAY_IMPORT
+    ]
+    assert bad == []
+    meter = _imports("gateway.server.meter", top_level_only=False)
+    assert [t for t in meter if not t.startswith("domain")] == []
+
+
 def test_no_import_cycles() -> None:
-    """The module-level import graph of the four packages has no cycle."""
-    graph = {m: set(_imports(m, top_level_only=True)) & MODULES.keys() for m in MODULES}
+    """The import graph of the four packages, function-level imports included, has no cycle."""
+    graph = {m: set(_imports(m, top_level_only=False)) & MODULES.keys() for m in MODULES}
     # A package's __init__ is imported with any of its submodules; that is not a cycle of ours.
     for m in graph:
         graph[m] -= {p for p in graph[m] if m.startswith(p + ".")}
@@ -167,4 +231,7 @@ def test_the_rules_see_imports() -> None:
     assert "evaluators.report.build" in deferred
     assert "evaluators.report.build" not in set(
         _imports("gateway.cli.commands.report", top_level_only=True)
+    )
+    assert "gateway.cli.progress" in set(
+        _imports("gateway.cli.commands.demo", top_level_only=False)
     )

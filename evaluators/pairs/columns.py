@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from domain.observation import PER_PAIR
 from domain.outcomes import ERROR_KINDS, FINISH_REASONS
 from evaluators.pairs import text as textfn
 from evaluators.pairs.types import (
@@ -41,19 +42,13 @@ PAIR_FIELDS = (
     "model",
     "sampled",  # in the text-similarity sample (see `sample_suffixes`)
 )
+# The per-pair quantities (float columns, as declared in domain.observation), then the fields
+# the loader turns into codes and text features.
 ARM_FIELDS = (
     "status",
     "error_kind",
-    "queue_wait_s",
-    "ttft_s",
-    "tpot_s",
-    "e2e_s",
-    "itl_p50_s",
-    "itl_p99_s",
-    "output_tokens",
+    *PER_PAIR,
     "output_tokens_source",
-    "prompt_tokens",
-    "cached_tokens",
     "finish_reason",
     "output_text",
     "text_truncated",
@@ -86,17 +81,6 @@ _ERRORS = _Codes(
 )
 _FINISH = _Codes(FINISH_REASONS, FINISH_REASONS.index("other"), {})
 _HTTP_4XX, _HTTP_5XX = ERROR_KINDS.index("http_4xx"), ERROR_KINDS.index("http_5xx")
-_FLOAT_COLUMNS = (
-    ("queue_wait_s", "queue_wait"),
-    ("ttft_s", "ttft"),
-    ("tpot_s", "tpot"),
-    ("e2e_s", "e2e"),
-    ("itl_p50_s", "itl_p50"),
-    ("itl_p99_s", "itl_p99"),
-    ("output_tokens", "tokens"),
-    ("prompt_tokens", "prompt_tokens"),
-    ("cached_tokens", "cached_tokens"),
-)
 
 
 def sample_suffixes(fraction: float) -> tuple[str, ...] | None:
@@ -221,8 +205,8 @@ class PairSetBuilder:
         arm.status[sl] = status
         arm.error[sl] = error
         arm.ok[sl] = ok = present & (error == 0)
-        for src, dst in _FLOAT_COLUMNS:
-            getattr(arm, dst)[sl] = np.asarray(f[src], dtype=np.float32)
+        for name in PER_PAIR:
+            arm.quantities[name][sl] = np.asarray(f[name], dtype=np.float32)
         arm.tokens_from_chunks[sl] = np.asarray(f["output_tokens_source"], dtype=object) == "chunks"
         finish = np.fromiter(map(_FINISH.__getitem__, f["finish_reason"]), np.int8, k)
         arm.finish[sl] = np.maximum(finish, 0)

@@ -67,7 +67,7 @@ class Promotions:
         await load_report_stack()
         from evaluators.report.build import evaluate
 
-        settings = self.settings.with_overrides(ep.verdict_overrides)
+        settings = self.settings.with_overrides(ep.verdict)
         async with self._slots:
             try:
                 return await evaluate(self.engine, ep.name, settings=settings, planned_look=final)

@@ -61,23 +61,17 @@ class AdaptiveRates:
     """The controller, the references in force, and the cost of their changes, per candidate.
 
     `offers` returns the mirror's current offers; `sampled` each candidate's cumulative
-    sampled count. With `count_eligible` (the in-process mirror) the caller adds to
-    `eligible`; in the mirror process the workers' reports go to `control.eligible`."""
+    sampled count. The workers' eligible counts are reported to `control.eligible`."""
 
     def __init__(
         self,
         order: TurnOrder,
         offers: Callable[[], Sequence[OfferLike]],
         sampled: Callable[[], Iterable[tuple[str, int]]],
-        *,
-        count_eligible: bool,
     ) -> None:
         self._order = order
         self._offers = offers
         self._sampled = sampled
-        self._count_eligible = count_eligible
-        self.eligible = 0
-        self._reported = (0, time.monotonic())
         self.control = rate_mod.RateControl()
         start = rate_mod.START_REFERENCE_RPS
         self.refs = (start, start)
@@ -114,10 +108,6 @@ class AdaptiveRates:
     def tick(self, now: float) -> None:
         """One controller step; a changed reference is scheduled here and handed to
         `on_change`, both naming the same instant."""
-        if self._count_eligible:
-            count, at = self._reported
-            self.control.eligible.report("self", self.eligible - count, now - at, now)
-            self._reported = (self.eligible, now)
         if not self.control.tick(now, self._sampled()):
             return
         request_rps, session_rps = self.control.refs()

@@ -1,10 +1,11 @@
 """`Handoff`: the `RequestTee` a worker runs; hands sampled copies to the mirror process.
 
 The production loop does only this per request: decide the sample from the request id or the
-session header (one xxh3 per candidate, no body parsing), and when a copy is chosen queue one
-frame (header, small msgpack meta, a reference to the body bytes it already read) for a Unix
-stream socket toward the host's mirror process. Frames are written together at most
-`_COALESCE_S` after the first (one write and one wake-up of the mirror process per few copies).
+session header (`gateway.mirror.sampler.decide`: one xxh3 per candidate, no body parsing), and
+when a copy is chosen queue one frame (header, small msgpack meta, a reference to the body bytes
+it already read) for a Unix stream socket toward the host's mirror process. Frames are written
+together at most `_COALESCE_S` after the first (one write and one wake-up of the mirror process
+per few copies).
 The write is non-blocking: the bytes go to the kernel's socket buffer, and what the kernel cannot
 take waits in the transport's buffer; queued and buffered bytes together are capped at
 `mirror_channel_max_bytes`. A copy that would pass the cap is `dropped_overflow`; one larger
@@ -15,8 +16,9 @@ ever awaits the mirror process on the request path, parses a body, or logs per r
 
 A session-mode candidate without the session header on the request cannot be sampled without
 parsing the body; such requests are handed off undecided (`chosen` empty) and the mirror process
-samples them. If that hand-off fails the request is counted `undecided_dropped` (process-wide:
-it was perhaps not sampled at all).
+parses the body and takes the same decision (`decide`, with the key it found). If that hand-off
+fails the request is counted `undecided_dropped` (process-wide: it was perhaps not sampled at
+all).
 
 The worker's own counts (copies it chose but could not hand off) are stored under the worker's
 replica name; the mirror process stores everything else under its own. Each row satisfies the
@@ -48,7 +50,7 @@ from gateway.config import GatewayConfig
 from gateway.mirror import rate as rate_mod
 from gateway.mirror import wire
 from gateway.mirror.lane import MIRROR_HEADER
-from gateway.mirror.sampler import SALT, is_sampled, mirrored_route, threshold_for
+from gateway.mirror.sampler import Offer, decide, mirrored_route, offers_for
 from gateway.server.headers import COPY_SKIP
 from gateway.server.hooks import LiveTarget
 from gateway.server.meter import MeterResult
@@ -71,16 +73,6 @@ _RECONNECT_S: Final = 0.2
 # own timings are taken before, on the worker, so they are unaffected.
 _COALESCE_S: Final = 0.002
 ELIGIBLE_REPORT_S: Final = 1.0  # how often the eligible count goes to the mirror process
-
-
-class _WOffer:
-    __slots__ = ("name", "rate", "session_mode", "threshold")
-
-    def __init__(self, endpoint: Endpoint, refs: tuple[float, float]) -> None:
-        self.name = endpoint.name
-        self.rate = rate_mod.endpoint_rate(endpoint, refs)
-        self.threshold = threshold_for(self.rate)
-        self.session_mode = endpoint.sampling == "session"
 
 
 class _Protocol(asyncio.Protocol):
@@ -117,7 +109,7 @@ class Handoff:
         self._session_header = config.session_header
         self._limit = config.mirror_channel_max_bytes
         self._oversize = min(config.mirror_channel_max_bytes, config.mirror_memory_budget_bytes)
-        self._offers: tuple[_WOffer, ...] = ()
+        self._offers: tuple[Offer, ...] = ()
         self._candidates: tuple[Endpoint, ...] = ()
         start = rate_mod.START_REFERENCE_RPS
         self._refs = (start, start)  # until the mirror process names the references in force
@@ -224,18 +216,14 @@ class Handoff:
         """Sample toward these candidates from now on; tell the mirror process to reload."""
         if self._closed:
             return
-        self._candidates = tuple(
-            e
-            for e in candidates
-            if e.role == "candidate" and e.state == "active" and e.sample_rate > 0
-        )
+        self._candidates = tuple(candidates)
         self._rebuild()
         for offer in self._offers:
             self._lanes.setdefault(offer.name, [0, 0, 0])
         self._send_small(wire.KIND_RELOAD, b"")
 
     def _rebuild(self) -> None:
-        self._offers = tuple(_WOffer(e, self._refs) for e in self._candidates)
+        self._offers = offers_for(self._candidates, self._refs)
 
     def _on_rates(self, msg: wire.RatesMeta) -> None:
         """Swap the references at the instant the mirror process named (the same for every
@@ -276,22 +264,12 @@ class Handoff:
         if not offers:
             return None
         header_value = headers.get(self._session_header)
-        skey = header_value.encode() if header_value else None
-        rkey = request_id.encode()
-        chosen: list[str] = []
-        undecided = False
-        for offer in offers:
-            if offer.session_mode:
-                if skey is None:
-                    undecided = True  # the mirror process parses the body and samples
-                    continue
-                key = skey
-            else:
-                key = rkey
-            if is_sampled(SALT, key, offer.threshold):
-                chosen.append(offer.name)
-        if not chosen and not undecided:
+        sampled, undecided = decide(
+            offers, request_id.encode(), header_value.encode() if header_value else None
+        )
+        if not sampled and not undecided:
             return None
+        chosen = [offer.name for offer in sampled]
         hdrs = [(str(k), v) for k, v in headers.items() if k.lower() not in _SKIP]
         exchange_id = uuid7()
         meta = _encode(

@@ -296,7 +296,7 @@ async def serve_plane(
     capture = capture_from_config(config)
     capture_writer = capture_writer_for(engine, capture, config) if capture is not None else None
     # The workers count the eligible requests (this process sees only the sampled ones).
-    mirror = Mirror(config, live, writer, replica, capture=capture, count_eligible=False)
+    mirror = Mirror(config, live, writer, replica, capture=capture)
     plane = _Plane(config, mirror, writer, priority, capture=capture)
 
     def on_change(snapshot: Snapshot) -> None:

@@ -15,23 +15,35 @@ prompt-style request without a session header or `user`, the fallback key is (mo
 
 The body is decoded with Structs that declare only what sampling and the exchange record need;
 message contents stay `msgspec.Raw` (never decoded) except the two that feed the fallback key.
+`Offer` and `decide` are the one sampling decision: the worker (`gateway.mirror.handoff`) takes
+it on the request path from the request id and the session header; when a session-mode candidate
+needs a key only the body holds, the worker hands the request off undecided and the mirror process
+(`gateway.mirror.tee`) parses the body and takes the same decision with the same function.
+
 This module must never copy a body, log, or import the event loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 import msgspec
 import xxhash
 
+from domain.endpoint import Endpoint
+from gateway.mirror.rate import endpoint_rate
+
 __all__ = [
     "MIRRORED_ROUTES",
     "SALT",
+    "Offer",
     "RequestView",
+    "decide",
     "hash_key",
     "is_sampled",
     "mirrored_route",
+    "offers_for",
     "parse_request",
     "session_key",
     "threshold_for",
@@ -112,6 +124,54 @@ def threshold_for(sample_rate: float) -> float:
 def is_sampled(salt: bytes, key: bytes, threshold: float) -> bool:
     """The sampling decision for one (candidate, key)."""
     return xxhash.xxh3_64_intdigest(salt + key) < threshold
+
+
+class Offer:
+    """One candidate that receives copies, as the sampling decision sees it: its share in force
+    (`rate`, set from its `sample_rate` or its `target_rps` and the references) and the hash
+    threshold of that share. The adaptive controller (`gateway.mirror.adaptive`) may change
+    `rate` and `threshold` in place."""
+
+    __slots__ = ("endpoint", "name", "rate", "session_mode", "threshold")
+
+    def __init__(self, endpoint: Endpoint, refs: tuple[float, float]) -> None:
+        self.endpoint = endpoint
+        self.name = endpoint.name
+        self.rate = endpoint_rate(endpoint, refs)
+        self.threshold = threshold_for(self.rate)
+        self.session_mode = endpoint.sampling == "session"
+
+
+def offers_for(endpoints: Iterable[Endpoint], refs: tuple[float, float]) -> tuple[Offer, ...]:
+    """The offers of the candidates that receive copies: active, with a positive sample rate."""
+    return tuple(
+        Offer(e, refs)
+        for e in endpoints
+        if e.role == "candidate" and e.state == "active" and e.sample_rate > 0
+    )
+
+
+def decide(
+    offers: Sequence[Offer], request_key: bytes, session: bytes | None
+) -> tuple[list[Offer], bool]:
+    """The offers this request is sampled for, and whether any stays undecided.
+
+    A request-mode offer is keyed by `request_key` (the request id), a session-mode offer by
+    `session`; with `session` None a session-mode offer is left undecided (the key is in the
+    body) and the second value is True. One xxh3 per decided offer; nothing is parsed."""
+    chosen: list[Offer] = []
+    undecided = False
+    for offer in offers:
+        if offer.session_mode:
+            if session is None:
+                undecided = True
+                continue
+            key = session
+        else:
+            key = request_key
+        if xxhash.xxh3_64_intdigest(SALT + key) < offer.threshold:
+            chosen.append(offer)
+    return chosen, undecided
 
 
 def _canonical(raw: msgspec.Raw) -> bytes:

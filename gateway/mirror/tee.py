@@ -1,10 +1,13 @@
-"""`Mirror`: the `RequestTee` the proxy calls, owning every candidate lane.
+"""`Mirror`: the mirror process's side of the `RequestTee` interface, owning every candidate lane.
 
-`on_request` runs on the request path: it reads a snapshot of active lanes built by `apply`,
-samples (parsing the body only when a session key or a sampled copy needs it), and offers one
-shared `Copy` to each chosen lane's ring — synchronous, O(candidates), never awaiting, never
-copying the body. `on_response` hands the exchange and production's observation to the sink;
-each lane hands its candidate's observation when the copy finishes. Both join on exchange id.
+It runs only in the host's mirror process (`gateway.mirror.plane`): the workers' `Handoff`
+samples on the request path and the plane turns each COPY frame into `on_request`. There it
+takes the worker's decision as given (`only`) or, for a request the worker handed off undecided,
+parses the body for the session key and takes the same decision (`gateway.mirror.sampler.decide`),
+then offers one shared `Copy` to each chosen lane's ring — synchronous, O(candidates), never
+awaiting, never copying the body. `on_response` hands the exchange and production's observation
+to the sink; each lane hands its candidate's observation when the copy finishes. Both join on
+exchange id.
 
 `apply(candidates)` swaps the candidate set at run time: new lanes start, changed ones keep their
 queued copies where the new limits allow, removed ones drop their queue (counted) and finish
@@ -22,10 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import xxhash
-from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from domain.endpoint import Endpoint
@@ -33,7 +35,6 @@ from domain.ids import uuid7
 from domain.records import ExchangeRecord
 from gateway.config import GatewayConfig
 from gateway.mirror import counters as counters_mod
-from gateway.mirror import rate as rate_mod
 from gateway.mirror.adaptive import AdaptiveRates
 from gateway.mirror.capture import CaptureSink
 from gateway.mirror.counters import MirrorCounters
@@ -44,40 +45,20 @@ from gateway.mirror.order import TurnOrder
 from gateway.mirror.ring import MemoryBudget
 from gateway.mirror.sampler import (
     SALT,
+    Offer,
     RequestView,
+    decide,
     hash_key,
-    is_sampled,
     mirrored_route,
+    offers_for,
     parse_request,
     session_key,
-    threshold_for,
     turn_index,
 )
 from gateway.server.hooks import LiveTarget, ObservationSink
 from gateway.server.meter import MeterResult
 
 __all__ = ["Mirror"]
-
-
-class _Offer:
-    """What the request path needs of one active lane, precomputed by `apply`."""
-
-    __slots__ = ("lane", "rate", "salt", "session_mode", "threshold")
-
-    def __init__(self, lane: Lane, refs: tuple[float, float]) -> None:
-        self.lane = lane
-        self.salt = SALT
-        self.rate = rate_mod.endpoint_rate(lane.endpoint, refs)
-        self.threshold = threshold_for(self.rate)
-        self.session_mode = lane.session_mode
-
-    @property
-    def name(self) -> str:
-        return self.lane.name
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return self.lane.endpoint
 
 
 _NO_HEADERS: Mapping[str, str] = {}
@@ -110,7 +91,6 @@ class Mirror:
         *,
         lag_interval_s: float = 0.01,
         capture: CaptureSink | None = None,
-        count_eligible: bool = True,
     ) -> None:
         self._config = config
         self._capture = capture
@@ -129,18 +109,17 @@ class Mirror:
         self.process = MirrorCounters()
         self.order = TurnOrder()
         self._lanes: dict[str, Lane] = {}
-        self._offers: tuple[_Offer, ...] = ()
+        self._offers: tuple[Offer, ...] = ()
+        self._any_session = False  # some offer samples by session (its key may need the body)
         self._retiring: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
-        # Sampling toward target_rps. In-process this mirror counts the eligible requests it
-        # sees; in the mirror process (`count_eligible=False`) the workers report theirs.
-        self._count_eligible = count_eligible
+        # Sampling toward target_rps: the workers count the eligible requests and report them
+        # (`adaptive.control.eligible`); this process sees only the sampled ones.
         self.adaptive = AdaptiveRates(
             self.order,
             lambda: self._offers,
             lambda: [(name, lane.counters.sampled) for name, lane in self._lanes.items()],
-            count_eligible=count_eligible,
         )
 
     # ------------------------------------------------------------------ candidate set
@@ -162,11 +141,8 @@ class Mirror:
             elif lane.endpoint != endpoint:
                 lane.update(endpoint)
         self.adaptive.forget(wanted)
-        self._offers = tuple(
-            _Offer(lane, self.adaptive.refs)
-            for lane in self._lanes.values()
-            if lane.endpoint.state == "active" and lane.endpoint.sample_rate > 0
-        )
+        self._offers = offers_for(wanted.values(), self.adaptive.refs)
+        self._any_session = any(o.session_mode for o in self._offers)
 
     def _retire(self, lane: Lane) -> None:
         lane.stop_offers_and_clear()
@@ -222,14 +198,6 @@ class Mirror:
                 await task
         await self.guard.close()
 
-    async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:
-        """For `app.cleanup_ctx.append(mirror.cleanup_ctx)`: start with the app, drain at exit."""
-        await self.start()
-        try:
-            yield
-        finally:
-            await self.close()
-
     async def wait_idle(self) -> None:
         """Return once no lane has a copy queued or in flight."""
         for lane in list(self._lanes.values()):
@@ -251,58 +219,40 @@ class Mirror:
         only: Sequence[str] | None = None,
         replica: str | None = None,
     ) -> object | None:
-        """Sample and offer copies; O(candidates), never awaits, never copies `body`.
+        """Offer copies of a request a worker handed off; O(candidates), never awaits, never
+        copies `body`.
 
-        In the mirror process the worker's `exchange_id`, `live_name` and `received_at` are
-        passed, so the records match what the worker saw when production served the request;
-        `only` is the worker's sampling decision (the same formula), taken as given; `replica`
-        the worker that served production (stored on the exchange)."""
+        The worker's `exchange_id`, `live_name` and `received_at` are passed, so the records
+        match what the worker saw when production served the request; `only` is the worker's
+        sampling decision, taken as given (None: the worker left it undecided, so it is taken
+        here); `replica` the worker that served production (stored on the exchange)."""
         offers = self._offers
-        route: str | None = None
-        if self._count_eligible:  # in-process: every request on a mirrored route counts
-            route = mirrored_route(method, path_qs)
-            if route is None:
-                return None
-            if MIRROR_HEADER in headers:
-                if offers:
-                    self.process.skipped_loop += 1
-                return None
-            self.adaptive.eligible += 1
         if not offers:
             return None
         if only is not None:
-            offers = tuple(o for o in offers if o.lane.name in only)
+            offers = tuple(o for o in offers if o.name in only)
             self.process.unknown_candidate += len(only) - len(offers)
             if not offers:
                 return None
+        route = mirrored_route(method, path_qs)
         if route is None:
-            route = mirrored_route(method, path_qs)
-            if route is None:
-                return None
-            if MIRROR_HEADER in headers:
-                self.process.skipped_loop += 1
-                return None
+            return None
+        if MIRROR_HEADER in headers:
+            self.process.skipped_loop += 1
+            return None
         header_value = headers.get(self._session_header)
         view: RequestView | None = None
-        skey: bytes | None = None
-        rkey: bytes | None = None
-        chosen: list[_Offer] = []
-        for offer in offers:
-            if offer.session_mode:
-                if skey is None:
-                    if header_value:
-                        skey = header_value.encode()
-                    else:
-                        view = parse_request(body)
-                        if view is None:
-                            self.process.skipped_unparseable += 1
-                            return None
-                        skey = session_key(view, None)
-                key = skey
-            else:
-                key = rkey = rkey or request_id.encode()
-            if only is not None or is_sampled(offer.salt, key, offer.threshold):
-                chosen.append(offer)
+        skey = header_value.encode() if header_value else None
+        if only is None:
+            if skey is None and self._any_session:
+                view = parse_request(body)
+                if view is None:
+                    self.process.skipped_unparseable += 1
+                    return None
+                skey = session_key(view, None)
+            chosen, _ = decide(offers, request_id.encode(), skey)
+        else:
+            chosen = list(offers)
         if not chosen:
             return None
         if view is None:
@@ -327,7 +277,7 @@ class Mirror:
 
     def _offer(
         self,
-        chosen: list[_Offer],
+        chosen: list[Offer],
         route: str,
         path_qs: str,
         headers: CIMultiDictProxy[str],
@@ -356,7 +306,7 @@ class Mirror:
         session_digest: bytes | None = None
         targets: list[str] = []
         for offer in chosen:
-            lane = offer.lane
+            lane = self._lanes[offer.name]
             lane.counters.sampled += 1
             if shedding:
                 lane.counters.shed_overload += 1

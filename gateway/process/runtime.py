@@ -42,7 +42,8 @@ from gateway.config import GatewayConfig, parse_admin_tokens
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry, Snapshot
 from gateway.mirror.handoff import Handoff
-from gateway.process.workers import PlaneProcess, replica_name
+from gateway.process import simulator
+from gateway.process.children import PlaneProcess, replica_name
 from gateway.server.app import (
     READY_CHECKS,
     AppCustomizer,
@@ -52,7 +53,6 @@ from gateway.server.app import (
 )
 from gateway.server.hooks import LiveTarget
 from gateway.server.metrics import Registry as MetricsRegistry
-from gateway.sim.server import SimServer, start_sim
 from storage import queries
 from storage.engine import ensure_schema, make_engine, masked
 
@@ -138,28 +138,16 @@ async def _check_schema(engine: AsyncEngine, db_url: str) -> None:
         raise UsageError(f"storage {masked(db_url)}: {exc}") from exc
 
 
-async def _seed_live(
-    config: GatewayConfig, engine: AsyncEngine, simulator_url: str | None
-) -> tuple[Endpoint, SimServer | None]:
-    """The live endpoint to seed; starts the built-in simulator when no live URL is set (unless
-    a supervisor already started one and passed `simulator_url`).
+async def _seed_live(config: GatewayConfig, engine: AsyncEngine, url: str) -> Endpoint:
+    """The live endpoint to seed, at `url` (`gateway.process.simulator.live_url`).
 
     A stored live endpoint of kind "simulator" is a placeholder from an earlier zero-setup run:
     it is pointed at this run's live endpoint (the simulator's new port, or the `--live` URL now
     given). A real stored live endpoint (from `--live` or a promotion) is left alone.
     """
-    sim: SimServer | None = None
-    if config.live_url is not None:
-        seed = config.live_endpoint(config.live_url)
-    else:
-        if simulator_url is None:
-            sim = await start_sim("baseline", host="127.0.0.1", port=0)
-            simulator_url = sim.url
-            log.info(
-                "no live endpoint configured: started the built-in engine simulator",
-                extra={"fields": {"live_url": sim.url, "profile": "baseline"}},
-            )
-        seed = msgspec.structs.replace(config.live_endpoint(simulator_url), kind=SIMULATOR_KIND)
+    seed = config.live_endpoint(url)
+    if simulator.needed(config):
+        seed = msgspec.structs.replace(seed, kind=SIMULATOR_KIND)
     _version, endpoints = await queries.load_endpoints(engine)
     stored = next((e for e in endpoints if e.role == "live"), None)
     if stored is not None and stored.kind == SIMULATOR_KIND and stored.url != seed.url:
@@ -168,7 +156,7 @@ async def _seed_live(
             "pointed the stored simulator live endpoint at this run's live endpoint",
             extra={"fields": {"name": stored.name, "url": seed.url}},
         )
-    return seed, sim
+    return seed
 
 
 async def prepare_storage(config: GatewayConfig) -> None:
@@ -232,18 +220,18 @@ async def running(
     """Start a complete gateway on `config.listen`; stop it, in order, on exit.
 
     `simulator_url`: the built-in simulator a `--workers` supervisor started for all workers
-    (only when `config.live_url` is unset). `plane_socket`: the host's mirror process the
-    supervisor started; without it this process starts (and owns) one."""
+    (`gateway.process.simulator` decides when there is one; without it, it starts one here).
+    `plane_socket`: the host's mirror process the supervisor started; without it this process
+    starts (and owns) one."""
     engine = make_engine(config.db_url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(engine.dispose)
         await _check_schema(engine, config.db_url)
+        url = await stack.enter_async_context(simulator.live_url(config, simulator_url))
         try:
-            seed, sim = await _seed_live(config, engine, simulator_url)
+            seed = await _seed_live(config, engine, url)
         except storage_errors.StorageError as exc:
             raise UsageError(f"storage {masked(config.db_url)}: {exc}") from exc
-        if sim is not None:
-            stack.push_async_callback(sim.close)
         replica = replica_name(config)
         metrics = MetricsRegistry()
         live = LiveTarget(seed)

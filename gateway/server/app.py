@@ -2,12 +2,12 @@
 
 `build_app` wires the catch-all proxy route and the gateway's own `/healthz`, `/readyz` and
 `/metrics` (never forwarded), with the upstream session owned by a `cleanup_ctx`. Other parts
-compose onto the returned app before it starts: append to `app.cleanup_ctx` (mirror, registry,
-storage writer), `app.add_subapp("/admin", ...)` (a more specific prefix wins over the catch-all
+compose onto the returned app before it starts: append to `app.cleanup_ctx`,
+`app.add_subapp("/admin", ...)` (a more specific prefix wins over the catch-all
 whatever the order), and append async readiness checks to `app[READY_CHECKS]`.
-`start_gateway` runs one on a socket; `gateway.process.runtime` composes the complete gateway
-(storage,
-registry, mirror, admin) around it, and is what `canary serve` runs in each worker process.
+`start_gateway` runs one on a socket, proxying to the live endpoint it is given (it never starts
+one: the process wiring, `gateway.process`, decides when the built-in simulator runs); the
+wiring composes the complete gateway (storage, registry, mirror, admin) around it.
 
 This module must never do per-request work itself: requests go straight to `Proxy.handle`.
 """
@@ -215,13 +215,10 @@ def connection_limits(config: GatewayConfig) -> tuple[int, int]:
 
 
 class RunningGateway:
-    """A gateway serving on a socket; `close()` stops it (and its built-in simulator, if any)."""
+    """A gateway serving on a socket; `close()` stops it."""
 
-    def __init__(
-        self, runner: web.AppRunner, sim: Any | None, admin: web.AppRunner | None = None
-    ) -> None:
+    def __init__(self, runner: web.AppRunner, admin: web.AppRunner | None = None) -> None:
         self.runner = runner
-        self.sim = sim
         self.admin_runner = admin
         self.url = _url_of(runner)
         host, port = runner.addresses[0][:2]
@@ -238,11 +235,7 @@ class RunningGateway:
             if self.admin_runner is not None:
                 await self.admin_runner.cleanup()
         finally:
-            try:
-                await self.runner.cleanup()
-            finally:
-                if self.sim is not None:
-                    await self.sim.close()
+            await self.runner.cleanup()
 
     async def __aenter__(self) -> RunningGateway:
         return self
@@ -262,22 +255,12 @@ async def start_gateway(
 ) -> RunningGateway:
     """Build, start and bind a gateway on `config.listen` (port 0: any free port).
 
-    Without `live` and `config.live_url`, an engine simulator ("baseline" profile) is started
-    in-process on 127.0.0.1 and used as the live endpoint.
+    The live endpoint is `live`, else `config.live_url`; with neither, ValueError.
     """
-    sim = None
     if live is None:
-        url = config.live_url
-        if url is None:
-            from gateway.sim.server import start_sim
-
-            sim = await start_sim("baseline", host="127.0.0.1", port=0)
-            url = sim.url
-            log.info(
-                "no live endpoint configured: started the built-in engine simulator",
-                extra={"fields": {"live_url": url, "profile": "baseline"}},
-            )
-        live = LiveTarget(config.live_endpoint(url))
+        if config.live_url is None:
+            raise ValueError("start_gateway needs a live endpoint (live or config.live_url)")
+        live = LiveTarget(config.live_endpoint(config.live_url))
     app = build_app(config, live=live, tee=tee, metrics=metrics)
     for fn in customize:
         fn(app)
@@ -298,10 +281,8 @@ async def start_gateway(
         if admin_runner is not None:
             await admin_runner.cleanup()
         await runner.cleanup()
-        if sim is not None:
-            await sim.close()
         raise
-    return RunningGateway(runner, sim, admin_runner)
+    return RunningGateway(runner, admin_runner)
 
 
 async def _start_admin(

@@ -21,15 +21,15 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import BinaryIO
+from types import TracebackType
+from typing import BinaryIO, Protocol
 
 import aiohttp
 import msgspec
 
 from domain.errors import CanaryError
-from gateway.cli.progress import Progress
 from gateway.lifecycle import die_with_parent
 from gateway.sim.workload import WorkloadSpec, run_workload
 
@@ -191,8 +191,40 @@ async def _workdir(keep: bool) -> AsyncIterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
 
 
-async def run_demo(opts: DemoOptions) -> int:
-    """Run the demo; returns the process exit code."""
+class ProgressBar(Protocol):
+    """What the demo needs of a progress bar (the CLI passes `gateway.cli.progress.Progress`)."""
+
+    def advance(self, n: int = 1) -> None: ...
+    def __enter__(self) -> ProgressBar: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class _NoProgress:
+    def advance(self, n: int = 1) -> None:
+        pass
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        pass
+
+
+async def run_demo(
+    opts: DemoOptions, progress: Callable[[int, str], ProgressBar] = lambda n, label: _NoProgress()
+) -> int:
+    """Run the demo; returns the process exit code. `progress(total, label)`: the bar the
+    workload advances (the CLI's; none by default)."""
     started = time.monotonic()
     # SIGTERM cancels the demo like Ctrl-C does, so the `finally` below stops every child.
     main = asyncio.current_task()
@@ -201,12 +233,18 @@ async def run_demo(opts: DemoOptions) -> int:
     async with _workdir(opts.keep) as work:
         procs = _Processes(work)
         try:
-            return await _run(opts, work, procs, started)
+            return await _run(opts, work, procs, started, progress)
         finally:
             await procs.stop_all()
 
 
-async def _run(opts: DemoOptions, work: Path, procs: _Processes, started: float) -> int:
+async def _run(
+    opts: DemoOptions,
+    work: Path,
+    procs: _Processes,
+    started: float,
+    progress: Callable[[int, str], ProgressBar],
+) -> int:
     say = print
     urls: dict[str, str] = {}
     prices = {"control": 2.0, "bi-kv": 2.0, "quantized": 1.2}
@@ -260,7 +298,7 @@ async def _run(opts: DemoOptions, work: Path, procs: _Processes, started: float)
         concurrency=opts.concurrency,
         seed=opts.seed,
     )
-    with Progress(spec.sessions * spec.turns, "agent sessions through the gateway") as bar:
+    with progress(spec.sessions * spec.turns, "agent sessions through the gateway") as bar:
         summary = await run_workload(gateway_url, spec, progress=bar.advance)
     say(
         f"sent {summary.requests} requests in {summary.wall_s:.1f} s, "

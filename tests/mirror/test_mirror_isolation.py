@@ -1,4 +1,4 @@
-"""End-to-end isolation: the real gateway app with the Mirror wired in, production on a
+"""End-to-end isolation: the real gateway (worker, mirror process, SQLite), production on a
 deterministic live server, and every simulator fault as a candidate at 100 % sampling.
 
 Proves that production responses stay byte-identical and prompt while candidates hang, reset,
@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -20,16 +21,16 @@ import pytest
 import uvloop
 import xxhash
 from aiohttp import web
+from sqlalchemy import text
 
 from domain.endpoint import Endpoint
-from gateway.config import GatewayConfig
+from gateway.config import load_config
 from gateway.mirror.counters import identity_holds
-from gateway.mirror.sinks import InMemorySink
-from gateway.mirror.tee import Mirror
-from gateway.server.app import start_gateway
-from gateway.server.hooks import LiveTarget
+from gateway.process.runtime import Components, running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import SimServer, start_sim
+from storage import queries
+from storage.engine import make_engine
 
 T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
@@ -112,26 +113,76 @@ async def _client_call(
         return resp.status, data, time.perf_counter() - t0
 
 
+class Plane:
+    """What a test reads of the host's mirror process, through the worker that talks to it."""
+
+    def __init__(self, parts: Components) -> None:
+        self.parts = parts
+
+    async def counters(self) -> dict[str, dict[str, int]]:
+        """The host's per-candidate counters, from the mirror process's next STATS frame."""
+        await self.parts.mirror.wait_stats()
+        return self.parts.mirror.host_counters()
+
+    async def metric(self, name: str) -> float:
+        stats = await self.parts.mirror.wait_stats()
+        assert stats is not None
+        for line in stats.prometheus.splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"{name} not exported")
+
+
 @asynccontextmanager
 async def gateway(
-    live_url: str, candidates: list[Endpoint], sink: InMemorySink, **settings: Any
-) -> AsyncIterator[tuple[str, Mirror]]:
+    tmp: Path, live_url: str, candidates: list[Endpoint], **settings: Any
+) -> AsyncIterator[tuple[str, Plane]]:
+    """The complete gateway (a worker and its mirror process) in front of `live_url`."""
     # Lenient loop-lag threshold: on a busy host, shedding would hide the faults under test.
-    base = {"drain_timeout_s": 0.3, "mirror_shed_loop_lag_ms": 2000.0, "mirror_shed_cpu_busy": 0.0}
-    cfg = GatewayConfig(listen="127.0.0.1:0", **{**base, **settings})
-    live = LiveTarget(cfg.live_endpoint(live_url))
-    mirror = Mirror(cfg, live, sink, "iso")
-    mirror.apply(candidates)
-    gw = await start_gateway(
-        cfg,
-        live=live,
-        tee=mirror,
-        customize=[lambda app: app.cleanup_ctx.append(mirror.cleanup_ctx)],
-    )
+    # Normal priority: the shared test machine runs near saturation (see test_mirror_plane.py).
+    base = {
+        "listen": "127.0.0.1:0",
+        "live_url": live_url,
+        "db_url": f"sqlite+aiosqlite:///{tmp / 'canary.db'}",
+        "insecure_admin": True,
+        "drain_timeout_s": 0.5,
+        "mirror_shed_loop_lag_ms": 2000.0,
+        "mirror_shed_cpu_busy": 0.0,
+        "mirror_priority": "normal",
+        "candidates": [msgspec.to_builtins(_spec(c)) for c in candidates],
+    }
+    config = load_config(None, environ={}, overrides={**base, **settings})
+    async with running(config) as parts:
+        yield parts.url, Plane(parts)
+
+
+def _spec(c: Endpoint) -> dict[str, Any]:
+    fields = ("name", "url", "sample_rate", "sampling", "timeout_s", "concurrency")
+    spec = {f: getattr(c, f) for f in fields}
+    return {**spec, "buffer_max_items": c.buffer_max_items}
+
+
+async def _stored(
+    tmp: Path,
+) -> tuple[dict[str, dict[str, int]], set[str], dict[str, tuple[int, str | None]]]:
+    """What both processes saved on the way out: the counters summed over their rows (with
+    `pending`), the exchange ids, and production's observation (status, error kind) per id."""
+    engine = make_engine(f"sqlite+aiosqlite:///{tmp / 'canary.db'}")
     try:
-        yield gw.url, mirror
+        totals = await queries.sum_counters(engine)
+        async with engine.connect() as conn:
+            ids = {r[0] for r in await conn.execute(text("SELECT id FROM exchanges"))}
+            rows = await conn.execute(
+                text(
+                    "SELECT exchange_id, status, error_kind FROM observations"
+                    " WHERE arm = 'production'"
+                )
+            )
+            prod = {r[0]: (r[1], r[2]) for r in rows}
     finally:
-        await gw.close()
+        await engine.dispose()
+    counters = {n: {k: c.get(k, 0) for k in (*c, "pending")} for n, c in totals.items()}
+    return counters, ids, prod
 
 
 async def _fault_sims() -> dict[str, SimServer]:
@@ -141,12 +192,11 @@ async def _fault_sims() -> dict[str, SimServer]:
     }
 
 
-def test_production_is_untouched_by_faulty_candidates(run: Run[None]) -> None:
+def test_production_is_untouched_by_faulty_candidates(run: Run[None], tmp_path: Path) -> None:
     """Every fault at 100 %: production bytes identical, prompt, accounting exact, no auth leak."""
 
     async def scenario() -> None:
         sims = await _fault_sims()
-        sink = InMemorySink()
         candidates = [
             Endpoint(
                 name=f,
@@ -163,22 +213,23 @@ def test_production_is_untouched_by_faulty_candidates(run: Run[None]) -> None:
             async with live_server() as live_url, aiohttp.ClientSession() as http:
                 bodies = [_body(i, stream=i % 3 != 0) for i in range(60)]
                 expected = [b"".join(_answer(b, i % 3 != 0)) for i, b in enumerate(bodies)]
-                async with gateway(live_url, candidates, sink) as (url, mirror):
+                async with gateway(tmp_path, live_url, candidates) as (url, plane):
                     results = await asyncio.gather(
                         *(_client_call(http, url, b, f"s{i % 7}") for i, b in enumerate(bodies))
                     )
-                    counters = mirror.counters()
-                    for c in counters.values():
+                    for c in (await plane.counters()).values():
                         assert identity_holds(c)
-                    assert mirror.budget.used <= mirror.budget.limit
+                    used = await plane.metric("canary_mirror_memory_bytes")
+                    assert used <= await plane.metric("canary_mirror_memory_budget_bytes")
                 assert [(s, d) for s, d, _ in results] == [(200, e) for e in expected]
                 # The hung candidate's copies wait 30 s; production answered long before.
                 assert max(t for _, _, t in results) < 10.0
-                final = mirror.counters()
                 logs = {f: await _sim_log(http, s) for f, s in sims.items()}
         finally:
             for s in sims.values():
                 await s.close()
+        final, exchanges, prod = await _stored(tmp_path)
+        assert set(final) == set(FAULTS)
         for name, c in final.items():
             assert identity_holds(c) and c["pending"] == 0, (name, c)
             assert c["sampled"] == 60
@@ -191,9 +242,8 @@ def test_production_is_untouched_by_faulty_candidates(run: Run[None]) -> None:
                 assert "authorization" not in lowered, name
                 assert "x-canary-mirror" in lowered
         # Every exchange was paired with production's observation from the proxy's meter.
-        prod = {o.exchange_id: o for o in sink.observations if o.arm == "production"}
-        assert {e.id for e in sink.exchanges} == set(prod)
-        assert all(o.status == 200 and o.error_kind is None for o in prod.values())
+        assert exchanges == set(prod) and len(exchanges) == 60
+        assert all(o == (200, None) for o in prod.values())
 
     run(scenario())
 
@@ -204,7 +254,7 @@ async def _sim_log(http: aiohttp.ClientSession, server: SimServer) -> list[dict[
     return [e for e in log if e["path"].startswith("/v1/")]
 
 
-def test_hung_candidate_does_not_slow_production(run: Run[None]) -> None:
+def test_hung_candidate_does_not_slow_production(run: Run[None], tmp_path: Path) -> None:
     """Sequential production latency with a hung candidate at 100 % stays near mirroring off."""
 
     async def scenario() -> None:
@@ -216,7 +266,8 @@ def test_hung_candidate_does_not_slow_production(run: Run[None]) -> None:
                     ("off", []),
                     ("hang", [Endpoint(name="h", url=hang.url, sample_rate=1.0, timeout_s=60)]),
                 ):
-                    async with gateway(live_url, cands, InMemorySink()) as (url, _):
+                    (tmp_path / label).mkdir()
+                    async with gateway(tmp_path / label, live_url, cands) as (url, _):
                         samples = []
                         for i in range(40):
                             _, _, dt = await _client_call(http, url, _body(i, True), "s")
@@ -230,20 +281,19 @@ def test_hung_candidate_does_not_slow_production(run: Run[None]) -> None:
     run(scenario())
 
 
-def test_byte_by_byte_reader_and_overload_stay_in_budget(run: Run[None]) -> None:
+def test_byte_by_byte_reader_and_overload_stay_in_budget(run: Run[None], tmp_path: Path) -> None:
     """100 KB prompts to a slow-reading candidate through a 1 MiB budget: memory stays bounded."""
 
     async def scenario() -> None:
         slow = await start_sim(get_profile("slow-read", slow_read_s_per_byte=0.0001))
-        sink = InMemorySink()
         cand = Endpoint(name="slow", url=slow.url, sample_rate=1.0, timeout_s=2.0, concurrency=1)
         try:
             async with (
                 live_server() as live_url,
                 aiohttp.ClientSession() as http,
-                gateway(live_url, [cand], sink, mirror_memory_budget_bytes=1 << 20) as (
+                gateway(tmp_path, live_url, [cand], mirror_memory_budget_bytes=1 << 20) as (
                     url,
-                    mirror,
+                    plane,
                 ),
             ):
                 peak = 0
@@ -263,13 +313,13 @@ def test_byte_by_byte_reader_and_overload_stay_in_budget(run: Run[None]) -> None
                         *(_client_call(http, url, b, "s") for b in bodies)
                     )
                     assert all(status == 200 for status, _, _ in results)
-                    peak = max(peak, mirror.budget.used)
-                    assert mirror.counters()["slow"]["buffer_bytes"] <= 1 << 20
+                    peak = max(peak, await plane.metric("canary_mirror_memory_bytes"))
+                    assert (await plane.counters())["slow"]["buffer_bytes"] <= 1 << 20
                 assert peak <= 1 << 20
-                assert identity_holds(mirror.counters()["slow"])
+                assert identity_holds((await plane.counters())["slow"])
         finally:
             await slow.close()
-        c = mirror.counters()["slow"]
+        c = (await _stored(tmp_path))[0]["slow"]
         assert identity_holds(c) and c["pending"] == 0 and c["dropped_overflow"] > 0
 
     run(scenario())

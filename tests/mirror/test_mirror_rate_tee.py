@@ -1,5 +1,5 @@
-"""Adaptive sampling (`target_rps`) inside the `Mirror`: the in-process mirror counts its own
-eligible requests and converges, reports the realized rate, and in session mode counts the
+"""Adaptive sampling (`target_rps`) inside the `Mirror`: on the eligible rate the workers report
+it converges, reports the realized rate, and in session mode counts the
 conversations a lowered share cuts and those a raised share joins mid-way — exactly the ones
 the sampling hash says."""
 
@@ -20,9 +20,10 @@ from tests.mirror.test_mirror_lane import chat, headers, make_mirror, send
 TWO_64 = float(2**64)
 
 
-def test_in_process_mirror_converges_and_reports() -> None:
-    """200 eligible requests a second, target 20 copies/s: after the climb from the safe start
-    the mirror copies 20 +- 15 % a second, and its stats and metrics say so."""
+def test_mirror_converges_on_the_reported_eligible_rate() -> None:
+    """200 eligible requests a second (reported as a worker does), target 20 copies/s: after the
+    climb from the safe start the mirror copies 20 +- 15 % a second, and its stats and metrics
+    say so."""
     cand = Endpoint(name="c", url="http://127.0.0.1:9", target_rps=20.0, sample_rate=1.0)
     mirror = make_mirror([cand], InMemorySink())
     t0 = time.monotonic()
@@ -32,6 +33,7 @@ def test_in_process_mirror_converges_and_reports() -> None:
         for i in range(200):
             copies += send(mirror, chat(f"q {second} {i}"), f"r-{second}-{i}") is not None
         per_second.append(copies)
+        mirror.adaptive.control.eligible.report("worker", 200, 1.0, t0 + second + 1)
         mirror.control_tick(t0 + second + 1)
     assert per_second[0] <= 2  # the safe start: 20 / START_REFERENCE_RPS of 200 requests
     assert sum(per_second[10:]) / 20 == pytest.approx(20, rel=0.15)

@@ -7,11 +7,14 @@ import msgspec
 import xxhash
 from hypothesis import given
 
+from domain.endpoint import Endpoint
 from gateway.mirror.sampler import (
     SALT,
+    decide,
     hash_key,
     is_sampled,
     mirrored_route,
+    offers_for,
     parse_request,
     session_key,
     threshold_for,
@@ -138,3 +141,32 @@ def test_stored_session_key_is_a_hash() -> None:
     stored = hash_key(b"alice@example.com")
     assert len(stored) == 32 and "alice" not in stored
     int(stored, 16)
+
+
+def test_one_decision_for_both_sides() -> None:
+    """`decide` is the worker's and the mirror process's sampling decision: per offer it is
+    `is_sampled` on the request id (request mode) or the session key (session mode); without a
+    session key the session-mode offers stay undecided; only active candidates with a positive
+    rate are offered."""
+    refs = (10_000.0, 10_000.0)
+    endpoints = [
+        Endpoint(name="r", url="http://x:1", sample_rate=0.5),
+        Endpoint(name="s", url="http://x:2", sample_rate=0.5, sampling="session"),
+        Endpoint(name="paused", url="http://x:3", sample_rate=1.0, state="paused"),
+        Endpoint(name="zero", url="http://x:4", sample_rate=0.0),
+        Endpoint(name="live", url="http://x:5", sample_rate=1.0, role="live"),
+    ]
+    offers = offers_for(endpoints, refs)
+    assert [o.name for o in offers] == ["r", "s"]
+    assert [o.session_mode for o in offers] == [False, True]
+    seen = {True: 0, False: 0}
+    for i in range(400):
+        rid, skey = f"req-{i}".encode(), f"sess-{i % 37}".encode()
+        chosen, undecided = decide(offers, rid, skey)
+        want = [o.name for o in offers if is_sampled(SALT, skey if o.session_mode else rid,
+                                                     o.threshold)]  # fmt: skip
+        assert [o.name for o in chosen] == want and not undecided
+        partial, undecided = decide(offers, rid, None)
+        assert undecided and [o.name for o in partial] == [n for n in want if n == "r"]
+        seen[bool(partial)] += 1
+    assert seen[True] > 100 and seen[False] > 100  # both outcomes occur at rate 0.5

@@ -59,6 +59,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from gateway.cli.progress import Progress
     from gateway.sim.demo import DemoOptions, run_demo
 
     for flag in ("sessions", "turns", "concurrency"):
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     try:
-        return asyncio.run(run_demo(opts))
+        return asyncio.run(run_demo(opts, Progress))
     except (KeyboardInterrupt, asyncio.CancelledError):
         # Ctrl-C or SIGTERM: run_demo has already stopped every process it started.
         print("canary demo: interrupted; every process it started has been stopped", flush=True)

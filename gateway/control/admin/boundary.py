@@ -28,6 +28,8 @@ SECRET_LIKE = ("key", "token", "secret", "password", "passwd", "credential", "au
 _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="canary-admin"'}
 _encode = msgspec.json.Encoder().encode
+# Fields whose max_length (the column's) repeats their pattern's length bound.
+_LENGTH_IN_PATTERN = frozenset({"name", "credentials_env"})
 ACTOR = web.RequestKey("canary_admin_actor", str)  # the token's label, for the audit log
 
 T = TypeVar("T")
@@ -137,8 +139,11 @@ def validation_error(exc: msgspec.ValidationError) -> ApiError:
                     ": credentials are never accepted by value; put the secret in an "
                     "environment variable of the gateway and send its name as credentials_env"
                 )
+    top = (field or "").split(".", 1)[0]
     if msg.startswith("Expected `str` matching regex") and field:
-        msg = PATTERN_REASONS.get(field.split(".", 1)[0], "has an invalid format")
+        msg = PATTERN_REASONS.get(top, "has an invalid format")
+    elif msg.startswith("Expected `str` of length") and top in _LENGTH_IN_PATTERN:
+        msg = PATTERN_REASONS[top]  # the pattern's own length bound, said as the pattern says it
     return ApiError(422, "validation_error", f"{field or 'body'}: {msg}", field=field)
 
 

@@ -153,9 +153,7 @@ async def create_candidate(request: web.Request) -> web.Response:
     _check_url(body.url)
     _check_credentials_env(request, body.credentials_env)
     _check_verdict(ctx, body.verdict)
-    fields = msgspec.structs.asdict(body)
-    fields["verdict_overrides"] = fields.pop("verdict")
-    created = await q.create_endpoint(ctx.engine, Endpoint(role="candidate", **fields))
+    created = await q.create_endpoint(ctx.engine, body.to_endpoint())
     await _refresh(ctx)
     log.info("admin: %s registered candidate %s", request[ACTOR], body.name)
     location = {"Location": f"{request.app.router['candidates'].url_for()}/{body.name}"}
@@ -180,7 +178,6 @@ async def update_candidate(request: web.Request) -> web.Response:
         _check_credentials_env(request, changes["credentials_env"])
     if "verdict" in changes:
         _check_verdict(ctx, changes["verdict"])
-        changes["verdict_overrides"] = changes.pop("verdict")
     if current.role == "live":
         raise ApiError(409, "conflict", f"{name!r} is live: it changes only by promote/rollback")
     if not changes:

@@ -1,0 +1,161 @@
+"""The host's mirror process as a child of `canary serve`: spawned, waited for, restarted, stopped.
+
+`PlaneProcess` is used by the supervisor (`gateway.process.workers`, `--workers N`) and by a
+single worker that starts its own (`gateway.process.runtime`); both import it from here, so the
+two wiring modules never import each other back. The process itself runs
+`gateway.mirror.plane.serve_plane` at a lower CPU priority and dies with its parent
+(PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections import deque
+from multiprocessing.process import BaseProcess
+
+from gateway.config import GatewayConfig
+from gateway.lifecycle import die_with_parent, run_loop
+
+log = logging.getLogger("canary.supervisor")
+
+# A worker dying more often than this is a crash loop: the supervisor stops everything.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+
+
+def replica_name(config: GatewayConfig, role: str = "") -> str:
+    """Unique per process lifetime, so summing stored counters never double counts; the mirror
+    process adds `role` ("mirror") so its row is told apart from the workers' rows."""
+    base = config.replica_name or f"{socket.gethostname()}-{os.getpid()}"
+    tag = f"-{role}" if role else ""
+    return f"{base[:40]}{tag}-{int(time.time() * 1000):x}"
+
+
+def _plane_main(
+    config: GatewayConfig,
+    socket_path: str,
+    parent_pid: int,
+    conn: multiprocessing.connection.Connection,
+) -> None:
+    die_with_parent(parent_pid)
+    from gateway.logs import setup_logging
+    from gateway.mirror.plane import lower_priority, serve_plane
+
+    # After the imports (start-up is not slowed by a busy host), before any thread exists (the
+    # storage driver's), so every thread inherits the lower priority.
+    priority = lower_priority(config.mirror_priority, config.mirror_nice)
+    setup_logging(config.log_format, config.log_level)
+    replica = replica_name(config, role="mirror")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        logging.getLogger("canary.mirror.plane").info(
+            "mirror process started",
+            extra={"fields": {"pid": os.getpid(), "priority": priority, "replica": replica}},
+        )
+        await serve_plane(config, socket_path, replica, priority, lambda: conn.send("ready"), stop)
+
+    run_loop(main())
+
+
+class PlaneProcess:
+    """The host's mirror process: started, waited for, restarted when it dies, stopped last.
+
+    Blocking methods (`start`, `stop`): call them from a thread when on an event loop."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._config = config
+        self._dir = tempfile.mkdtemp(prefix="canary-mirror-")
+        self.socket_path = os.path.join(self._dir, "mirror.sock")
+        self._proc: BaseProcess | None = None
+        self._ready: multiprocessing.connection.Connection | None = None
+        self._restarts: deque[float] = deque()
+        self.restarts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    @property
+    def sentinel(self) -> int | None:
+        return self._proc.sentinel if self._proc is not None else None
+
+    def spawn(self) -> None:
+        """Start the process (a fork and exec, milliseconds). Call it from the thread that
+        lives as long as this process (the main thread): PR_SET_PDEATHSIG fires when the
+        spawning *thread* exits, so a pool thread would take the mirror process down with it."""
+        ctx = multiprocessing.get_context("spawn")
+        self._ready, child_end = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_plane_main,
+            args=(self._config, self.socket_path, os.getpid(), child_end),
+            name="canary-mirror",
+        )
+        proc.start()
+        self._proc = proc
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Spawn it and wait until it listens; raises RuntimeError if it does not."""
+        self.spawn()
+        self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Block until the spawned process listens (any thread); RuntimeError if it does not."""
+        proc, parent_end = self._proc, self._ready
+        assert proc is not None and parent_end is not None
+        multiprocessing.connection.wait([parent_end, proc.sentinel], timeout_s)
+        if not parent_end.poll():
+            proc.kill()
+            proc.join()
+            raise RuntimeError(f"the mirror process did not start (exit code {proc.exitcode})")
+        parent_end.recv()
+
+    def restart(self, spawn_only: bool = False) -> bool:
+        """Start a dead mirror process again; False once it died MAX_RESTARTS times a minute.
+        `spawn_only`: do not wait until it listens (the caller waits with `wait_ready`)."""
+        now = time.monotonic()
+        while self._restarts and now - self._restarts[0] > RESTART_WINDOW_S:
+            self._restarts.popleft()
+        exitcode = self._proc.exitcode if self._proc is not None else None
+        if len(self._restarts) >= MAX_RESTARTS:
+            log.error(
+                "the mirror process keeps dying; mirroring stopped, production unaffected",
+                extra={"fields": {"exitcode": exitcode, "restarts": self.restarts}},
+            )
+            return False
+        self._restarts.append(now)
+        self.restarts += 1
+        log.warning("mirror process died; restarting", extra={"fields": {"exitcode": exitcode}})
+        if spawn_only:
+            self.spawn()
+        else:
+            self.start()
+        return True
+
+    def stop(self, timeout_s: float) -> None:
+        """SIGTERM it (it drains), wait `timeout_s`, then kill; remove its socket directory."""
+        proc = self._proc
+        if proc is not None:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(timeout_s)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        shutil.rmtree(self._dir, ignore_errors=True)
