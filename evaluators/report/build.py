@@ -126,7 +126,7 @@ def horizon_line(ctx: EvalContext) -> str:
     unit = "sessions" if ctx.units.by_session else "pairs"
     whose = (
         "set for this candidate"
-        if "horizon_units" in (ctx.candidate.verdict_overrides or {})
+        if "horizon_units" in (ctx.candidate.verdict or {})
         else "the default for an experiment of a few hundred sessions; `canary plan` states one"
     )
     return (

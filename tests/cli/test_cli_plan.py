@@ -169,7 +169,7 @@ def test_plan_from_a_running_experiment_measures_each_gating_test(
             for name, kind in (("cand", "bi-kv"), ("ctrl", "control")):
                 ep = Endpoint(
                     name=name, url="http://c", kind=kind, sampling="session",
-                    verdict_overrides=dict(world.REAL_MARGINS),
+                    verdict=dict(world.REAL_MARGINS),
                 )  # fmt: skip
                 await queries.create_endpoint(engine, ep)
             await store(engine, pairs)

@@ -208,7 +208,7 @@ def run(
 
     Each look is the product's path: a PairSet of the pairs received so far, `build_report`
     with `as_of` = the time of the look (so open sessions and unsettled copies wait). The
-    candidate carries `overrides` as its `verdict_overrides`, as registered.
+    candidate carries `overrides` as its `verdict` overrides, as registered.
     """
     rng = np.random.default_rng(seed)
     pairs = draw(world, sessions, rng)
@@ -220,7 +220,7 @@ def run(
         sampling="session" if world.sessions else "request",
         timeout_s=TIMEOUT_S,
         price_per_hour_usd=world.candidate.price,
-        verdict_overrides=dict(overrides or {}),
+        verdict=dict(overrides or {}),
     )
     live = Endpoint(
         name="live", url="http://l", role="live", price_per_hour_usd=world.production.price
@@ -511,7 +511,7 @@ def plan_sessions(case: PlannedCase, *, pilot: int = 100, seed: int = 999) -> tu
         kind=case.kind,
         sampling="session",
         timeout_s=TIMEOUT_S,
-        verdict_overrides=dict(case.overrides),
+        verdict=dict(case.overrides),
     )
     live = Endpoint(name="live", url="http://l", role="live")
     control = Endpoint(name="ctrl", url="http://k", kind="control")

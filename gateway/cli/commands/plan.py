@@ -381,7 +381,7 @@ async def _measured(args: argparse.Namespace) -> tuple[Any, Any]:
         await ensure_schema(engine, url, auto_upgrade_empty_sqlite=False)
         cand, _, _ = await store.load_endpoints(engine, args.candidate)
         try:
-            s = settings.with_overrides(cand.verdict_overrides)
+            s = settings.with_overrides(cand.verdict)
             since = parse_time(args.since) if args.since else None
             report = await evaluate(engine, args.candidate, since=since, settings=settings)
         except ValueError as exc:
