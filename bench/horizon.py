@@ -90,7 +90,7 @@ def worlds(runs: int, rows: list[int] | None, seed0: int) -> None:
         n, h = world.plan_sessions(case)
         total = 2 * n if case.expect == "promote" else n
         outs = [world.run_planned(case, total, h, seed=seed0 + i) for i in range(runs)]
-        need = [o.units if o.decision != "hold" else math.inf for o in outs]
+        need = [min(o.units, o.sessions) if o.decision != "hold" else math.inf for o in outs]
         by_plan = [world.right(case, o) and u <= n for o, u in zip(outs, need, strict=True)]
         if case.expect == "aa":
             by_plan = [world.right(case, o) for o in outs]

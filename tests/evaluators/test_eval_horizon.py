@@ -81,7 +81,7 @@ def agreement_misses(case: world.PlannedCase, seed0: int = 300) -> list[str]:
     each run promotes within the plan's sessions (one miss of RUNS allowed), and the plan is
     not more than 1.5x the median sessions the verdict needed."""
     n, outs = _planned(case, seed0)
-    needed = [o.units if o.decision == "promote" else math.inf for o in outs]
+    needed = [min(o.units, o.sessions) if o.decision == "promote" else math.inf for o in outs]
     print(f"{case.label}: plan {n}, needed {needed}")
     misses = []
     if sum(u <= n for u in needed) < RUNS - 1:
