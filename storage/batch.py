@@ -158,8 +158,11 @@ class BatchWriter:
     # ---- the drain task
     async def _run(self) -> None:
         full = False
+        # Records a stream's owner holds are not in `depth`: after a full batch, pull again at
+        # once; a partial remainder of our own queues waits for the flush interval.
+        pulls = any(s.pull is not None for s in self._streams)
         while True:
-            if not full and self.depth < self._batch_size and not self._closing:
+            if not (full and pulls) and self.depth < self._batch_size and not self._closing:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._flush_interval_s):

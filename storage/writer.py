@@ -25,6 +25,7 @@ from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from domain.exposition import Family, Kind, Sample
 from domain.records import ExchangeRecord, ObservationRecord
 from storage.batch import WRITER_KEYS, BatchWriter, Stream
 from storage.sql import EXCHANGES, OBSERVATIONS
@@ -38,7 +39,7 @@ _STAT_KEYS: Final = (
     "exchanges_dropped",
     *WRITER_KEYS,
 )
-_HELP: Final = {
+_HELP: Final[dict[str, tuple[Kind, str]]] = {
     "queue_depth": ("gauge", "Records waiting to be written."),
     "written_exchanges": ("counter", "Exchange records written (duplicates ignored)."),
     "written_observations": ("counter", "Observation records written (duplicates ignored)."),
@@ -48,6 +49,11 @@ _HELP: Final = {
     "batches": ("counter", "Batches committed."),
     "retries": ("counter", "Batch retries while the database was unavailable."),
     "db_errors": ("counter", "Failed database writes, transient or not."),
+}
+# One family per stat: counters end in _total.
+FAMILIES: Final = {
+    key: Family(f"canary_writer_{key}" + ("_total" if kind == "counter" else ""), kind, text)
+    for key, (kind, text) in _HELP.items()
 }
 
 
@@ -100,11 +106,7 @@ class ObservationWriter(BatchWriter):
         out["queue_depth"] = self.depth + self.in_flight
         return out
 
-    def prometheus_lines(self) -> Iterable[str]:
+    def prometheus_lines(self) -> Iterable[Sample]:
         stats = self.stats()
         for key in _STAT_KEYS:
-            kind, text = _HELP[key]
-            metric = f"canary_writer_{key}" + ("_total" if kind == "counter" else "")
-            yield f"# HELP {metric} {text}"
-            yield f"# TYPE {metric} {kind}"
-            yield f"{metric} {stats[key]}"
+            yield FAMILIES[key].sample(stats[key])

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from domain.observation import PER_PAIR
-from domain.outcomes import ERROR_KINDS, FINISH_REASONS
+from domain.outcomes import ERROR_KINDS, FINISH_REASONS, ErrorKind
 from evaluators.pairs import text as textfn
 from evaluators.pairs.types import (
     ArmColumns,
@@ -75,12 +75,12 @@ class _Codes(dict[Any, int]):
         return self.default
 
 
-_OTHER_ERROR = ERROR_KINDS.index("other")
-_ERRORS = _Codes(
-    ERROR_KINDS, _OTHER_ERROR, {"http_other": _OTHER_ERROR, "client_error": _OTHER_ERROR}
-)
+# Every ErrorKind has its own code; a label no member spells (old rows) counts as OTHER.
+_OTHER_ERROR = ERROR_KINDS.index(ErrorKind.OTHER)
+_ERRORS = _Codes(ERROR_KINDS, _OTHER_ERROR, {})
 _FINISH = _Codes(FINISH_REASONS, FINISH_REASONS.index("other"), {})
-_HTTP_4XX, _HTTP_5XX = ERROR_KINDS.index("http_4xx"), ERROR_KINDS.index("http_5xx")
+_HTTP_4XX, _HTTP_5XX = ERROR_KINDS.index(ErrorKind.HTTP_4XX), ERROR_KINDS.index(ErrorKind.HTTP_5XX)
+_HTTP_OTHER = ERROR_KINDS.index(ErrorKind.HTTP_OTHER)
 
 
 def sample_suffixes(fraction: float) -> tuple[str, ...] | None:
@@ -198,7 +198,7 @@ class PairSetBuilder:
         by_status = np.select(
             [(status >= 200) & (status < 300), (status >= 400) & (status < 500), status >= 500],
             [0, _HTTP_4XX, _HTTP_5XX],
-            default=_OTHER_ERROR,
+            default=_HTTP_OTHER,
         )
         error = np.where(~present, 0, np.where(kind >= 0, kind, by_status)).astype(np.int8)
         arm.present[sl] = present

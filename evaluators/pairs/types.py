@@ -16,9 +16,8 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from domain import outcomes
 from domain.observation import PER_PAIR, Measured
-from domain.outcomes import ERROR_KINDS
+from domain.outcomes import ERROR_KINDS, NOT_THE_ENDPOINT, ErrorKind
 
 F32 = NDArray[np.float32]
 F64 = NDArray[np.float64]
@@ -27,9 +26,9 @@ I16 = NDArray[np.int16]
 B = NDArray[np.bool_]
 
 # Failure classes, coded in ArmColumns.error (0 = answered OK).
-# "cancelled" is the gateway shutting down mid-request, not the endpoint failing.
-TIMEOUT = ERROR_KINDS.index(outcomes.TIMEOUT)
-CANCELLED = ERROR_KINDS.index(outcomes.CANCELLED)
+TIMEOUT = ERROR_KINDS.index(ErrorKind.TIMEOUT)
+# The gateway shut down or the client went away mid-request: not the endpoint failing.
+NOT_ENDPOINT_CODES = tuple(sorted(ERROR_KINDS.index(k) for k in NOT_THE_ENDPOINT))
 # Tri-state features (match, JSON validity, tool-call equality): -1 = not applicable / unknown.
 UNKNOWN = -1
 

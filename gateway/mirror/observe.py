@@ -19,6 +19,7 @@ from typing import Final, Literal
 import msgspec
 
 from domain.observation import kept_text, measured
+from domain.outcomes import ErrorKind
 from domain.records import ObservationRecord
 from gateway.server.meter import MeterResult
 
@@ -27,21 +28,21 @@ __all__ = ["classify", "observation"]
 _encode: Final = msgspec.json.Encoder().encode
 
 
-def classify(result: MeterResult) -> str | None:
+def classify(result: MeterResult) -> ErrorKind | None:
     """The error kind a complete exchange's response shows, or None when it looks healthy."""
     if result.status >= 500:
-        return "http_5xx"
+        return ErrorKind.HTTP_5XX
     if result.status >= 400:
-        return "http_4xx"
+        return ErrorKind.HTTP_4XX
     if result.status < 200:
-        return "http_other"
+        return ErrorKind.HTTP_OTHER
     if result.is_sse:
         if result.saw_done or result.finish_reason is not None:
             return None
         if result.parse_errors or (result.bytes_total and not result.chunk_count):
-            return "garbage"
-        return "truncated"
-    return "garbage" if result.parse_errors else None
+            return ErrorKind.GARBAGE
+        return ErrorKind.TRUNCATED
+    return ErrorKind.GARBAGE if result.parse_errors else None
 
 
 def observation(

@@ -12,6 +12,7 @@ import pytest
 import uvloop
 
 from domain.endpoint import Endpoint
+from domain.exposition import render
 from gateway.mirror.counters import identity_holds
 from gateway.mirror.loopguard import LoopLagGuard
 from gateway.mirror.sinks import InMemorySink
@@ -268,7 +269,7 @@ def test_sustained_lag_sheds_a_proportional_share(run: Run[None]) -> None:
             guard.observe(0.001, 0.01)
         assert not guard.shedding
         assert send(mirror, chat("after"), "r-after") is not None
-        assert any("canary_mirror_shed_total" in line for line in mirror.prometheus_lines())
+        assert any("canary_mirror_shed_total" in line for line in render(mirror.prometheus_lines()))
         await mirror.close()
 
     run(scenario())
@@ -373,7 +374,7 @@ def test_prometheus_lines() -> None:
     sink = InMemorySink()
     mirror = make_mirror([Endpoint(name="a", url="http://x:1", sample_rate=1.0)], sink)
     send(mirror, chat("x"), "r")
-    lines: list[Any] = list(mirror.prometheus_lines())
+    lines = render(mirror.prometheus_lines())
     assert 'canary_mirror_copies_total{candidate="a",outcome="sampled"} 1' in lines
     assert 'canary_mirror_pending{candidate="a"} 1' in lines
     assert 'canary_mirror_skipped_total{reason="unparseable"} 0' in lines

@@ -87,14 +87,14 @@ def call_admin(args: argparse.Namespace, action: Action) -> int:
         out = asyncio.run(go())
     except AdminUnreachable as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except AdminAPIError as exc:
         hint = f" (set {TOKEN_ENV})" if exc.status == 401 and token is None else ""
         # An error message may quote what the server (or a hostile proxy) sent: escape it.
         print(terminal_safe(f"{prog}: error: {exc}{hint}"), file=sys.stderr)
         for line in _detail_lines(exc):
             print(terminal_safe(line), file=sys.stderr)
-        return 2 if exc.status < 500 else 1
+        return exc.exit_code
     if isinstance(out, int):
         return out
     if out is not None:

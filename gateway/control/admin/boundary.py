@@ -17,6 +17,7 @@ from aiohttp import web
 
 from domain import errors as se
 from domain.endpoint import PATTERN_REASONS
+from domain.errors import CanaryError
 from gateway.control.admin import schema as s
 from storage.sql import is_transient
 
@@ -36,7 +37,7 @@ T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class ApiError(Exception):
+class ApiError(CanaryError):
     """An answer other than 2xx, raised by a handler and rendered by `boundary`."""
 
     def __init__(
@@ -79,6 +80,8 @@ def map_exception(exc: Exception) -> ApiError:
         return ApiError(409, "conflict", str(exc))
     if isinstance(exc, se.PromotionConflict):
         return ApiError(409, "conflict", str(exc), detail={"reason": exc.reason})
+    if isinstance(exc, se.InvalidEndpoint):  # a field the schema cannot hold: the body's fault
+        return ApiError(422, "invalid_request", str(exc))
     if isinstance(exc, se.SchemaBehind):
         return ApiError(503, "storage_unavailable", str(exc))
     # Bodies are validated before storage sees them, so what storage still refuses is the
@@ -86,6 +89,8 @@ def map_exception(exc: Exception) -> ApiError:
     if isinstance(exc, se.StorageError) or is_transient(exc):  # is_transient: evaluators' reads
         log.warning("admin: storage failed: %s", exc)
         return ApiError(503, "storage_unavailable", "storage is unavailable, retry later")
+    if isinstance(exc, se.UsageError):  # bad input that got past the body's validation
+        return ApiError(422, "invalid_request", str(exc))
     log.exception("admin: unexpected error")
     return ApiError(500, "internal_error", "internal error (see the gateway log)")
 

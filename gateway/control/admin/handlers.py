@@ -40,6 +40,7 @@ from gateway.control.admin.boundary import (
 from gateway.control.admin.guard import AuthGuard
 from gateway.control.promotion import PromotionRefused, Promotions
 from gateway.server.app import ADMIN_COLLECTORS, ADMIN_READY_CHECKS, ReadyCheck
+from gateway.server.metrics import Collector
 from storage import queries as q
 from storage.engine import DatabaseFileGuard
 
@@ -361,7 +362,8 @@ def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> w
 
     checks: dict[str, ReadyCheck] = {"database_file": database_file}
     app[ADMIN_READY_CHECKS] = checks
-    app[ADMIN_COLLECTORS] = [guard.prometheus_lines]
+    collectors: list[Collector] = [guard.prometheus_lines]
+    app[ADMIN_COLLECTORS] = collectors
     # Built on first request, in a thread: the document is derived from the report model, whose
     # import pulls in the statistics stack (scipy, ~0.7 s and tens of MiB). A worker that is
     # never asked for it never loads it, and the proxy's loop never waits for the import.
