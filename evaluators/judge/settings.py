@@ -15,6 +15,14 @@ from typing import Any
 
 import msgspec
 
+# The horizon when none is set: a typical experiment of a few hundred sessions.
+DEFAULT_HORIZON_UNITS = 300
+# Settings that no longer exist, with what replaced them (a stored override names them).
+_RETIRED = {
+    "latency_tau": "latency_tau was replaced by horizon_units (the units the experiment is "
+    "planned to reach; `canary plan` states it)"
+}
+
 
 class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Decision margins, gates and tuning of the statistics, each with its default."""
@@ -25,9 +33,6 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # Latency (TTFT, TPOT, E2E): ratio candidate / reference of the geometric means.
     latency_delta: float = 1.05  # non-inferiority margin
     latency_critical: float = 1.25  # decisive harm: reject at any look
-    # Mixture scale τ of the normal-mixture confidence sequence, in log-ratio units. 0.03 targets
-    # the smallest shift worth detecting (3 %); τ = log(1.05) loses ~2 pp of power at 300 pairs.
-    latency_tau: float = 0.03
     # Floor of the plug-in standard deviation of a log-ratio: guards against a zero variance
     # in the first pairs (or identical simulated arms) producing a zero-width interval.
     latency_sigma_floor: float = 0.01
@@ -66,6 +71,13 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     goal_ttft_ratio: float = 1.0
     goal_cost_ratio: float = 1.0
 
+    # The horizon: units of independence (sessions when sampling by session, else pairs) the
+    # experiment is planned to reach. Every normal-mixture sequence (latency, length, cost) is
+    # tuned to it in units of its own variance, narrowest there (1.56x the fixed-sample width);
+    # valid at every look for any horizon fixed in advance. `canary plan` states one; the
+    # default suits a typical experiment of a few hundred sessions.
+    horizon_units: int = DEFAULT_HORIZON_UNITS
+
     # Sessions: a gap longer than this between two turns of one session ends a unit of
     # independence; a unit is used once it is this old (and older than the candidate's timeout).
     session_idle_s: float = 30.0
@@ -88,6 +100,8 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         fields = set(self.__struct_fields__)
         changes: dict[str, Any] = {}
         for name, value in overrides.items():
+            if name in _RETIRED:
+                raise ValueError(_RETIRED[name])
             if name not in fields:
                 raise ValueError(
                     f"unknown verdict setting {name!r}; known: {', '.join(sorted(fields))}"
@@ -133,7 +147,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         if not 0.0 <= self.min_coverage <= 1.0:
             problems.append("min_coverage must be in [0, 1]")
         positive = (
-            "latency_tau",
+            "horizon_units",
             "latency_sigma_floor",
             "slo_ttft_s",
             "slo_e2e_s",
@@ -149,6 +163,8 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             "bootstrap_max_units",
         )
         problems.extend(f"{name} must be > 0" for name in positive if getattr(self, name) <= 0)
+        if not 10 <= self.horizon_units <= 10_000_000:
+            problems.append("horizon_units must be in [10, 10000000]")
         if self.min_discordant < 0:
             problems.append("min_discordant must be >= 0")
         if problems:

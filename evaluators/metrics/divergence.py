@@ -94,12 +94,10 @@ def logprob_divergence(ctx: EvalContext) -> list[MetricResult]:
         "pairs_scored": int(np.count_nonzero(scored_c)),
     }
     # A share difference per pair, mostly within a few pp: the normal-mixture sequence on the
-    # unit means (mixing scale at the margin), not the betting one for rates, whose width
-    # follows the range [-1, 1] (on real bfloat16 it left 2.7 pp undecided against 0.5 pp
-    # after 310 pairs whose sd was 3.8 pp).
-    res = judge_mean(
-        spec, d, ctx, use=use, reference="control", detail=detail, tau=ctx.settings.score_delta
-    )
+    # unit means (tuned to the candidate's horizon, as every mean is), not the betting one for
+    # rates, whose width follows the range [-1, 1] (on real bfloat16 it left 2.7 pp undecided
+    # against 0.5 pp after 310 pairs whose sd was 3.8 pp).
+    res = judge_mean(spec, d, ctx, use=use, reference="control", detail=detail)
     res.notes.append(
         "teacher forcing: the share of production's tokens that were not the arm's top-1 "
         "choice, candidate minus control, on the pairs both scored"

@@ -22,12 +22,12 @@ from evaluators.judge.metric import (
     empty_result,
     judge_bounded,
     judge_mean,
+    mean_stat,
     ungate,
 )
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs.types import ArmColumns
 from evaluators.stats.paired import bootstrap_quantile_ratio, hodges_lehmann, mcnemar, subsample
-from evaluators.stats.sequential import MeanStat
 
 F = NDArray[np.float64]
 B = NDArray[np.bool_]
@@ -289,7 +289,7 @@ def _table_row(ctx: EvalContext, x: F, use: B, k: int) -> dict[str, float | int 
     row: dict[str, float | int | str | None] = {"n": n, "units": len(v)}
     if len(v) < 2:
         return row
-    stat = MeanStat(v, None, tau=s.latency_tau, sigma_floor=s.latency_sigma_floor)
+    stat = mean_stat(v, None, s)
     lo, hi = stat.bounds(s.alpha / k)
     p = min(1.0, 2 * float(min(stat.p(0.0, "below")[0], stat.p(0.0, "above")[0])))
     row.update(

@@ -131,12 +131,26 @@ def _caveats(
     out.append(
         f"intervals are always-valid (each bound holds at one-sided level α = "
         f"{ctx.settings.alpha:g} over every look, i.e. {1 - 2 * ctx.settings.alpha:.0%} "
-        "two-sided); Hodges–Lehmann estimates and McNemar/Wilcoxon p-values in the details "
-        "are fixed-sample and decide nothing"
+        f"two-sided); {horizon_line(ctx)}; Hodges–Lehmann estimates and McNemar/Wilcoxon "
+        "p-values in the details are fixed-sample and decide nothing"
     )
     if any(r.more_pairs and r.more_pairs > 0 for r in results if r.gating):
         out.append("'more pairs' extrapolates the interval's shrink rate: a rough guide only")
     return out
+
+
+def horizon_line(ctx: EvalContext) -> str:
+    """Which horizon the latency, length and cost sequences are tuned to, and whose it is."""
+    unit = "sessions" if ctx.units.by_session else "pairs"
+    whose = (
+        "set for this candidate"
+        if "horizon_units" in (ctx.candidate.verdict or {})
+        else "the default for an experiment of a few hundred sessions; `canary plan` states one"
+    )
+    return (
+        f"latency, length and cost intervals are tuned to a horizon of "
+        f"{ctx.settings.horizon_units:,} {unit} ({whose}), narrowest there"
+    )
 
 
 def pair_rate(pairs: PairSet, used: int) -> float | None:
