@@ -14,9 +14,15 @@ import json
 import math
 from typing import Any
 
+import pytest
+
 from domain.accounting import identity_holds
 from tests.real_engine import engines as eng
 from tests.real_engine.conftest import SCORE_RATE, RealRun
+
+# The engines and the run are session fixtures: whichever real-engine test comes first pays for
+# starting four engines and the whole run, so each module carries the run's budget.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def _reasons(report: dict[str, Any]) -> str:
