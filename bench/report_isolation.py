@@ -17,8 +17,8 @@ report's wall time as the operator saw it, and the machine's load average.
     .venv/bin/python bench/report.py --pairs 1000000 --db /work/tmp-bench/report-1m.db
     .venv/bin/python bench/report_isolation.py --db /work/tmp-bench/report-1m.db
 
-The database's live endpoint is pointed at the stand-in engine and its candidates' sampling is
-set to 0 (no copies: what is measured is the reports' cost, not the mirror's).
+The database's live endpoint is pointed at the stand-in engine, its candidates' sampling is
+set to 0 and their creation to 0 (so the admin API's report covers every stored pair).
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ def _prepare(db: Path, live: str) -> None:
     con = sqlite3.connect(db)
     with con:
         con.execute("UPDATE endpoints SET url = ? WHERE role = 'live'", (live,))
-        con.execute("UPDATE endpoints SET sample_rate = 0 WHERE role = 'candidate'")
+        # No copies (the reports' cost is measured, not the mirror's), and a report window
+        # that starts before the stored pairs (bench/report.py stores them before it
+        # registers the candidates; the admin API's report starts at the creation).
+        con.execute("UPDATE endpoints SET sample_rate = 0, created_at = 0 WHERE role = 'candidate'")
     con.close()
 
 
