@@ -760,8 +760,8 @@ async def stored_by_turn(db_url: str, name: str) -> dict[str, dict[int, dict[str
         ok = cols.present[:n] & cols.ok[:n]
         tables[arm] = {}
         for t in sorted(set(turn.tolist())):
-            use = ok & (turn == t) & np.isfinite(cols.ttft[:n])
-            ttft_ms = (cols.ttft[:n][use] * 1000).tolist()
+            use = ok & (turn == t) & np.isfinite(cols.ttft_s[:n])
+            ttft_ms = (cols.ttft_s[:n][use] * 1000).tolist()
             prompt = cols.prompt_tokens[:n][use]
             cached = cols.cached_tokens[:n][use]
             tables[arm][t] = {

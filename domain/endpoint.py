@@ -1,16 +1,18 @@
 """The endpoint: one serving endpoint (live, candidate or retired) and its bounded fields.
 
-This is the one home of the endpoint noun: `Endpoint` is what storage keeps and every plane
-reads; `CandidateSpec` is what an operator declares (a `[[candidates]]` table of the config file
-and the body of `POST /admin/candidates`), `CandidatePatch` what a `PATCH` may change. Each field
-has one bounded type and one default, here. The bounds also keep storage honest: 32-bit integer
+This is the one home of the endpoint noun. `CandidateSpec` declares each field once (name,
+bounded type, default, description): what an operator declares (a `[[candidates]]` table of the
+config file and the body of `POST /admin/candidates`). `Endpoint`, what storage keeps and every
+plane reads, is the spec plus role and bookkeeping; `CandidatePatch` (what a `PATCH` may change)
+is generated from the spec. The admin views, the table's columns and the CLI flags are derived
+from these by their own modules. The bounds also keep storage honest: 32-bit integer
 columns, no NUL bytes in text (PostgreSQL refuses them), no credentials inside a URL.
 Pure: no IO.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, cast
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -28,7 +30,9 @@ DEFAULT_BUFFER_MAX_BYTES = 64 * MiB
 DEFAULT_CONCURRENCY = 4
 DEFAULT_TIMEOUT_S = 300.0
 
-Name = Annotated[str, Meta(pattern=NAME_PATTERN, description="Endpoint name: " + NAME_PATTERN)]
+Name = Annotated[
+    str, Meta(max_length=63, pattern=NAME_PATTERN, description="Endpoint name: " + NAME_PATTERN)
+]
 # http(s), a host without userinfo (credentials never travel inside a URL): a name, or an IPv6
 # literal in brackets; an optional port in 0..65535, then a printable path without ? or # (paths
 # are appended to it, so a query or fragment would misroute every request). Precise enough
@@ -52,17 +56,24 @@ _PORT = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[
 URL_PATTERN = rf"^https?://(\[({_IPV6})\]|[A-Za-z0-9._~-]+)(:{_PORT})?(/[^\s\x00-\x1f\x7f?#]*)?$"
 Url = Annotated[
     str,
-    Meta(max_length=2048, pattern=URL_PATTERN, description="Absolute http(s) URL, no userinfo"),
+    Meta(
+        max_length=2048,
+        pattern=URL_PATTERN,
+        description="Base URL: absolute http(s), no userinfo",
+        extra={"metavar": "URL"},
+    ),
 ]
 _PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
-Kind = Annotated[str, Meta(max_length=32, pattern=_PRINTABLE, description="Free label")]
+Kind = Annotated[str, Meta(max_length=32, pattern=_PRINTABLE)]
 Model = Annotated[str, Meta(min_length=1, max_length=200, pattern=_PRINTABLE)]
 EnvName = Annotated[
     str,
     Meta(
+        max_length=128,
         pattern=r"^[A-Z_][A-Z0-9_]{0,127}$",
         description="NAME of an environment variable of the gateway holding the candidate's "
         "credential; the secret itself is never accepted, stored or returned",
+        extra={"metavar": "VAR"},
     ),
 ]
 
@@ -87,14 +98,7 @@ Rate = Annotated[float, Meta(ge=0.0, le=1.0)]
 # Copies per second a candidate asks for (adaptive sampling, gateway.mirror.rate); the upper
 # bound only keeps nonsense out: no host offers a million requests a second.
 MAX_TARGET_RPS = 1_000_000.0
-TargetRps = Annotated[
-    float,
-    Meta(
-        gt=0.0,
-        le=MAX_TARGET_RPS,
-        description="Copies per second wanted from this gateway host; sample_rate is the ceiling",
-    ),
-]
+TargetRps = Annotated[float, Meta(gt=0.0, le=MAX_TARGET_RPS)]
 Items = Annotated[int, Meta(ge=1, le=1_000_000)]
 Bytes = Annotated[int, Meta(ge=1, le=1 << 40)]
 Concurrency = Annotated[int, Meta(ge=1, le=4096)]
@@ -124,53 +128,21 @@ PATTERN_REASONS = {
     "verdict": "keys must be verdict setting names (lowercase letters, digits, _)",
 }
 
-MUTABLE_FIELDS = (
-    "role",
-    "url",
-    "kind",
-    "sample_rate",
-    "target_rps",
-    "sampling",
-    "buffer_max_items",
-    "buffer_max_bytes",
-    "concurrency",
-    "timeout_s",
-    "model",
-    "forward_auth",
-    "credentials_env",
-    "price_per_hour_usd",
-    "gpus",
-    "state",
-    "verdict",
-)
+
+def _doc(text: str, metavar: str = "", unit: str = "") -> Meta:
+    """A field's description (the OpenAPI document and the CLI flag's help share it), and
+    optionally the CLI's metavar and the unit its parse error names."""
+    extra = {k: v for k, v in (("metavar", metavar), ("unit", unit)) if v}
+    return Meta(description=text, extra=extra or None)
 
 
-class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
-    """One serving endpoint: the live one, a candidate, or a retired former live one."""
-
-    name: str
-    url: str
-    role: Role = "candidate"
-    kind: str = ""
-    model: str | None = None
-    sample_rate: float = DEFAULT_SAMPLE_RATE
-    # When set, the share mirrored adapts so copies/s approach it; sample_rate is the ceiling.
-    target_rps: float | None = None
-    sampling: Sampling = "request"
-    buffer_max_items: int = DEFAULT_BUFFER_MAX_ITEMS
-    buffer_max_bytes: int = DEFAULT_BUFFER_MAX_BYTES
-    concurrency: int = DEFAULT_CONCURRENCY
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    price_per_hour_usd: float | None = None
-    gpus: int = 1
-    credentials_env: str | None = None
-    forward_auth: bool = False
-    state: State = "active"
-    # Per-candidate overrides of evaluators.judge.settings.VerdictSettings fields (name -> value).
-    verdict_overrides: dict[str, float] = msgspec.field(default_factory=dict)
-    version: int = 0
-    created_at: float = 0.0
-    updated_at: float = 0.0
+# --- the declaration --------------------------------------------------------------------------
+#
+# Each candidate field is declared once, below: its name, bounded type, default and description.
+# What follows from it: `Endpoint` (adds role and bookkeeping), `CandidatePatch` and
+# `MUTABLE_FIELDS` (generated here), the admin API's views (gateway.control.admin.schema), the
+# `endpoints` table's columns (storage.models), the `canary candidates add|update` flags
+# (gateway.cli.commands.candidates) and the `[[candidates]]` config table (gateway.config).
 
 
 class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -179,59 +151,92 @@ class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     name: Name
     url: Url
-    kind: Kind = ""
-    sample_rate: Rate = DEFAULT_SAMPLE_RATE
-    target_rps: TargetRps | None = None
-    sampling: Sampling = "request"
-    buffer_max_items: Items = DEFAULT_BUFFER_MAX_ITEMS
-    buffer_max_bytes: Bytes = DEFAULT_BUFFER_MAX_BYTES
-    concurrency: Concurrency = DEFAULT_CONCURRENCY
-    timeout_s: Timeout = DEFAULT_TIMEOUT_S
-    model: Model | None = None
-    forward_auth: bool = False
+    kind: Annotated[Kind, _doc("Free label, e.g. quantized, bi-kv, control", "LABEL")] = ""
+    model: (
+        Annotated[Model, _doc("Model name sent to the candidate instead of the client's")] | None
+    ) = None
+    sample_rate: Annotated[
+        Rate,
+        _doc("Share of traffic mirrored (with target_rps: the most that may be mirrored)", "0..1"),
+    ] = DEFAULT_SAMPLE_RATE
+    # When set, the share mirrored adapts so copies/s approach it; sample_rate is the ceiling.
+    target_rps: (
+        Annotated[
+            TargetRps,
+            _doc(
+                "Copies per second wanted from this gateway host: the share mirrored adapts to "
+                "the traffic, never above sample_rate (null: the fixed sample_rate)",
+                unit="copies per second",
+            ),
+        ]
+        | None
+    ) = None
+    sampling: Annotated[Sampling, _doc("Sample by request or by whole session")] = "request"
+    buffer_max_items: Annotated[Items, _doc("Copies the ring buffer holds at most")] = (
+        DEFAULT_BUFFER_MAX_ITEMS
+    )
+    buffer_max_bytes: Annotated[Bytes, _doc("Bytes the ring buffer holds at most", "BYTES")] = (
+        DEFAULT_BUFFER_MAX_BYTES
+    )
+    concurrency: Annotated[Concurrency, _doc("Copies in flight at most")] = DEFAULT_CONCURRENCY
+    timeout_s: Annotated[Timeout, _doc("Seconds a copy may take", "SECONDS")] = DEFAULT_TIMEOUT_S
+    price_per_hour_usd: (
+        Annotated[Price, _doc("Price of the candidate's hardware per hour, in USD", "USD")] | None
+    ) = None
+    gpus: Annotated[Gpus, _doc("GPUs the candidate uses")] = 1
     credentials_env: EnvName | None = None
-    price_per_hour_usd: Price | None = None
-    gpus: Gpus = 1
-    state: State = "active"
+    forward_auth: Annotated[
+        bool, _doc("Forward the client's Authorization header to the candidate")
+    ] = False
+    state: Annotated[State, _doc("paused: registered, not mirrored")] = "active"
     verdict: Verdict = msgspec.field(default_factory=dict)
 
-    def endpoint_fields(self) -> dict[str, Any]:
-        """The `Endpoint` fields this spec sets (its `verdict` becomes `verdict_overrides`)."""
-        out = {f: getattr(self, f) for f in SPEC_FIELDS}
-        out["verdict_overrides"] = dict(out.pop("verdict"))
-        return out
-
     def to_endpoint(self) -> Endpoint:
-        return Endpoint(role="candidate", **self.endpoint_fields())
+        return Endpoint(role="candidate", **msgspec.structs.asdict(self))
 
 
-class CandidatePatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Body of `PATCH /admin/candidates/{name}`: only the fields given change; `null` clears
-    a nullable field. The name is not mutable; the role moves between candidate and retired
-    only (retired: kept for rollback, not mirrored); promote and rollback change the live one."""
+class Endpoint(CandidateSpec, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """One serving endpoint: the live one, a candidate, or a retired former live one; the
+    declared fields plus its role and storage's bookkeeping."""
 
-    role: Literal["candidate", "retired"] | UnsetType = UNSET
-    url: Url | UnsetType = UNSET
-    kind: Kind | UnsetType = UNSET
-    sample_rate: Rate | UnsetType = UNSET
-    target_rps: TargetRps | UnsetType | None = UNSET
-    sampling: Sampling | UnsetType = UNSET
-    buffer_max_items: Items | UnsetType = UNSET
-    buffer_max_bytes: Bytes | UnsetType = UNSET
-    concurrency: Concurrency | UnsetType = UNSET
-    timeout_s: Timeout | UnsetType = UNSET
-    model: Model | UnsetType | None = UNSET
-    forward_auth: bool | UnsetType = UNSET
-    credentials_env: EnvName | UnsetType | None = UNSET
-    price_per_hour_usd: Price | UnsetType | None = UNSET
-    gpus: Gpus | UnsetType = UNSET
-    state: State | UnsetType = UNSET
-    verdict: Verdict | UnsetType = UNSET
+    role: Role = "candidate"
+    version: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
 
+
+class _Patch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def changes(self) -> dict[str, Any]:
         """The fields that were given, by name."""
-        return {f: v for f in MUTABLE_FIELDS if (v := getattr(self, f)) is not UNSET}
+        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not UNSET}
 
 
-# The fields of a spec that are copied onto an `Endpoint` (all but `verdict`, renamed).
-SPEC_FIELDS = tuple(f for f in CandidateSpec.__struct_fields__)
+def _patch_type() -> type[_Patch]:
+    fields: list[tuple[str, Any, Any]] = [
+        ("role", Literal["candidate", "retired"] | UnsetType, UNSET)
+    ]
+    fields.extend(
+        (f.name, Union[f.type, UnsetType], UNSET)  # noqa: UP007 - f.type is a runtime object
+        for f in msgspec.structs.fields(CandidateSpec)
+        if f.name != "name"
+    )
+    patch = msgspec.defstruct(
+        "CandidatePatch",
+        fields,
+        bases=(_Patch,),
+        module=__name__,
+        kw_only=True,
+        forbid_unknown_fields=True,
+    )
+    patch.__doc__ = (
+        "Body of `PATCH /admin/candidates/{name}`: only the fields given change; `null` clears "
+        "a nullable field. The name is not mutable; the role moves between candidate and "
+        "retired only (retired: kept for rollback, not mirrored); promote and rollback change "
+        "the live one."
+    )
+    return cast("type[_Patch]", patch)
+
+
+# Every field of a candidate but its name, each optional (UNSET: not given).
+CandidatePatch = _patch_type()
+MUTABLE_FIELDS: tuple[str, ...] = CandidatePatch.__struct_fields__

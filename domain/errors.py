@@ -1,13 +1,39 @@
 """The project's one exception tree.
 
-Code raises these (with `raise ... from ...`); they are mapped to an exit code in
-`gateway.cli.main`, to OpenAI-shaped errors at the proxy boundary and to admin API statuses in
-`gateway.control.admin.boundary`, nowhere else:
+Every exception canary-gateway raises on purpose is a `CanaryError`; the classes that belong to
+one plane are declared in that plane's module but hang from this tree (tests/test_error_kinds.py
+imports every module and fails on an exception class outside it). Code raises them (with
+`raise ... from ...`); each boundary maps them in one place, nowhere else:
 
-- `CanaryError` (exit 1) - `UsageError` (exit 2) - `ConfigError`: bad operator input
-- `StorageError` - `StorageUnavailable` (503; the proxy keeps serving), `DuplicateName` (409),
-  `InvalidEndpoint` (422), `EndpointNotFound` (404), `PromotionConflict` (409),
-  `SchemaBehind` / `SchemaAhead` (exit 2, the message names the command to run)
+- the proxy (`gateway.server.proxy`): OpenAI-shaped JSON errors (502, 504; 499 counted);
+- the admin API (`gateway.control.admin.boundary.map_exception`): a status and
+  `{"error": {"message", "type", "code", "field"?, "detail"?}}`;
+- the CLI (`gateway.cli.main`): a message on stderr and `exit_code`.
+
+    CanaryError                     exit 1; admin 500 unless mapped below
+    ├── UsageError                  exit 2; admin 422: bad operator input (flag, file, argument)
+    │   └── ConfigError             names the source, the key and the reason
+    ├── StorageError                admin 503 (the proxy keeps serving)
+    │   ├── StorageUnavailable      admin 503
+    │   ├── DuplicateName           admin 409
+    │   ├── InvalidEndpoint         admin 422 (also a ValueError)
+    │   ├── EndpointNotFound        admin 404
+    │   ├── PromotionConflict       admin 409 with `detail.reason`
+    │   │   └── PromotionRefused    (gateway.control.promotion) 409, the report's reasons
+    │   └── SchemaBehind            exit 2, admin 503; the message names the command to run
+    │       └── SchemaAhead
+    ├── UpstreamError               (gateway.server.upstream) `kind` is its `ErrorKind`;
+    │   ├── UpstreamConnectError    proxy 502 upstream_unreachable
+    │   ├── UpstreamResetError      proxy 502 upstream_reset, or the connection cut
+    │   └── UpstreamTimeoutError    proxy 504 upstream_timeout, or the connection cut
+    ├── ApiError                    (gateway.control.admin.boundary) an admin answer: its status
+    ├── ReportsUnavailable          (gateway.control.reports) admin 503 reports_unavailable: the
+    │                               host's report process is down, its queue full, or too slow
+    ├── AdminAPIError               (gateway.cli.client) the admin API refused: exit 2 (4xx) or 1
+    ├── AdminUnreachable            (gateway.cli.client) no answer from the admin API: exit 1
+    ├── GatewayUnreadable           (gateway.cli.commands.plan) /metrics unreadable: exit 1
+    └── ClientGone                  (gateway.sim.state) the simulator's client left: not an error
+                                    anyone sees, it ends the simulated answer
 """
 
 from __future__ import annotations

@@ -7,9 +7,11 @@ million rows load without datetime parsing.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+
+from domain.observation import Measured, Quantity
 
 Arm = Literal["production", "candidate"]
 
@@ -35,32 +37,18 @@ class ExchangeRecord(msgspec.Struct, kw_only=True):
     cached_tokens: int | None = None
 
 
-class ObservationRecord(msgspec.Struct, kw_only=True):
-    """One arm's answer to one exchange, as the meter saw it."""
+class ObservationRecord(Measured, kw_only=True):
+    """One arm's answer to one exchange: who answered, and what the meter measured (the
+    `Measured` fields, declared once in domain.observation). The table's columns are generated
+    from this declaration (storage.models)."""
 
-    exchange_id: str
-    endpoint: str
-    arm: Arm
-    started_at: float
-    status: int = 0  # HTTP status; 0 when no response arrived
-    error_kind: str | None = None  # None when ok; e.g. connect, timeout, reset, http_5xx, garbage
-    queue_wait_s: float | None = None  # time spent in the ring buffer (candidates only)
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-    itl_count: int = 0
-    itl_mean_s: float | None = None
-    itl_p50_s: float | None = None
-    itl_p99_s: float | None = None
-    itl_max_s: float | None = None
-    output_tokens: int | None = None
-    output_tokens_source: Literal["usage", "chunks"] | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    finish_reason: str | None = None
-    output_text: str | None = None  # truncated to store_text_max_chars; None when store_text=false
-    output_hash: str | None = None  # hex xxh3_128 of the full output text
-    text_truncated: bool = False
+    exchange_id: Annotated[str, Quantity(length=36)]
+    endpoint: Annotated[str, Quantity(length=63)]
+    arm: Annotated[Arm, Quantity(length=16)]
+    started_at: Annotated[float, Quantity("epoch s")]
+    # None when ok; one of domain.outcomes.ERROR_KINDS (connect, timeout, http_5xx, ...).
+    error_kind: Annotated[str | None, Quantity(length=32)] = None
+    output_text: str | None = None  # domain.observation.kept_text; None when store_text=false
     tool_calls: str | None = None  # JSON: [{"name": ..., "arguments": ...}]
 
 

@@ -20,7 +20,17 @@ from urllib.parse import urlsplit
 import msgspec
 from msgspec import Meta
 
-from domain.endpoint import NAME_PATTERN, CandidateSpec, Endpoint, MiB, env_name_refusal
+from domain.endpoint import (
+    NAME_PATTERN,
+    CandidateSpec,
+    Endpoint,
+    Gpus,
+    MiB,
+    Name,
+    Price,
+    Rate,
+    env_name_refusal,
+)
 from domain.errors import ConfigError
 
 # Headers that carry a client's credentials (`credential_headers` in the config replaces the
@@ -38,8 +48,6 @@ PosInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosFloat = Annotated[float, Meta(gt=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
-Rate = Annotated[float, Meta(ge=0.0, le=1.0)]
-Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 
 
 # A `[[candidates]]` table is the same spec the admin API accepts: one type, one set of defaults.
@@ -56,11 +64,13 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     replica_name: str = ""  # label for this gateway in stored rows; default: hostname-pid
 
-    # --- the live endpoint (None: start the built-in engine simulator as the live endpoint)
+    # --- the live endpoint (None: start the built-in engine simulator as the live endpoint).
+    # `live_<field>` is the live `Endpoint`'s <field>, with the type declared there
+    # (tests/process/test_config.py checks they agree).
     live_url: str | None = None
     live_name: Name = "live"
-    live_price_per_hour_usd: NonNegFloat | None = None
-    live_gpus: PosInt = 1
+    live_price_per_hour_usd: Price | None = None
+    live_gpus: Gpus = 1
 
     # --- proxy
     max_body_bytes: PosInt = 64 * MiB

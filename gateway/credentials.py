@@ -13,10 +13,19 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
+from typing import Final
 
+from domain.exposition import Family, Sample
 from gateway.config import GatewayConfig, credential_env_refusal
 
 log = logging.getLogger("canary.credentials")
+
+CREDENTIALS_REFUSED: Final = Family(
+    "canary_candidate_credentials_refused_total",
+    "counter",
+    "Candidate credential lookups refused by the credentials_env policy (the copy is sent "
+    "without a credential).",
+)
 
 
 class _Refusals:
@@ -39,13 +48,8 @@ class _Refusals:
                 extra={"fields": {"endpoint": endpoint, "credentials_env": name, "why": reason}},
             )
 
-    def prometheus_lines(self) -> list[str]:
-        return [
-            "# HELP canary_candidate_credentials_refused_total Candidate credential lookups "
-            "refused by the credentials_env policy (the copy is sent without a credential).",
-            "# TYPE canary_candidate_credentials_refused_total counter",
-            f"canary_candidate_credentials_refused_total {self.count}",
-        ]
+    def prometheus_lines(self) -> list[Sample]:
+        return [CREDENTIALS_REFUSED.sample(self.count)]
 
 
 REFUSALS = _Refusals()

@@ -1,18 +1,17 @@
 """Captured request bodies: the bounded writer that stores them and the queries that read whole
 conversations back for replay.
 
-`CaptureWriter` owns one task that pulls redacted records from a source callable (the capture
-sink's `take`, so nothing of the request path waits on it), inserts them in batches with
-INSERT … ON CONFLICT DO NOTHING, and every `purge_interval_s` deletes rows older than the
-retention age and reports the bytes still stored (the sink's byte budget). A failed write drops
-the batch and counts it: captures are a sample, and the sink's queue bound keeps memory bounded.
+`CaptureWriter` is a `storage.batch.BatchWriter` whose one stream pulls redacted records from a
+source callable (the capture sink's `take`, so nothing of the request path waits on it),
+inserts them in batches with INSERT … ON CONFLICT DO NOTHING, and every `purge_interval_s`
+deletes rows older than the retention age and reports the bytes still stored (the sink's byte
+budget). A failed write drops the batch and counts it (`write_failed`): captures are a sample,
+and the sink's queue bound keeps memory bounded.
 It never logs a body or a header.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.capture import CapturedSession, CapturedTurn, CaptureRecord
+from storage.batch import BatchWriter, Stream
 from storage.models import Base
 from storage.sql import insert_ignore, translated
 
@@ -137,7 +137,7 @@ def _first_per_turn(
     return out
 
 
-class CaptureWriter:
+class CaptureWriter(BatchWriter):
     """Drains a capture source into the database; see the module docstring."""
 
     def __init__(
@@ -152,66 +152,33 @@ class CaptureWriter:
         on_stored_bytes: Callable[[int], None],
         on_count: Callable[[str, int], None],
     ) -> None:
-        self._engine = engine
-        self._take = take
-        self._batch_size = batch_size
-        self._flush_interval_s = flush_interval_s
+        # The sink keeps the bounded queue (records and bytes); this writer only pulls from it.
+        stream = Stream("capture", CAPTURES, capture_row, "written", "write_failed", pull=take)
+        super().__init__(
+            engine,
+            (stream,),
+            batch_size=batch_size,
+            flush_interval_s=flush_interval_s,
+            queue_max=0,
+            retry=False,  # captures are a sample: a failed batch costs itself, counted
+            name="capture writer",
+            on_count=on_count,
+        )
         self._retention_s = retention_s
         self._purge_interval_s = purge_interval_s
         self._on_stored_bytes = on_stored_bytes
-        self._on_count = on_count
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
+        self._next_purge = 0.0
 
     async def start(self) -> None:
         if self._task is None:
             await self._purge()  # learn what is already stored before accepting new bodies
-            self._task = asyncio.create_task(self._run(), name="capture-writer")
+            self._next_purge = time.monotonic() + self._purge_interval_s
+        await super().start()
 
-    async def close(self, timeout_s: float = 10.0) -> None:
-        """Write what is queued, within `timeout_s`; what is left is counted as write_failed."""
-        self._stop.set()
-        task, self._task = self._task, None
-        if task is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), timeout_s)
-        except TimeoutError:
-            logger.warning("capture writer: shutdown deadline passed; dropping the rest")
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            left = self._take(1 << 30)
-            if left:
-                self._on_count("write_failed", len(left))
-
-    async def flush(self) -> None:
-        """Write everything queued now (tests and shutdown)."""
-        while batch := self._take(self._batch_size):
-            await self._write(batch)
-
-    async def _run(self) -> None:
-        next_purge = time.monotonic() + self._purge_interval_s
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._flush_interval_s):
-                    await self._stop.wait()
-            await self.flush()
-            if self._stop.is_set():
-                return
-            if time.monotonic() >= next_purge:
-                next_purge = time.monotonic() + self._purge_interval_s
-                await self._purge()
-
-    async def _write(self, batch: list[CaptureRecord]) -> None:
-        try:
-            await insert_captures(self._engine, batch)
-            self._on_count("written", len(batch))
-        except Exception:  # captures are a sample: a failed batch costs itself, counted
-            self._on_count("write_failed", len(batch))
-            logger.warning("capture writer: a batch of %d captures was not stored", len(batch))
+    async def tick(self) -> None:
+        if time.monotonic() >= self._next_purge:
+            self._next_purge = time.monotonic() + self._purge_interval_s
+            await self._purge()
 
     async def _purge(self) -> None:
         try:
@@ -219,5 +186,6 @@ class CaptureWriter:
         except Exception:
             logger.warning("capture writer: purge failed; retrying at the next interval")
             return
-        self._on_count("purged", deleted)
+        if self._on_count is not None:
+            self._on_count("purged", deleted)
         self._on_stored_bytes(stored)

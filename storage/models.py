@@ -12,19 +12,30 @@ makes the database itself refuse a second one, whatever a racing replica does.
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+import msgspec.inspect
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Column,
     Float,
     Index,
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeEngine
+
+from domain.endpoint import Endpoint
+from domain.observation import describe
+from domain.records import ObservationRecord
 
 # SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL wants BIGINT for large tables.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -40,9 +51,56 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
+def _column_type(t: msgspec.inspect.Type) -> tuple[TypeEngine[Any], bool]:
+    """The SQL type of an `Endpoint` field's msgspec type, and whether NULL is allowed: strings
+    bounded to 255 or less are VARCHAR(max_length), longer ones TEXT; literals VARCHAR(16);
+    integers bounded to 32 bits INTEGER, others BIGINT; a dict is a JSON object in TEXT (NULL
+    when empty); `T | None` is nullable."""
+    mi = msgspec.inspect
+    nullable = False
+    if isinstance(t, mi.UnionType):
+        (t,) = [m for m in t.types if not isinstance(m, mi.NoneType)]
+        nullable = True
+    if isinstance(t, mi.Metadata):
+        t = t.type
+    if isinstance(t, mi.StrType):
+        size = t.max_length
+        return (String(size) if size is not None and size <= 255 else Text()), nullable
+    if isinstance(t, mi.LiteralType):
+        assert max(len(str(v)) for v in t.values) <= 16
+        return String(16), nullable
+    if isinstance(t, mi.IntType):
+        small = t.le is not None and t.le < 2**31 and t.ge is not None and t.ge > -(2**31)
+        return (Integer() if small else BigInteger()), nullable
+    if isinstance(t, mi.FloatType):
+        return Float(), nullable
+    if isinstance(t, mi.BoolType):
+        return Boolean(), nullable
+    if isinstance(t, mi.DictType):
+        return Text(), True
+    raise TypeError(f"no column type for {t!r}")
+
+
+def endpoint_columns(struct: type[msgspec.Struct] = Endpoint) -> list[Column[Any]]:
+    """One column per `domain.endpoint.Endpoint` field, in its order, typed from the field's
+    declaration (the one place a field is declared); `name` is unique."""
+    info = msgspec.inspect.type_info(struct)
+    assert isinstance(info, msgspec.inspect.StructType)
+    columns: list[Column[Any]] = []
+    for f in info.fields:
+        type_, nullable = _column_type(f.type)
+        columns.append(Column(f.name, type_, nullable=nullable, unique=f.name == "name"))
+    return columns
+
+
 class EndpointRow(Base):
-    __tablename__ = "endpoints"
-    __table_args__ = (
+    """The registry: one row per endpoint, its columns generated from `Endpoint`."""
+
+    __table__ = Table(
+        "endpoints",
+        Base.metadata,
+        Column("id", BigId, primary_key=True, autoincrement=True),
+        *endpoint_columns(),
         Index(
             "uq_endpoints_one_live",
             "role",
@@ -51,29 +109,6 @@ class EndpointRow(Base):
             postgresql_where=text("role = 'live'"),
         ),
     )
-
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(63), unique=True)
-    url: Mapped[str] = mapped_column(Text)
-    role: Mapped[str] = mapped_column(String(16))  # live | candidate | retired
-    kind: Mapped[str] = mapped_column(String(32), default="")
-    model: Mapped[str | None] = mapped_column(String(200))
-    sample_rate: Mapped[float] = mapped_column(Float, default=0.0)
-    target_rps: Mapped[float | None] = mapped_column(Float)  # NULL: a fixed sample_rate
-    sampling: Mapped[str] = mapped_column(String(16), default="request")
-    buffer_max_items: Mapped[int] = mapped_column(Integer)
-    buffer_max_bytes: Mapped[int] = mapped_column(BigInteger)
-    concurrency: Mapped[int] = mapped_column(Integer)
-    timeout_s: Mapped[float] = mapped_column(Float)
-    price_per_hour_usd: Mapped[float | None] = mapped_column(Float)
-    gpus: Mapped[int] = mapped_column(Integer, default=1)
-    credentials_env: Mapped[str | None] = mapped_column(String(128))
-    forward_auth: Mapped[bool] = mapped_column(Boolean, default=False)
-    state: Mapped[str] = mapped_column(String(16), default="active")
-    verdict_overrides: Mapped[str | None] = mapped_column(Text)  # JSON object
-    version: Mapped[int] = mapped_column(BigInteger, default=1)
-    created_at: Mapped[float] = mapped_column(Float)
-    updated_at: Mapped[float] = mapped_column(Float)
 
 
 class RegistryMetaRow(Base):
@@ -107,38 +142,37 @@ class ExchangeRow(Base):
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
 
 
+_SQL_TYPES: dict[type[Any], TypeEngine[Any]] = {
+    float: Float(),
+    int: Integer(),
+    bool: Boolean(),
+    str: Text(),
+}
+
+
+def declared_columns(record: type[msgspec.Struct]) -> list[Column[Any]]:
+    """The columns of a record declared in domain (`domain.observation.describe`): its type
+    (a string with a length is VARCHAR, without one TEXT), NULL where it may be None."""
+    columns: list[Column[Any]] = []
+    for f in describe(record):
+        length = f.quantity.length
+        sql = String(length) if f.type is str and length else _SQL_TYPES[f.type]
+        columns.append(Column(f.name, sql, nullable=f.nullable))
+    return columns
+
+
 class ObservationRow(Base):
-    __tablename__ = "observations"
-    __table_args__ = (
+    """One arm's answer to one exchange: `domain.records.ObservationRecord`'s fields, as
+    declared there, plus a surrogate id."""
+
+    __table__ = Table(
+        "observations",
+        Base.metadata,
+        Column("id", BigId, primary_key=True, autoincrement=True),
+        *declared_columns(ObservationRecord),
         UniqueConstraint("exchange_id", "endpoint"),
         Index("ix_observations_endpoint_exchange", "endpoint", "exchange_id"),
     )
-
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    exchange_id: Mapped[str] = mapped_column(String(36))
-    endpoint: Mapped[str] = mapped_column(String(63))
-    arm: Mapped[str] = mapped_column(String(16))  # production | candidate
-    started_at: Mapped[float] = mapped_column(Float)
-    status: Mapped[int] = mapped_column(Integer, default=0)
-    error_kind: Mapped[str | None] = mapped_column(String(32))
-    queue_wait_s: Mapped[float | None] = mapped_column(Float)
-    ttft_s: Mapped[float | None] = mapped_column(Float)
-    tpot_s: Mapped[float | None] = mapped_column(Float)
-    e2e_s: Mapped[float | None] = mapped_column(Float)
-    itl_count: Mapped[int] = mapped_column(Integer, default=0)
-    itl_mean_s: Mapped[float | None] = mapped_column(Float)
-    itl_p50_s: Mapped[float | None] = mapped_column(Float)
-    itl_p99_s: Mapped[float | None] = mapped_column(Float)
-    itl_max_s: Mapped[float | None] = mapped_column(Float)
-    output_tokens: Mapped[int | None] = mapped_column(Integer)
-    output_tokens_source: Mapped[str | None] = mapped_column(String(8))
-    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
-    cached_tokens: Mapped[int | None] = mapped_column(Integer)
-    finish_reason: Mapped[str | None] = mapped_column(String(32))
-    output_text: Mapped[str | None] = mapped_column(Text)
-    output_hash: Mapped[str | None] = mapped_column(String(32))
-    text_truncated: Mapped[bool] = mapped_column(Boolean, default=False)
-    tool_calls: Mapped[str | None] = mapped_column(Text)
 
 
 class PromotionRow(Base):

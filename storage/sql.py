@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
+import msgspec.inspect
 from sqlalchemy import RowMapping, String, Table, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
@@ -77,6 +78,14 @@ def _short(exc: BaseException) -> str:
 
 
 _FIELDS = tuple(f.name for f in msgspec.structs.fields(Endpoint))
+# Dict fields (the verdict overrides) are stored as a JSON object in TEXT, NULL when empty.
+_JSON_FIELDS = tuple(
+    f.name
+    for f in msgspec.structs.fields(Endpoint)
+    if isinstance(
+        getattr(t := msgspec.inspect.type_info(f.type), "type", t), msgspec.inspect.DictType
+    )
+)
 # What an update may change: identity and bookkeeping are storage's.
 MUTABLE_FIELDS = frozenset(_FIELDS) - {"name", "version", "created_at", "updated_at"}
 json_encoder = msgspec.json.Encoder()
@@ -105,16 +114,16 @@ def validate_endpoint(ep: Endpoint) -> Endpoint:
 
 def row_to_endpoint(row: RowMapping) -> Endpoint:
     data = {name: row[name] for name in _FIELDS}
-    raw = data["verdict_overrides"]
-    data["verdict_overrides"] = msgspec.json.decode(raw) if raw else {}
-    return msgspec.convert(data, Endpoint)
+    for name in _JSON_FIELDS:
+        data[name] = msgspec.json.decode(raw) if (raw := data[name]) else {}
+    # Not re-validated: a row stored before today's bounds still loads (writes are validated).
+    return Endpoint(**data)
 
 
 def endpoint_values(ep: Endpoint) -> dict[str, Any]:
     values = {name: getattr(ep, name) for name in _FIELDS}
-    values["verdict_overrides"] = (
-        json_encoder.encode(ep.verdict_overrides).decode() if ep.verdict_overrides else None
-    )
+    for name in _JSON_FIELDS:
+        values[name] = json_encoder.encode(value).decode() if (value := values[name]) else None
     return values
 
 

@@ -1,7 +1,8 @@
 """Record -> row conversion for the writer, with the guards that keep a row insertable and
 within policy: strings cut to their column's length, NUL characters replaced (PostgreSQL text
-cannot hold them), output text cut to `max_chars` or — with `store_text=False` — removed, its
-xxh3_128 hash kept, and tool-call arguments replaced by their hashes. Pure functions, no IO.
+cannot hold them), output text kept by `domain.observation.kept_text` (cut to `max_chars`, or
+removed with `store_text=False`), its xxh3_128 hash kept, and tool-call arguments replaced by
+their hashes. Pure functions, no IO.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import msgspec
 import xxhash
 from sqlalchemy import String, Table
 
+from domain.observation import kept_text
 from domain.records import ExchangeRecord, ObservationRecord
 from storage.sql import EXCHANGES, OBSERVATIONS
 
@@ -78,14 +80,11 @@ def redact_tool_calls(tool_calls: str | None) -> str | None:
 def observation_row(record: ObservationRecord, *, store_text: bool, max_chars: int) -> Row:
     row = msgspec.structs.asdict(record)
     text = record.output_text
-    if text is not None:
-        if record.output_hash is None:
-            row["output_hash"] = text_hash(text)
-        if not store_text:
-            row["output_text"] = None
-        elif len(text) > max_chars:
-            row["output_text"] = text[:max_chars]
-            row["text_truncated"] = True
+    if text is not None and record.output_hash is None:
+        row["output_hash"] = text_hash(text)
+    row["output_text"], row["text_truncated"] = kept_text(
+        text, record.text_truncated, store_text=store_text, max_chars=max_chars
+    )
     if not store_text:
         row["tool_calls"] = redact_tool_calls(record.tool_calls)
     return _clean(row, _OBSERVATION_STRINGS)

@@ -1,6 +1,6 @@
 """Every margin and threshold the verdict uses, with its default, in one frozen Struct.
 
-The gateway config's `[verdict]` table and each candidate's `verdict_overrides` are plain
+The gateway config's `[verdict]` table and each candidate's `verdict` are plain
 `{field name: number}` maps applied with `with_overrides`, which refuses unknown names and
 out-of-range values, so a typo in a config file fails loudly instead of silently using a default.
 

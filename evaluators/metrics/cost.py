@@ -163,7 +163,7 @@ def cost(ctx: EvalContext) -> list[MetricResult]:
             )
         ]
     cand, ref, ok = both_ok(ctx)
-    x, use = log_ratio(cand.tpot, ref.tpot, ok)
+    x, use = log_ratio(cand.tpot_s, ref.tpot_s, ok)
     if len(x) == 0:
         return [empty_result(spec, ctx.reference, "no pair with more than one output token")]
     x = x + math.log(price_c / price_l)

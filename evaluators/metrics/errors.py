@@ -25,7 +25,7 @@ from evaluators.judge.metric import (
     judge_bounded,
 )
 from evaluators.judge.settings import VerdictSettings
-from evaluators.pairs.types import CANCELLED, TIMEOUT
+from evaluators.pairs.types import NOT_ENDPOINT_CODES, TIMEOUT
 from evaluators.stats.paired import mcnemar
 
 
@@ -35,8 +35,8 @@ def _observed(ctx: EvalContext) -> NDArray[np.bool_]:
     use: NDArray[np.bool_] = (
         ps.candidate.present
         & ref.present
-        & (ps.candidate.error != CANCELLED)
-        & (ref.error != CANCELLED)
+        & ~np.isin(ps.candidate.error, NOT_ENDPOINT_CODES)
+        & ~np.isin(ref.error, NOT_ENDPOINT_CODES)
     )
     return use
 

@@ -79,15 +79,17 @@ def hl_detail(x: F, ctx: EvalContext, c: F, r: F) -> Detail:
 
 
 def _latency(
-    ctx: EvalContext, spec: MetricSpec, field: str, extra: B | None = None
+    ctx: EvalContext, spec: MetricSpec, column: str, extra: B | None = None
 ) -> MetricResult:
+    """The paired log-ratio of one per-pair quantity (`column`, as declared in domain)."""
     cand, ref, ok = both_ok(ctx)
     if extra is not None:
         ok = ok & extra
-    c_all, r_all = getattr(cand, field), getattr(ref, field)
+    c_all, r_all = getattr(cand, column), getattr(ref, column)
     x, use = log_ratio(c_all, r_all, ok)
     if len(x) == 0:
-        why = f"no pair where both arms answered with a measurable {field.upper()}"
+        shown = column.removesuffix("_s").upper()
+        why = f"no pair where both arms answered with a measurable {shown}"
         return empty_result(spec, ctx.reference, why)
     detail = hl_detail(x, ctx, c_all[use].astype(np.float64), r_all[use].astype(np.float64))
     res = judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)
@@ -140,17 +142,17 @@ def slo_spec(s: VerdictSettings, field: str) -> MetricSpec:
 
 def ttft(ctx: EvalContext) -> list[MetricResult]:
     """Time to first token."""
-    return [_latency(ctx, latency_spec(ctx.settings, "ttft", "TTFT"), "ttft")]
+    return [_latency(ctx, latency_spec(ctx.settings, "ttft", "TTFT"), "ttft_s")]
 
 
 def tpot(ctx: EvalContext) -> list[MetricResult]:
     """Time per output token after the first."""
-    return [_latency(ctx, latency_spec(ctx.settings, "tpot", "TPOT"), "tpot")]
+    return [_latency(ctx, latency_spec(ctx.settings, "tpot", "TPOT"), "tpot_s")]
 
 
 def e2e(ctx: EvalContext) -> list[MetricResult]:
     """End-to-end time."""
-    return [_latency(ctx, latency_spec(ctx.settings, "e2e", "E2E"), "e2e")]
+    return [_latency(ctx, latency_spec(ctx.settings, "e2e", "E2E"), "e2e_s")]
 
 
 def first_turn_spec(s: VerdictSettings) -> MetricSpec:
@@ -171,20 +173,21 @@ def ttft_first_turn(ctx: EvalContext) -> list[MetricResult]:
     """TTFT on turn 1: a KV-reuse candidate can trade turn 1 for later turns, so it is gated."""
     if ctx.candidate.kind not in kinds.GATES_FIRST_TURN:
         return []
-    return [_latency(ctx, first_turn_spec(ctx.settings), "ttft", extra=ctx.pairs.turn == 0)]
+    return [_latency(ctx, first_turn_spec(ctx.settings), "ttft_s", extra=ctx.pairs.turn == 0)]
 
 
 def ttft_later_turns(ctx: EvalContext) -> list[MetricResult]:
     """TTFT on turns >= 2 of a conversation: the goal of a KV-reuse (`bi-kv`) candidate."""
     spec = later_turns_spec(ctx.settings, ctx.candidate.kind)
-    return [_latency(ctx, spec, "ttft", extra=ctx.pairs.turn >= 1)]
+    return [_latency(ctx, spec, "ttft_s", extra=ctx.pairs.turn >= 1)]
 
 
 def itl(ctx: EvalContext) -> list[MetricResult]:
     """Inter-token latency distribution, through each response's median and p99 gap."""
     out = []
-    for field, label in (("itl_p50", "ITL p50"), ("itl_p99", "ITL p99")):
-        out.append(_latency(ctx, latency_spec(ctx.settings, field, label, critical=False), field))
+    for name, label in (("itl_p50", "ITL p50"), ("itl_p99", "ITL p99")):
+        spec = latency_spec(ctx.settings, name, label, critical=False)
+        out.append(_latency(ctx, spec, f"{name}_s"))
     return out
 
 
@@ -195,7 +198,7 @@ def slo_exceedance(ctx: EvalContext) -> list[MetricResult]:
     out = []
     for field, slo in (("ttft", s.slo_ttft_s), ("e2e", s.slo_e2e_s)):
         spec = slo_spec(s, field)
-        c, r = getattr(cand, field), getattr(ref, field)
+        c, r = getattr(cand, f"{field}_s"), getattr(ref, f"{field}_s")
         use = ok & np.isfinite(c) & np.isfinite(r)
         over_c, over_r = c[use] > slo, r[use] > slo
         mn = mcnemar(over_c, over_r, s.min_discordant)
@@ -229,7 +232,7 @@ def tail_quantiles(ctx: EvalContext) -> list[MetricResult]:
                 scale="ratio",
                 unit="ratio",
             )
-            c, r = getattr(cand, field), getattr(ref, field)
+            c, r = getattr(cand, f"{field}_s"), getattr(ref, f"{field}_s")
             use = ok & np.isfinite(c) & np.isfinite(r)
             n = int(np.count_nonzero(use))
             need = int(np.ceil(4 * q / (1 - q)))
@@ -292,15 +295,15 @@ def ttft_by_turn(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
     turn = np.minimum(ps.turn.astype(np.int64) + 1, TURN_BUCKETS)
     rows: list[dict[str, float | int | str | None]] = []
     for bucket in range(1, TURN_BUCKETS + 1):
-        x, use = log_ratio(cand.ttft, ref.ttft, ok & (turn == bucket))
+        x, use = log_ratio(cand.ttft_s, ref.ttft_s, ok & (turn == bucket))
         label = f"{bucket}+" if bucket == TURN_BUCKETS else str(bucket)
         row: dict[str, float | int | str | None] = {"turn": label}
         row.update(_table_row(ctx, x, use, TURN_BUCKETS))
         if len(x):
             row.update(
-                median_candidate_s=float(np.median(cand.ttft[use])),
-                median_reference_s=float(np.median(ref.ttft[use])),
-                median_production_s=float(np.nanmedian(ps.production.ttft[use])),
+                median_candidate_s=float(np.median(cand.ttft_s[use])),
+                median_reference_s=float(np.median(ref.ttft_s[use])),
+                median_production_s=float(np.nanmedian(ps.production.ttft_s[use])),
                 cached_fraction_candidate=_cached_fraction(cand, use),
                 cached_fraction_reference=_cached_fraction(ref, use),
             )
@@ -343,7 +346,7 @@ def ttft_slices(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
     k = len(slices)
     rows: list[dict[str, float | int | str | None]] = []
     for dim, value, mask in slices:
-        x, use = log_ratio(cand.ttft, ref.ttft, ok & mask)
+        x, use = log_ratio(cand.ttft_s, ref.ttft_s, ok & mask)
         if len(x) < 10:
             continue
         row: dict[str, float | int | str | None] = {"slice": dim, "value": value}

@@ -240,7 +240,7 @@ def output_length(ctx: EvalContext) -> list[MetricResult]:
     ps = ctx.pairs
     spec = length_spec(s)
     ref = ps.arm(ctx.reference)
-    c, r = ps.candidate.tokens.astype(np.float64), ref.tokens.astype(np.float64)
+    c, r = ps.candidate.output_tokens.astype(np.float64), ref.output_tokens.astype(np.float64)
     use = ps.candidate.ok & ref.ok & (c > 0) & (r > 0)
     if not np.any(use):
         return [empty_result(spec, ctx.reference, "no pair with token counts")]

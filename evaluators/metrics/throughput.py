@@ -33,11 +33,11 @@ def decode_speed(ctx: EvalContext) -> list[MetricResult]:
     )
     cand, ref, ok = both_ok(ctx)
     # speed ratio = reference TPOT / candidate TPOT
-    x, use = log_ratio(ref.tpot, cand.tpot, ok)
+    x, use = log_ratio(ref.tpot_s, cand.tpot_s, ok)
     if len(x) == 0:
         return [empty_result(spec, ctx.reference, "no pair with more than one output token")]
-    speed_c = 1.0 / cand.tpot[use].astype(np.float64)
-    speed_r = 1.0 / ref.tpot[use].astype(np.float64)
+    speed_c = 1.0 / cand.tpot_s[use].astype(np.float64)
+    speed_r = 1.0 / ref.tpot_s[use].astype(np.float64)
     detail = hl_detail(x, ctx, speed_c, speed_r)
     detail["median_candidate_tps"] = detail.pop("median_candidate_s")
     detail["median_reference_tps"] = detail.pop("median_reference_s")
@@ -54,12 +54,12 @@ def arm_load(pairs: PairSet, name: str) -> Row:
     if n == 0:
         return row
     start = pairs.received_at[present]
-    e2e = np.nan_to_num(arm.e2e[present].astype(np.float64), nan=0.0)
+    e2e = np.nan_to_num(arm.e2e_s[present].astype(np.float64), nan=0.0)
     span = float(np.max(start + e2e) - np.min(start))
-    tokens = float(np.nansum(arm.tokens[arm.ok]))
-    tpot = arm.tpot[arm.ok]
+    tokens = float(np.nansum(arm.output_tokens[arm.ok]))
+    tpot = arm.tpot_s[arm.ok]
     tpot = tpot[np.isfinite(tpot) & (tpot > 0)]
-    wait = arm.queue_wait[present]
+    wait = arm.queue_wait_s[present]
     wait = wait[np.isfinite(wait)]
     row.update(
         error_rate=1.0 - row["ok"] / n,  # type: ignore[operator]
@@ -71,7 +71,7 @@ def arm_load(pairs: PairSet, name: str) -> Row:
         mean_queue_wait_s=float(np.mean(wait)) if len(wait) else None,
     )
     for field in ("ttft", "e2e"):
-        values = getattr(arm, field)[arm.ok]
+        values = getattr(arm, f"{field}_s")[arm.ok]
         values = values[np.isfinite(values)]
         if len(values):
             row[f"{field}_cdf"] = [float(v) for v in np.percentile(values, CDF_LEVELS)]

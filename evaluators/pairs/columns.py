@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from domain.outcomes import ERROR_KINDS, FINISH_REASONS
+from domain.observation import PER_PAIR
+from domain.outcomes import ERROR_KINDS, FINISH_REASONS, ErrorKind
 from evaluators.pairs import text as textfn
 from evaluators.pairs.types import (
     ArmColumns,
@@ -41,19 +42,13 @@ PAIR_FIELDS = (
     "model",
     "sampled",  # in the text-similarity sample (see `sample_suffixes`)
 )
+# The per-pair quantities (float columns, as declared in domain.observation), then the fields
+# the loader turns into codes and text features.
 ARM_FIELDS = (
     "status",
     "error_kind",
-    "queue_wait_s",
-    "ttft_s",
-    "tpot_s",
-    "e2e_s",
-    "itl_p50_s",
-    "itl_p99_s",
-    "output_tokens",
+    *PER_PAIR,
     "output_tokens_source",
-    "prompt_tokens",
-    "cached_tokens",
     "finish_reason",
     "output_text",
     "text_truncated",
@@ -80,23 +75,12 @@ class _Codes(dict[Any, int]):
         return self.default
 
 
-_OTHER_ERROR = ERROR_KINDS.index("other")
-_ERRORS = _Codes(
-    ERROR_KINDS, _OTHER_ERROR, {"http_other": _OTHER_ERROR, "client_error": _OTHER_ERROR}
-)
+# Every ErrorKind has its own code; a label no member spells (old rows) counts as OTHER.
+_OTHER_ERROR = ERROR_KINDS.index(ErrorKind.OTHER)
+_ERRORS = _Codes(ERROR_KINDS, _OTHER_ERROR, {})
 _FINISH = _Codes(FINISH_REASONS, FINISH_REASONS.index("other"), {})
-_HTTP_4XX, _HTTP_5XX = ERROR_KINDS.index("http_4xx"), ERROR_KINDS.index("http_5xx")
-_FLOAT_COLUMNS = (
-    ("queue_wait_s", "queue_wait"),
-    ("ttft_s", "ttft"),
-    ("tpot_s", "tpot"),
-    ("e2e_s", "e2e"),
-    ("itl_p50_s", "itl_p50"),
-    ("itl_p99_s", "itl_p99"),
-    ("output_tokens", "tokens"),
-    ("prompt_tokens", "prompt_tokens"),
-    ("cached_tokens", "cached_tokens"),
-)
+_HTTP_4XX, _HTTP_5XX = ERROR_KINDS.index(ErrorKind.HTTP_4XX), ERROR_KINDS.index(ErrorKind.HTTP_5XX)
+_HTTP_OTHER = ERROR_KINDS.index(ErrorKind.HTTP_OTHER)
 
 
 def sample_suffixes(fraction: float) -> tuple[str, ...] | None:
@@ -214,15 +198,15 @@ class PairSetBuilder:
         by_status = np.select(
             [(status >= 200) & (status < 300), (status >= 400) & (status < 500), status >= 500],
             [0, _HTTP_4XX, _HTTP_5XX],
-            default=_OTHER_ERROR,
+            default=_HTTP_OTHER,
         )
         error = np.where(~present, 0, np.where(kind >= 0, kind, by_status)).astype(np.int8)
         arm.present[sl] = present
         arm.status[sl] = status
         arm.error[sl] = error
         arm.ok[sl] = ok = present & (error == 0)
-        for src, dst in _FLOAT_COLUMNS:
-            getattr(arm, dst)[sl] = np.asarray(f[src], dtype=np.float32)
+        for name in PER_PAIR:
+            arm.quantities[name][sl] = np.asarray(f[name], dtype=np.float32)
         arm.tokens_from_chunks[sl] = np.asarray(f["output_tokens_source"], dtype=object) == "chunks"
         finish = np.fromiter(map(_FINISH.__getitem__, f["finish_reason"]), np.int8, k)
         arm.finish[sl] = np.maximum(finish, 0)

@@ -14,6 +14,7 @@ import json
 import msgspec
 import numpy as np
 
+from domain.outcomes import ErrorKind
 from evaluators.pairs.types import ArmObs, Pair
 
 _WORDS = (
@@ -75,9 +76,9 @@ class _Request(msgspec.Struct, frozen=True):
 
 def _arm(rng: np.random.Generator, spec: Arm, req: _Request, *, is_prod: bool) -> ArmObs:
     if spec.error_rate and rng.random() < spec.error_rate:
-        return ArmObs(status=500, error_kind="http_5xx", started_at=req.t)
+        return ArmObs(status=500, error_kind=ErrorKind.HTTP_5XX, started_at=req.t)
     if spec.timeout_rate and rng.random() < spec.timeout_rate:
-        return ArmObs(status=0, error_kind="timeout", started_at=req.t)
+        return ArmObs(status=0, error_kind=ErrorKind.TIMEOUT, started_at=req.t)
     ratio = spec.ttft_ratio * (spec.later_turn_ttft_ratio if req.turn >= 1 else 1.0)
     ttft = req.base_ttft * ratio * float(rng.lognormal(0.0, spec.noise))
     tpot = req.base_tpot * spec.tpot_ratio * float(rng.lognormal(0.0, spec.noise))

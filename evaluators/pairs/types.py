@@ -16,8 +16,8 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from domain import outcomes
-from domain.outcomes import ERROR_KINDS
+from domain.observation import PER_PAIR, Measured
+from domain.outcomes import ERROR_KINDS, NOT_THE_ENDPOINT, ErrorKind
 
 F32 = NDArray[np.float32]
 F64 = NDArray[np.float64]
@@ -26,33 +26,21 @@ I16 = NDArray[np.int16]
 B = NDArray[np.bool_]
 
 # Failure classes, coded in ArmColumns.error (0 = answered OK).
-# "cancelled" is the gateway shutting down mid-request, not the endpoint failing.
-TIMEOUT = ERROR_KINDS.index(outcomes.TIMEOUT)
-CANCELLED = ERROR_KINDS.index(outcomes.CANCELLED)
+TIMEOUT = ERROR_KINDS.index(ErrorKind.TIMEOUT)
+# The gateway shut down or the client went away mid-request: not the endpoint failing.
+NOT_ENDPOINT_CODES = tuple(sorted(ERROR_KINDS.index(k) for k in NOT_THE_ENDPOINT))
 # Tri-state features (match, JSON validity, tool-call equality): -1 = not applicable / unknown.
 UNKNOWN = -1
 
 
-class ArmObs(msgspec.Struct, kw_only=True):
-    """One arm's answer to one exchange (the fields of an observation the evaluators use)."""
+class ArmObs(Measured, kw_only=True):
+    """One arm's answer to one exchange: the measured fields (`domain.observation.Measured`)
+    and what the evaluators read besides them. Defaults: an answered request."""
 
     status: int = 200
     error_kind: str | None = None
     started_at: float = 0.0
-    queue_wait_s: float | None = None
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-    itl_p50_s: float | None = None
-    itl_p99_s: float | None = None
-    output_tokens: int | None = None
-    output_tokens_source: str | None = None  # "usage" | "chunks"
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    finish_reason: str | None = None
-    output_hash: str | None = None
     output_text: str | None = None
-    text_truncated: bool = False
     tool_calls: str | None = None  # JSON: [{"name": ..., "arguments": ...}]
 
     @property
@@ -93,24 +81,20 @@ def _i8(n: int, fill: int = UNKNOWN) -> I8:
 
 @dataclass(slots=True)
 class ArmColumns:
-    """One arm's observations as columns; NaN (floats) or -1 (tri-states) where absent."""
+    """One arm's observations as columns; NaN (floats) or -1 (tri-states) where absent.
+
+    Each per-pair quantity of `domain.observation.PER_PAIR` is a float32 column read by its own
+    name (`arm.ttft_s`, `arm.output_tokens`), kept in `quantities`.
+    """
 
     present: B
     ok: B
     status: I16
     error: I8
-    queue_wait: F32
-    ttft: F32
-    tpot: F32
-    e2e: F32
-    itl_p50: F32
-    itl_p99: F32
-    tokens: F32
     tokens_from_chunks: B
-    prompt_tokens: F32
-    cached_tokens: F32
     finish: I8
     json_valid: I8
+    quantities: dict[str, F32]
 
     @classmethod
     def empty(cls, n: int) -> ArmColumns:
@@ -119,19 +103,18 @@ class ArmColumns:
             ok=_zeros(n, bool),
             status=_zeros(n, np.int16),
             error=_i8(n, 0),
-            queue_wait=_f32(n),
-            ttft=_f32(n),
-            tpot=_f32(n),
-            e2e=_f32(n),
-            itl_p50=_f32(n),
-            itl_p99=_f32(n),
-            tokens=_f32(n),
             tokens_from_chunks=_zeros(n, bool),
-            prompt_tokens=_f32(n),
-            cached_tokens=_f32(n),
             finish=_i8(n, 0),
             json_valid=_i8(n),
+            quantities={name: _f32(n) for name in PER_PAIR},
         )
+
+    def __getattr__(self, name: str) -> F32:
+        """A per-pair quantity's column, by the name it is declared with."""
+        try:
+            return self.quantities[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
     def resized(self, n: int) -> ArmColumns:
         """A copy with every column cut or grown (with absent values) to length n."""
@@ -235,6 +218,10 @@ def _resized(obj: _Columns, n: int) -> _Columns:
         if isinstance(old, np.ndarray):
             k = min(n, len(old))
             getattr(fresh, f.name)[:k] = old[:k]
+        elif isinstance(old, dict):
+            for name, column in old.items():
+                k = min(n, len(column))
+                getattr(fresh, f.name)[name][:k] = column[:k]
         elif isinstance(old, ArmColumns | Comparison):
             setattr(fresh, f.name, old.resized(n))
         elif isinstance(old, list):
@@ -252,6 +239,8 @@ def _nbytes(obj: ArmColumns | Comparison | PairSet) -> int:
         value = getattr(obj, f.name)
         if isinstance(value, np.ndarray):
             total += value.nbytes
+        elif isinstance(value, dict):
+            total += sum(column.nbytes for column in value.values())
         elif isinstance(value, ArmColumns | Comparison):
             total += _nbytes(value)
     return total

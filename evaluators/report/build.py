@@ -153,12 +153,12 @@ def build_report(
 ) -> Report:
     """The report for one candidate over the given pairs (pure: no IO, no clock but the stamp).
 
-    The candidate's own `verdict_overrides` are applied on top of `settings`. `as_of` is "now"
+    The candidate's own `verdict` are applied on top of `settings`. `as_of` is "now"
     for deciding which sessions are over and which copies may still answer (None: all of the
     given pairs are final); `trajectories=False` skips the interval-against-pairs plot data.
     """
-    if candidate.verdict_overrides:
-        settings = settings.with_overrides(candidate.verdict_overrides)
+    if candidate.verdict:
+        settings = settings.with_overrides(candidate.verdict)
     ctx = EvalContext(
         pairs=pairs,
         settings=settings,
@@ -213,13 +213,13 @@ async def evaluate(
 ) -> Report:
     """Load the candidate's pairs and accounting from storage and build its report.
 
-    The candidate's `verdict_overrides` apply on top of `settings` (a ValueError names a bad
+    The candidate's `verdict` apply on top of `settings` (a ValueError names a bad
     one). `since` defaults to the candidate's creation. LookupError when no endpoint has that name.
     """
     from evaluators.pairs import load as store
 
     cand, live, control = await store.load_endpoints(engine, candidate_name)
-    settings.with_overrides(cand.verdict_overrides)  # raises ValueError on a bad override
+    settings.with_overrides(cand.verdict)  # raises ValueError on a bad override
     start = since if since is not None else (cand.created_at or None)
     on_batch: Callable[[int], None] | None = None
     close: Callable[[], None] = lambda: None  # noqa: E731 - the no-op default

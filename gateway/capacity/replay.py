@@ -23,6 +23,7 @@ import aiohttp
 import msgspec
 
 from domain.capture import CapturedSession, CapturedTurn
+from domain.outcomes import ErrorKind
 from evaluators.capacity.goodput import Sample
 from gateway.server.meter import ResponseMeter
 
@@ -70,16 +71,16 @@ async def send_turn(
                     meter.feed(chunk, time.perf_counter())
                 result = meter.finish(time.perf_counter(), resp.status)
     except TimeoutError:
-        return Sample(session=session, ok=False, error_kind="timeout")
+        return Sample(session=session, ok=False, error_kind=ErrorKind.TIMEOUT)
     except aiohttp.ClientConnectorError:
-        return Sample(session=session, ok=False, error_kind="connect")
+        return Sample(session=session, ok=False, error_kind=ErrorKind.CONNECT)
     except (aiohttp.ClientError, OSError):
-        return Sample(session=session, ok=False, error_kind="reset")
+        return Sample(session=session, ok=False, error_kind=ErrorKind.RESET)
     if result.status != 200:
-        kind = "http_5xx" if result.status >= 500 else "http_4xx"
+        kind = ErrorKind.HTTP_5XX if result.status >= 500 else ErrorKind.HTTP_4XX
         return Sample(session=session, ok=False, error_kind=kind)
     if result.ttft_s is None:
-        return Sample(session=session, ok=False, error_kind="no_tokens")
+        return Sample(session=session, ok=False, error_kind=ErrorKind.NO_TOKENS)
     return Sample(
         session=session,
         ok=True,

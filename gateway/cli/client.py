@@ -15,22 +15,25 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from domain.errors import CanaryError
 from gateway.control.admin import schema as s
 
 T = TypeVar("T")
 
 
-class AdminAPIError(Exception):
-    """The admin API answered with an error status."""
+class AdminAPIError(CanaryError):
+    """The admin API answered with an error status: exit 2 for a refusal (4xx, the operator's
+    to fix), 1 for a server failure."""
 
     def __init__(self, status: int, message: str, error: s.ErrorInfo | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.error = error
+        self.exit_code = 2 if status < 500 else 1
 
 
-class AdminUnreachable(Exception):
-    """The admin API did not answer (refused, reset, timed out, not HTTP)."""
+class AdminUnreachable(CanaryError):
+    """The admin API did not answer (refused, reset, timed out, not HTTP). Exit code 1."""
 
 
 def admin_base(url: str) -> str:

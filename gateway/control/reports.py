@@ -168,7 +168,7 @@ class LocalReports:
             self.stats["running"] += 1
             started = time.perf_counter()
             try:
-                try:  # the candidate's verdict_overrides apply on top (ValueError: a bad one)
+                try:  # the candidate's `verdict` overrides apply on top (ValueError: a bad one)
                     report = await evaluate(
                         self.engine, name, settings=self.settings, planned_look=final
                     )

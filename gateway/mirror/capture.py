@@ -24,6 +24,7 @@ import msgspec
 import xxhash
 
 from domain.capture import CaptureRecord
+from domain.exposition import Exposed, Family
 from domain.records import ExchangeRecord
 
 if TYPE_CHECKING:
@@ -57,6 +58,18 @@ COUNTER_KEYS: Final = (
     "written",
     "write_failed",
     "purged",
+)
+CAPTURE_TOTAL: Final = Family(
+    "canary_capture_total",
+    "counter",
+    "Captured request bodies, and refusals by reason.",
+    ("outcome",),
+)
+CAPTURE_BYTES: Final = Family(
+    "canary_capture_bytes",
+    "gauge",
+    "Bytes of bodies stored (inside retention) or queued.",
+    ("state",),
 )
 
 _decoder = msgspec.json.Decoder()
@@ -228,16 +241,13 @@ class CaptureSink:
     def count(self, key: str, n: int = 1) -> None:
         self.counts[key] += n
 
-    def prometheus_lines(self) -> Iterable[str]:
-        yield "# HELP canary_capture_total Captured request bodies, and refusals by reason."
-        yield "# TYPE canary_capture_total counter"
+    def prometheus_lines(self) -> Iterable[Exposed]:
+        yield CAPTURE_TOTAL
         for key in COUNTER_KEYS:
-            yield f'canary_capture_total{{outcome="{key}"}} {self.counts[key]}'
-        yield "# HELP canary_capture_bytes Bytes of bodies stored (inside retention) or queued."
-        yield "# TYPE canary_capture_bytes gauge"
-        yield f'canary_capture_bytes{{state="stored"}} {self.stored_bytes}'
-        yield f'canary_capture_bytes{{state="queued"}} {self.queued_bytes}'
-        yield f'canary_capture_bytes{{state="limit"}} {self.max_bytes}'
+            yield CAPTURE_TOTAL.sample(self.counts[key], key)
+        yield CAPTURE_BYTES.sample(self.stored_bytes, "stored")
+        yield CAPTURE_BYTES.sample(self.queued_bytes, "queued")
+        yield CAPTURE_BYTES.sample(self.max_bytes, "limit")
 
 
 def capture_from_config(config: GatewayConfig) -> CaptureSink | None:

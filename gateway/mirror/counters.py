@@ -15,10 +15,21 @@ at the end of a shutdown drain are `timed_out`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Final
 
 from domain.accounting import IDENTITY_FIELDS, identity_holds
+from domain.exposition import (
+    Exposed,
+    Family,
+    Kind,
+    Sample,
+    fmt,
+    integer,
+    significant,
+    six_digits,
+    three_digits,
+)
 
 __all__ = [
     "IDENTITY_FIELDS",
@@ -72,16 +83,86 @@ class MirrorCounters:
         }
 
 
-_GAUGES: Final = (
-    ("pending", "canary_mirror_pending", "Copies queued or in flight."),
-    ("inflight", "canary_mirror_inflight", "Copies being sent to the candidate now."),
-    ("buffer_items", "canary_mirror_buffer_items", "Copies waiting in the ring buffer."),
-    ("buffer_bytes", "canary_mirror_buffer_bytes", "Request bytes waiting in the ring buffer."),
+def _lane(name: str, kind: Kind, help_text: str) -> Family:
+    return Family(name, kind, help_text, ("candidate",))
+
+
+def _one(name: str, kind: Kind, help_text: str, fmt: Callable[[float], str] = fmt) -> Family:
+    return Family(name, kind, help_text, fmt=fmt)
+
+
+COPIES: Final = Family(
+    "canary_mirror_copies_total",
+    "counter",
+    "Mirror copies by candidate and outcome.",
+    ("candidate", "outcome"),
 )
-
-
-def _esc(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+# A subset of dropped_overflow, so not an outcome label (sums by outcome would count it twice).
+DROPPED_ON_STOP: Final = _lane(
+    "canary_mirror_dropped_on_stop_total",
+    "counter",
+    "Queued copies dropped at removal or shutdown.",
+)
+_GAUGES: Final = (
+    ("pending", _lane("canary_mirror_pending", "gauge", "Copies queued or in flight.")),
+    (
+        "inflight",
+        _lane("canary_mirror_inflight", "gauge", "Copies being sent to the candidate now."),
+    ),
+    (
+        "buffer_items",
+        _lane("canary_mirror_buffer_items", "gauge", "Copies waiting in the ring buffer."),
+    ),
+    (
+        "buffer_bytes",
+        _lane("canary_mirror_buffer_bytes", "gauge", "Request bytes waiting in the ring buffer."),
+    ),
+)
+SKIPPED: Final = Family(
+    "canary_mirror_skipped_total",
+    "counter",
+    "Requests not mirrored at all, by reason.",
+    ("reason",),
+)
+OUT_OF_ORDER: Final = _one(
+    "canary_mirror_out_of_order_turns_total", "counter", "Turns that arrived after a later one."
+)
+MEMORY: Final = _one(
+    "canary_mirror_memory_bytes", "gauge", "Request bytes held by all ring buffers together."
+)
+MEMORY_BUDGET: Final = _one(
+    "canary_mirror_memory_budget_bytes", "gauge", "The process-wide mirror memory budget."
+)
+SHEDDING: Final = _one(
+    "canary_mirror_shedding", "gauge", "1 while the mirror process sheds a share of new copies."
+)
+SHED_EPISODES: Final = _one(
+    "canary_mirror_shed_episodes_total", "counter", "Times shedding switched on."
+)
+LOOP_LAG: Final = _one(
+    "canary_mirror_loop_lag_max_seconds",
+    "gauge",
+    "Largest event-loop lag measured so far.",
+    six_digits,
+)
+CPU_BUSY: Final = _one(
+    "canary_mirror_cpu_busy",
+    "gauge",
+    "Share of one core this process used, last window.",
+    three_digits,
+)
+SHED_FRACTION: Final = _one(
+    "canary_mirror_shed_fraction",
+    "gauge",
+    "Share of new copies shed now (sustained overload).",
+    three_digits,
+)
+SHED: Final = Family(
+    "canary_mirror_shed_total",
+    "counter",
+    "Copies shed, by the overload signal that shed them.",
+    ("reason",),
+)
 
 
 def prometheus_lines(
@@ -95,116 +176,124 @@ def prometheus_lines(
     cpu_busy: float = 0.0,
     shed_fraction: float = 0.0,
     shed_reasons: Mapping[str, int] | None = None,
-) -> Iterator[str]:
-    """Prometheus text exposition lines for the mirror (HELP/TYPE included)."""
-    yield "# HELP canary_mirror_copies_total Mirror copies by candidate and outcome."
-    yield "# TYPE canary_mirror_copies_total counter"
+) -> Iterator[Exposed]:
+    """The mirror's families and samples, for the metrics registry."""
+    yield COPIES
     for name, c in lanes.items():
-        prefix = f'canary_mirror_copies_total{{candidate="{_esc(name)}",outcome="'
         for outcome in IDENTITY_FIELDS:
-            yield f'{prefix}{outcome}"}} {c[outcome]}'
-    # A subset of dropped_overflow, so not an outcome label (sums by outcome would count it twice).
-    yield "# HELP canary_mirror_dropped_on_stop_total Queued copies dropped at removal or shutdown."
-    yield "# TYPE canary_mirror_dropped_on_stop_total counter"
-    yield from _per_lane("canary_mirror_dropped_on_stop_total", "dropped_on_stop", lanes.items())
-    for key, metric, help_text in _GAUGES:
-        yield f"# HELP {metric} {help_text}"
-        yield f"# TYPE {metric} gauge"
-        yield from _per_lane(metric, key, lanes.items())
-    yield "# HELP canary_mirror_skipped_total Requests not mirrored at all, by reason."
-    yield "# TYPE canary_mirror_skipped_total counter"
+            yield COPIES.sample(c[outcome], name, outcome)
+    yield DROPPED_ON_STOP
+    yield from _per_lane(DROPPED_ON_STOP, "dropped_on_stop", lanes.items())
+    for key, family in _GAUGES:
+        yield family
+        yield from _per_lane(family, key, lanes.items())
+    yield SKIPPED
     for reason, value in process.items():
         if reason.startswith("skipped_"):
-            label = reason.removeprefix("skipped_")
-            yield f'canary_mirror_skipped_total{{reason="{label}"}} {value}'
-    yield "# HELP canary_mirror_out_of_order_turns_total Turns that arrived after a later one."
-    yield "# TYPE canary_mirror_out_of_order_turns_total counter"
-    yield f"canary_mirror_out_of_order_turns_total {process.get('out_of_order_turns', 0)}"
-    yield "# HELP canary_mirror_memory_bytes Request bytes held by all ring buffers together."
-    yield "# TYPE canary_mirror_memory_bytes gauge"
-    yield f"canary_mirror_memory_bytes {budget_used}"
-    yield "# HELP canary_mirror_memory_budget_bytes The process-wide mirror memory budget."
-    yield "# TYPE canary_mirror_memory_budget_bytes gauge"
-    yield f"canary_mirror_memory_budget_bytes {budget_limit}"
-    yield "# HELP canary_mirror_shedding 1 while the mirror process sheds a share of new copies."
-    yield "# TYPE canary_mirror_shedding gauge"
-    yield f"canary_mirror_shedding {int(shedding)}"
-    yield "# HELP canary_mirror_shed_episodes_total Times shedding switched on."
-    yield "# TYPE canary_mirror_shed_episodes_total counter"
-    yield f"canary_mirror_shed_episodes_total {shed_episodes}"
-    yield "# HELP canary_mirror_loop_lag_max_seconds Largest event-loop lag measured so far."
-    yield "# TYPE canary_mirror_loop_lag_max_seconds gauge"
-    yield f"canary_mirror_loop_lag_max_seconds {max_lag_s:.6f}"
-    yield "# HELP canary_mirror_cpu_busy Share of one core this process used, last window."
-    yield "# TYPE canary_mirror_cpu_busy gauge"
-    yield f"canary_mirror_cpu_busy {cpu_busy:.3f}"
-    yield "# HELP canary_mirror_shed_fraction Share of new copies shed now (sustained overload)."
-    yield "# TYPE canary_mirror_shed_fraction gauge"
-    yield f"canary_mirror_shed_fraction {shed_fraction:.3f}"
-    yield "# HELP canary_mirror_shed_total Copies shed, by the overload signal that shed them."
-    yield "# TYPE canary_mirror_shed_total counter"
+            yield SKIPPED.sample(value, reason.removeprefix("skipped_"))
+    yield OUT_OF_ORDER.sample(process.get("out_of_order_turns", 0))
+    yield MEMORY.sample(budget_used)
+    yield MEMORY_BUDGET.sample(budget_limit)
+    yield SHEDDING.sample(int(shedding))
+    yield SHED_EPISODES.sample(shed_episodes)
+    yield LOOP_LAG.sample(max_lag_s)
+    yield CPU_BUSY.sample(cpu_busy)
+    yield SHED_FRACTION.sample(shed_fraction)
+    yield SHED
     for reason, value in (shed_reasons or {}).items():
-        yield f'canary_mirror_shed_total{{reason="{reason}"}} {value}'
+        yield SHED.sample(value, reason)
 
 
 def _per_lane(
-    metric: str, key: str, items: Iterable[tuple[str, Mapping[str, int]]]
-) -> Iterator[str]:
+    family: Family, key: str, items: Iterable[tuple[str, Mapping[str, int]]]
+) -> Iterator[Sample]:
     for name, c in items:
-        yield f'{metric}{{candidate="{_esc(name)}"}} {c[key]}'
+        yield family.sample(c[key], name)
 
 
+ELIGIBLE_RPS: Final = _one(
+    "canary_mirror_eligible_requests_per_second",
+    "gauge",
+    "Requests on mirrored routes, host.",
+    significant,
+)
 _RATE_GAUGES: Final = (
     (
         "target_rps",
-        "canary_mirror_target_copies_per_second",
-        "Copies per second the candidate asks for (target_rps; only candidates that set it).",
+        Family(
+            "canary_mirror_target_copies_per_second",
+            "gauge",
+            "Copies per second the candidate asks for (target_rps; only candidates that set it).",
+            ("candidate",),
+            significant,
+        ),
     ),
     (
         "effective_sample_rate",
-        "canary_mirror_effective_sample_rate",
-        "Share of eligible requests (or sessions) sampled for the candidate now.",
+        Family(
+            "canary_mirror_effective_sample_rate",
+            "gauge",
+            "Share of eligible requests (or sessions) sampled for the candidate now.",
+            ("candidate",),
+            significant,
+        ),
     ),
     (
         "realized_copies_per_second",
-        "canary_mirror_realized_copies_per_second",
-        "Copies per second sampled for the candidate on this host, smoothed.",
+        Family(
+            "canary_mirror_realized_copies_per_second",
+            "gauge",
+            "Copies per second sampled for the candidate on this host, smoothed.",
+            ("candidate",),
+            significant,
+        ),
     ),
 )
 _RATE_COUNTERS: Final = (
     (
         "rate_changes",
-        "canary_mirror_sample_rate_changes_total",
-        "Times the adaptive share (target_rps) of the candidate changed.",
+        Family(
+            "canary_mirror_sample_rate_changes_total",
+            "counter",
+            "Times the adaptive share (target_rps) of the candidate changed.",
+            ("candidate",),
+            integer,
+        ),
     ),
     (
         "sessions_cut",
-        "canary_mirror_sessions_cut_total",
-        "Conversations in progress a lowered adaptive share stopped mirroring.",
+        Family(
+            "canary_mirror_sessions_cut_total",
+            "counter",
+            "Conversations in progress a lowered adaptive share stopped mirroring.",
+            ("candidate",),
+            integer,
+        ),
     ),
     (
         "sessions_joined",
-        "canary_mirror_sessions_joined_total",
-        "Conversations a raised adaptive share began mirroring after their first turn.",
+        Family(
+            "canary_mirror_sessions_joined_total",
+            "counter",
+            "Conversations a raised adaptive share began mirroring after their first turn.",
+            ("candidate",),
+            integer,
+        ),
     ),
 )
 
 
 def rate_lines(
     rates: Mapping[str, Mapping[str, float | None]], eligible_rps: float | None
-) -> Iterator[str]:
+) -> Iterator[Exposed]:
     """Adaptive sampling: per candidate target, effective share, realized rate and the cost of
-    changes; the host's eligible request rate (HELP/TYPE included; None values are omitted)."""
-    yield "# HELP canary_mirror_eligible_requests_per_second Requests on mirrored routes, host."
-    yield "# TYPE canary_mirror_eligible_requests_per_second gauge"
+    changes; the host's eligible request rate (None values are omitted)."""
+    yield ELIGIBLE_RPS
     if eligible_rps is not None:
-        yield f"canary_mirror_eligible_requests_per_second {eligible_rps:.6g}"
-    for kind, table in (("gauge", _RATE_GAUGES), ("counter", _RATE_COUNTERS)):
-        for key, metric, help_text in table:
-            yield f"# HELP {metric} {help_text}"
-            yield f"# TYPE {metric} {kind}"
-            for name, r in rates.items():
-                value = r.get(key)
-                if value is not None:
-                    text = f"{value:.6g}" if kind == "gauge" else str(int(value))
-                    yield f'{metric}{{candidate="{_esc(name)}"}} {text}'
+        yield ELIGIBLE_RPS.sample(eligible_rps)
+    for key, family in (*_RATE_GAUGES, *_RATE_COUNTERS):
+        yield family
+        for name, r in rates.items():
+            value = r.get(key)
+            if value is not None:
+                yield family.sample(value, name)

@@ -45,6 +45,7 @@ from multidict import CIMultiDictProxy
 
 from domain.accounting import GAUGE_FIELDS, IDENTITY_FIELDS
 from domain.endpoint import Endpoint
+from domain.exposition import Exposed, Family
 from domain.ids import uuid7
 from gateway.config import GatewayConfig
 from gateway.mirror import rate as rate_mod
@@ -426,27 +427,38 @@ class Handoff:
     def writer_stats(self) -> dict[str, int]:
         return dict(self.stats.writer) if self.stats else {}
 
-    def prometheus_lines(self) -> Iterable[str]:
+    def prometheus_lines(self) -> Iterable[Exposed]:
         """This worker's hand-off counters, then the mirror process's lines (host-wide)."""
         yield from _handoff_lines(self.counters(), self.process, self._transport is not None)
         if self.stats is not None:
-            yield from self.stats.prometheus.splitlines()
+            yield from self.stats.prometheus.splitlines()  # rendered there from declarations
+
+
+HANDOFF_DROPPED: Final = Family(
+    "canary_mirror_handoff_dropped_total",
+    "counter",
+    "Copies a worker chose but never handed off.",
+    ("candidate", "reason"),
+)
+HANDOFF_EVENTS: Final = Family(
+    "canary_mirror_handoff_total",
+    "counter",
+    "This worker's hand-off events, by event.",
+    ("event",),
+)
+CHANNEL_UP: Final = Family(
+    "canary_mirror_channel_up", "gauge", "1 while this worker is connected to the mirror process."
+)
 
 
 def _handoff_lines(
     lanes: Mapping[str, Mapping[str, int]], process: Mapping[str, int], connected: bool
-) -> Iterable[str]:
-    yield "# HELP canary_mirror_handoff_dropped_total Copies a worker chose but never handed off."
-    yield "# TYPE canary_mirror_handoff_dropped_total counter"
+) -> Iterable[Exposed]:
+    yield HANDOFF_DROPPED
     for name, c in lanes.items():
-        esc = name.replace("\\", "\\\\").replace('"', '\\"')
         for key in ("dropped_overflow", "dropped_oversize"):
-            labels = f'candidate="{esc}",reason="{key}"'
-            yield f"canary_mirror_handoff_dropped_total{{{labels}}} {c[key]}"
-    yield "# HELP canary_mirror_handoff_total This worker's hand-off events, by event."
-    yield "# TYPE canary_mirror_handoff_total counter"
+            yield HANDOFF_DROPPED.sample(c[key], name, key)
+    yield HANDOFF_EVENTS
     for key, value in process.items():
-        yield f'canary_mirror_handoff_total{{event="{key}"}} {value}'
-    yield "# HELP canary_mirror_channel_up 1 while this worker is connected to the mirror process."
-    yield "# TYPE canary_mirror_channel_up gauge"
-    yield f"canary_mirror_channel_up {int(connected)}"
+        yield HANDOFF_EVENTS.sample(value, key)
+    yield CHANNEL_UP.sample(int(connected))

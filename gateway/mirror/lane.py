@@ -27,8 +27,8 @@ import msgspec
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from domain import outcomes
 from domain.endpoint import Endpoint
+from domain.outcomes import ErrorKind
 from gateway.config import GatewayConfig
 from gateway.credentials import candidate_credential
 from gateway.mirror.counters import LaneCounters
@@ -330,7 +330,7 @@ class Lane:
         except UpstreamError as exc:
             error_kind = exc.kind
         except asyncio.CancelledError:
-            self._record(copy, started_at, queue_wait, meter, status, outcomes.CANCELLED)
+            self._record(copy, started_at, queue_wait, meter, status, ErrorKind.CANCELLED)
             raise
         finally:
             wd.close()
@@ -355,7 +355,7 @@ class Lane:
             error_kind = classify(result)
         c = self.counters
         c.sent += 1
-        if error_kind in ("timeout", "cancelled"):
+        if error_kind in (ErrorKind.TIMEOUT, ErrorKind.CANCELLED):
             c.timed_out += 1
         elif error_kind is None:
             c.observed_ok += 1

@@ -1,9 +1,10 @@
 """Turn a metered response into the records storage keeps (pure: no IO).
 
 One function for both arms so production and candidate observations are built the same way:
-output text truncated to `store_text_max_chars` (or None when `store_text` is false), the hash
-of the full text always kept, tool calls as JSON text, and an `error_kind` derived from the
-response when the transport itself did not fail.
+the meter's measured fields carried over as they are (`domain.observation.measured`), output
+text kept by `domain.observation.kept_text` (cut to `store_text_max_chars`, or None when
+`store_text` is false), the hash of the full text always kept, tool calls as JSON text, and
+an `error_kind` derived from the response when the transport itself did not fail.
 
 A stream that carried its final event (`[DONE]`, or choice 0's `finish_reason`) answered: what
 the client's socket did afterwards (the SDK closing after `[DONE]` before the gateway's last
@@ -17,6 +18,8 @@ from typing import Final, Literal
 
 import msgspec
 
+from domain.observation import kept_text, measured
+from domain.outcomes import ErrorKind
 from domain.records import ObservationRecord
 from gateway.server.meter import MeterResult
 
@@ -25,29 +28,21 @@ __all__ = ["classify", "observation"]
 _encode: Final = msgspec.json.Encoder().encode
 
 
-def classify(result: MeterResult) -> str | None:
+def classify(result: MeterResult) -> ErrorKind | None:
     """The error kind a complete exchange's response shows, or None when it looks healthy."""
     if result.status >= 500:
-        return "http_5xx"
+        return ErrorKind.HTTP_5XX
     if result.status >= 400:
-        return "http_4xx"
+        return ErrorKind.HTTP_4XX
     if result.status < 200:
-        return "http_other"
+        return ErrorKind.HTTP_OTHER
     if result.is_sse:
         if result.saw_done or result.finish_reason is not None:
             return None
         if result.parse_errors or (result.bytes_total and not result.chunk_count):
-            return "garbage"
-        return "truncated"
-    return "garbage" if result.parse_errors else None
-
-
-def _source(value: str | None) -> Literal["usage", "chunks"] | None:
-    if value == "usage":
-        return "usage"
-    if value == "chunks":
-        return "chunks"
-    return None
+            return ErrorKind.GARBAGE
+        return ErrorKind.TRUNCATED
+    return ErrorKind.GARBAGE if result.parse_errors else None
 
 
 def observation(
@@ -69,37 +64,20 @@ def observation(
     """
     if error_kind is None:
         error_kind = classify(result)
-    text: str | None = None
-    truncated = result.text_truncated
-    if store_text:
-        text = result.text
-        if len(text) > max_chars:
-            text, truncated = text[:max_chars], True
+    text, truncated = kept_text(
+        result.text, result.text_truncated, store_text=store_text, max_chars=max_chars
+    )
+    fields = measured(result)
+    fields.update(queue_wait_s=queue_wait_s, text_truncated=truncated)
     tools = result.tool_calls
     return ObservationRecord(
+        **fields,
         exchange_id=exchange_id,
         endpoint=endpoint,
         arm=arm,
         started_at=started_at,
-        status=result.status,
         error_kind=error_kind,
-        queue_wait_s=queue_wait_s,
-        ttft_s=result.ttft_s,
-        tpot_s=result.tpot_s,
-        e2e_s=result.e2e_s,
-        itl_count=result.itl_count,
-        itl_mean_s=result.itl_mean_s,
-        itl_p50_s=result.itl_p50_s,
-        itl_p99_s=result.itl_p99_s,
-        itl_max_s=result.itl_max_s,
-        output_tokens=result.output_tokens,
-        output_tokens_source=_source(result.output_tokens_source),
-        prompt_tokens=result.prompt_tokens,
-        cached_tokens=result.cached_tokens,
-        finish_reason=result.finish_reason,
         output_text=text,
-        output_hash=result.text_hash,
-        text_truncated=truncated,
         tool_calls=(
             None
             if tools is None

@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain import errors
 from domain.endpoint import Endpoint
+from domain.exposition import Exposed, Family, render
 from gateway.config import GatewayConfig
 from gateway.control.registry import Registry, Snapshot
 from gateway.credentials import REFUSALS
@@ -51,6 +52,18 @@ __all__ = ["lower_priority", "serve_plane"]
 
 log = logging.getLogger("canary.mirror.plane")
 
+PROCESS_INFO: Final = Family(
+    "canary_mirror_process_info",
+    "gauge",
+    "The mirror process and the priority it runs at.",
+    ("pid", "priority"),
+)
+PLANE_EVENTS: Final = Family(
+    "canary_mirror_plane_total", "counter", "Mirror-process frame events, by event.", ("event",)
+)
+RESULTS_WAITING: Final = Family(
+    "canary_mirror_results_waiting", "gauge", "Copies whose production result is due."
+)
 _STATS_INTERVAL_S: Final = 0.5
 _STATS_BACKLOG: Final = 1 << 20  # bytes of unread STATS per worker before we skip sending
 _encode = msgspec.msgpack.Encoder().encode
@@ -194,11 +207,16 @@ class _Plane:
 
     def stats_frame(self) -> bytes:
         mirror = self.mirror
-        lines = [*mirror.prometheus_lines(), *self.writer.prometheus_lines(), *self._own_lines()]
+        items: list[Exposed] = [
+            *mirror.prometheus_lines(),
+            *self.writer.prometheus_lines(),
+            *self._own_lines(),
+        ]
         if self.capture is not None:
-            lines.extend(self.capture.prometheus_lines())
+            items.extend(self.capture.prometheus_lines())
         # The lanes read candidate credentials here, in the mirror process: its refusals count.
-        lines.extend(REFUSALS.prometheus_lines())
+        items.extend(REFUSALS.prometheus_lines())
+        lines = render(items)
         meta = _encode(
             wire.StatsMeta(
                 pid=os.getpid(),
@@ -220,18 +238,13 @@ class _Plane:
             if not conn.is_closing():
                 conn.write(frame)
 
-    def _own_lines(self) -> list[str]:
-        out = [
-            "# HELP canary_mirror_process_info The mirror process and the priority it runs at.",
-            "# TYPE canary_mirror_process_info gauge",
-            f'canary_mirror_process_info{{pid="{os.getpid()}",priority="{self.priority}"}} 1',
-            "# HELP canary_mirror_plane_total Mirror-process frame events, by event.",
-            "# TYPE canary_mirror_plane_total counter",
+    def _own_lines(self) -> list[Exposed]:
+        out: list[Exposed] = [
+            PROCESS_INFO.sample(1, str(os.getpid()), str(self.priority)),
+            PLANE_EVENTS,
         ]
-        out.extend(f'canary_mirror_plane_total{{event="{k}"}} {v}' for k, v in self.counts.items())
-        out.append("# HELP canary_mirror_results_waiting Copies whose production result is due.")
-        out.append("# TYPE canary_mirror_results_waiting gauge")
-        out.append(f"canary_mirror_results_waiting {len(self.tokens)}")
+        out.extend(PLANE_EVENTS.sample(v, k) for k, v in self.counts.items())
+        out.append(RESULTS_WAITING.sample(len(self.tokens)))
         return out
 
     async def broadcast(self) -> None:

@@ -31,6 +31,7 @@ import xxhash
 from multidict import CIMultiDictProxy
 
 from domain.endpoint import Endpoint
+from domain.exposition import Exposed
 from domain.ids import uuid7
 from domain.records import ExchangeRecord
 from gateway.config import GatewayConfig
@@ -386,8 +387,8 @@ class Mirror:
         conversation turns that arrived out of order."""
         return {**self.process.as_dict(), "out_of_order_turns": self.order.out_of_order}
 
-    def prometheus_lines(self) -> Iterable[str]:
-        """Prometheus text lines, for the metrics registry's `add_collector`."""
+    def prometheus_lines(self) -> Iterable[Exposed]:
+        """Families and samples, for the metrics registry's `add_collector`."""
         yield from counters_mod.rate_lines(self.rate_stats(), self.adaptive.control.eligible_rps)
         yield from counters_mod.prometheus_lines(
             self.counters(),

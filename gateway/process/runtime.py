@@ -28,6 +28,7 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 from aiohttp import web
@@ -37,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain import errors as storage_errors
 from domain.endpoint import Endpoint
 from domain.errors import SchemaBehind, UsageError
+from domain.exposition import Family, Sample
 from evaluators.judge.settings import VerdictSettings
 from gateway.config import GatewayConfig, parse_admin_tokens
 from gateway.control.admin.handlers import AdminContext, build_admin_app
@@ -117,18 +119,30 @@ class _CountersFlusher:
                 await task
 
 
-def _registry_lines(registry: Registry) -> list[str]:
+REGISTRY_VERSION: Final = Family(
+    "canary_registry_version", "gauge", "Control-plane version this replica applies."
+)
+REGISTRY_RELOADS: Final = Family(
+    "canary_registry_reloads_total", "counter", "Snapshots loaded from storage."
+)
+REGISTRY_POLL_ERRORS: Final = Family(
+    "canary_registry_poll_errors_total",
+    "counter",
+    "Registry polls that failed (old snapshot kept).",
+)
+MIRROR_RESTARTS: Final = Family(
+    "canary_mirror_process_restarts_total",
+    "counter",
+    "Times this process restarted the mirror.",
+)
+
+
+def _registry_lines(registry: Registry) -> list[Sample]:
     stats = registry.stats()
     return [
-        "# HELP canary_registry_version Control-plane version this replica applies.",
-        "# TYPE canary_registry_version gauge",
-        f"canary_registry_version {stats['version']}",
-        "# HELP canary_registry_reloads_total Snapshots loaded from storage.",
-        "# TYPE canary_registry_reloads_total counter",
-        f"canary_registry_reloads_total {stats['reloads']}",
-        "# HELP canary_registry_poll_errors_total Registry polls that failed (old snapshot kept).",
-        "# TYPE canary_registry_poll_errors_total counter",
-        f"canary_registry_poll_errors_total {stats['poll_errors']}",
+        REGISTRY_VERSION.sample(stats["version"]),
+        REGISTRY_RELOADS.sample(stats["reloads"]),
+        REGISTRY_POLL_ERRORS.sample(stats["poll_errors"]),
     ]
 
 
@@ -337,13 +351,9 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
-def _plane_lines(parts: Components) -> list[str]:
+def _plane_lines(parts: Components) -> list[Sample]:
     restarts = parts.plane.restarts if parts.plane is not None else 0
-    return [
-        "# HELP canary_mirror_process_restarts_total Times this process restarted the mirror.",
-        "# TYPE canary_mirror_process_restarts_total counter",
-        f"canary_mirror_process_restarts_total {restarts}",
-    ]
+    return [MIRROR_RESTARTS.sample(restarts)]
 
 
 async def serve_until_stopped(

@@ -28,7 +28,7 @@ from aiohttp import web
 from gateway.config import GatewayConfig, split_host_port
 from gateway.server.connections import ConnectionStats, GatewayRunner
 from gateway.server.hooks import LiveTarget, RequestTee
-from gateway.server.metrics import Registry
+from gateway.server.metrics import Collector, Registry
 from gateway.server.proxy import Proxy, ProxyMetrics
 from gateway.server.upstream import make_client_session
 
@@ -46,7 +46,7 @@ READY_CHECKS = web.AppKey("canary_ready_checks", dict[str, ReadyCheck])
 
 # Set on an admin app before `mount_admin`: its readiness checks and /metrics collectors.
 ADMIN_READY_CHECKS = web.AppKey("canary_admin_ready_checks", dict[str, ReadyCheck])
-ADMIN_COLLECTORS = web.AppKey("canary_admin_collectors", list[Callable[[], list[str]]])
+ADMIN_COLLECTORS = web.AppKey("canary_admin_collectors", list[Collector])
 ADMIN_APP = web.AppKey("canary_admin_app", web.Application)  # served on `admin_listen`
 CONNECTIONS = web.AppKey("canary_connection_stats", ConnectionStats)
 

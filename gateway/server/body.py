@@ -16,9 +16,22 @@ from typing import Final
 
 from aiohttp import web
 
+from domain.exposition import Family, Sample
+
 TOO_LARGE: Final = "too_large"
 BUSY: Final = "busy"
 TIMEOUT: Final = "timeout"
+
+BODY_REFUSED: Final = Family(
+    "canary_proxy_body_refused_total",
+    "counter",
+    "Request bodies refused: budget (503, max_body_bytes_in_flight full) or timeout (408, "
+    "body_read_timeout_s).",
+    ("reason",),
+)
+BODY_IN_FLIGHT: Final = Family(
+    "canary_proxy_body_bytes_in_flight", "gauge", "Request-body bytes held by requests in flight."
+)
 
 
 class BodyBudget:
@@ -41,17 +54,11 @@ class BodyBudget:
     def give(self, n: int) -> None:
         self.reserved -= n
 
-    def prometheus_lines(self) -> list[str]:
+    def prometheus_lines(self) -> list[Sample]:
         return [
-            "# HELP canary_proxy_body_refused_total Request bodies refused: budget (503, "
-            "max_body_bytes_in_flight full) or timeout (408, body_read_timeout_s).",
-            "# TYPE canary_proxy_body_refused_total counter",
-            f'canary_proxy_body_refused_total{{reason="budget"}} {self.refused}',
-            f'canary_proxy_body_refused_total{{reason="timeout"}} {self.timeouts}',
-            "# HELP canary_proxy_body_bytes_in_flight Request-body bytes held by requests in "
-            "flight.",
-            "# TYPE canary_proxy_body_bytes_in_flight gauge",
-            f"canary_proxy_body_bytes_in_flight {self.reserved}",
+            BODY_REFUSED.sample(self.refused, "budget"),
+            BODY_REFUSED.sample(self.timeouts, TIMEOUT),
+            BODY_IN_FLIGHT.sample(self.reserved),
         ]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.web_log import AccessLogger
@@ -27,9 +27,29 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
+from domain.exposition import Exposed, Family
 from gateway.server.proxy import error_body
 
 log = logging.getLogger("canary.gateway")
+
+CONNECTIONS_REFUSED: Final = Family(
+    "canary_connections_refused_total",
+    "counter",
+    "Connections closed at accept: the listener was at its connection limit.",
+    ("listener",),
+)
+HEADER_READ_TIMEOUTS: Final = Family(
+    "canary_header_read_timeouts_total",
+    "counter",
+    "Connections closed because a request head did not complete within header_read_timeout_s.",
+    ("listener",),
+)
+BAD_REQUESTS: Final = Family(
+    "canary_bad_requests_total",
+    "counter",
+    "Malformed HTTP requests answered 400, by kind.",
+    ("listener", "kind"),
+)
 
 _FULL_BODY = error_body(
     "the gateway has too many open connections; retry later", "server_error", "too_many_connections"
@@ -72,35 +92,18 @@ class ConnectionStats:
             self._last_log = now
             self._unlogged = 0
 
-    def prometheus_lines(self) -> list[str]:
+    def prometheus_lines(self) -> list[Exposed]:
         """This listener's series and those of `also` (other listeners of the process), one
         block per family: a family's samples must stay together in the text format."""
         every = [self, *self.also]
-        lines = [
-            "# HELP canary_connections_refused_total Connections closed at accept: the "
-            "listener was at its connection limit.",
-            "# TYPE canary_connections_refused_total counter",
-        ]
-        lines += [f'canary_connections_refused_total{{listener="{s.listener}"}} {s.refused}'
-                  for s in every]  # fmt: skip
-        lines += [
-            "# HELP canary_header_read_timeouts_total Connections closed because a request "
-            "head did not complete within header_read_timeout_s.",
-            "# TYPE canary_header_read_timeouts_total counter",
-        ]
-        lines += [
-            f'canary_header_read_timeouts_total{{listener="{s.listener}"}} {s.header_timeouts}'
-            for s in every
-        ]
-        lines += [
-            "# HELP canary_bad_requests_total Malformed HTTP requests answered 400, by kind.",
-            "# TYPE canary_bad_requests_total counter",
-        ]
+        lines: list[Exposed] = [CONNECTIONS_REFUSED]
+        lines += [CONNECTIONS_REFUSED.sample(s.refused, s.listener) for s in every]
+        lines.append(HEADER_READ_TIMEOUTS)
+        lines += [HEADER_READ_TIMEOUTS.sample(s.header_timeouts, s.listener) for s in every]
+        lines.append(BAD_REQUESTS)
         for s in every:
             for kind, n in sorted(s.bad_requests.items()):
-                lines.append(
-                    f'canary_bad_requests_total{{listener="{s.listener}",kind="{kind}"}} {n}'
-                )
+                lines.append(BAD_REQUESTS.sample(n, s.listener, kind))
         return lines
 
 

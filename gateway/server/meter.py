@@ -22,38 +22,24 @@ import time
 import msgspec
 import xxhash
 
+from domain.observation import Measured
 
-class MeterResult(msgspec.Struct, kw_only=True):
-    """What one response looked like, by vLLM `bench serve` conventions (DESIGN.md §6).
 
-    Durations are seconds from the moment the request was sent upstream.
+class MeterResult(Measured, kw_only=True):
+    """What one response looked like: the measured quantities (`domain.observation.Measured`,
+    every field but `queue_wait_s`) and what the meter saw on the way (for classification).
     """
 
     status: int
     is_sse: bool
-    ttft_s: float | None = None  # first chunk carrying a token (content, text or tool call)
-    e2e_s: float | None = None  # last token-carrying chunk (SSE) or last byte (plain JSON)
     last_byte_s: float | None = None
-    itl_count: int = 0  # inter-token gaps: token events - 1 (a read's gap spread over its events)
-    itl_mean_s: float | None = None
-    itl_p50_s: float | None = None
-    itl_p99_s: float | None = None
-    itl_max_s: float | None = None
-    tpot_s: float | None = None  # (e2e - ttft) / (output_tokens - 1), output_tokens > 1
     # True when the answer carried more than one output token but they all reached the meter
     # within the clock's resolution (one read): TPOT and ITL are then unknown and left None,
     # never 0. Stored as `tpot_s IS NULL` beside `output_tokens > 1` (domain.timing).
     timing_unresolved: bool = False
     chunk_count: int = 0  # SSE events (or body chunks for non-SSE)
     token_chunk_count: int = 0
-    output_tokens: int | None = None
-    output_tokens_source: str | None = None  # "usage" | "chunks"
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    finish_reason: str | None = None
-    text: str = ""  # output text, up to the meter's text limit
-    text_truncated: bool = False
-    text_hash: str | None = None  # hex xxh3_128 of the full output text (all of it, not truncated)
+    text: str = ""  # output text, up to the meter's text limit (text_truncated says if cut)
     tool_calls: list[tuple[str, str]] | None = None  # (name, arguments JSON text), in order
     parse_errors: int = 0  # events that were not valid JSON (garbage)
     saw_done: bool = False  # `data: [DONE]` seen
@@ -445,9 +431,9 @@ class ResponseMeter:
             res.itl_p99_s = _percentile(gaps, 0.99)
             res.itl_max_s = self._gap_max
         if self._hasher is not None:
-            res.text_hash = self._hasher.hexdigest()
+            res.output_hash = self._hasher.hexdigest()
         elif self._text_parts or self.first_token_at is not None or self.finish_reason is not None:
-            res.text_hash = xxhash.xxh3_128_hexdigest(res.text.encode())
+            res.output_hash = xxhash.xxh3_128_hexdigest(res.text.encode())
         if self._tools:
             res.tool_calls = [
                 (entry[0], "".join(entry[1:])) for _, entry in sorted(self._tools.items())

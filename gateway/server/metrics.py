@@ -3,7 +3,10 @@
 Metrics are declared once with a fixed tuple of label names; `labels(...)` returns a child that
 callers keep, so the hot path does one attribute increment and no allocation. There is no lock:
 everything runs on one event loop per process (each worker process exports its own values).
-Other parts (mirror, storage writer) export their own counters through `add_collector`.
+Other parts (mirror, storage writer) export their own values through `add_collector`: a
+collector yields the `domain.exposition.Family` declarations it exports and their samples, and
+`render()` writes every family's HELP and TYPE from its declaration, once. No other module writes
+a HELP or TYPE line (tests/server/test_metrics_exposition.py).
 
 This module must never do IO, never format text outside `render()`, never block.
 """
@@ -12,6 +15,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+
+from domain.exposition import Exposed, Family, Kind, label_text, render
+from domain.exposition import fmt as _fmt
 
 # Latency buckets in seconds: sub-millisecond proxy overhead up to very long generations.
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -34,21 +40,8 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     300.0,
 )
 
-Collector = Callable[[], Iterable[str]]
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _fmt(value: float) -> str:
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return repr(value)
-
-
-def _label_text(names: Sequence[str], values: Sequence[str]) -> str:
-    return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
+Collector = Callable[[], Iterable[Exposed]]
+_label_text = label_text
 
 
 class _Value:
@@ -87,15 +80,16 @@ class _HistogramSeries:
 
 
 class _Metric:
-    kind = ""
+    kind: Kind
 
     def __init__(self, name: str, help_text: str, labelnames: Sequence[str]) -> None:
+        self.family = Family(name, self.kind, help_text, tuple(labelnames))
         self.name = name
         self.help = help_text
-        self.labelnames = tuple(labelnames)
+        self.labelnames = self.family.labels
 
     def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        return self.family.header()
 
     def lines(self) -> list[str]:
         raise NotImplementedError
@@ -238,16 +232,17 @@ class Registry:
         return self._metrics.get(name)
 
     def add_collector(self, fn: Collector) -> None:
-        """`fn()` returns extra exposition lines (with their own HELP/TYPE) at each scrape."""
+        """`fn()` yields, at each scrape, the families it exports and their samples."""
         self._collectors.append(fn)
 
     def render(self) -> str:
         lines: list[str] = []
         for metric in self._metrics.values():
             lines.extend(metric.lines())
+        seen = set(self._metrics)
         for fn in self._collectors:
             try:
-                lines.extend(fn())
+                lines.extend(render(fn(), seen))
             except Exception as exc:  # one broken exporter must not hide every other metric
                 lines.append(f"# collector {getattr(fn, '__name__', fn)!s} failed: {exc!r}")
         lines.append("")

@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from domain.ids import uuid7
+from domain.outcomes import ErrorKind
 from gateway.config import GatewayConfig
 from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
 from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
@@ -412,7 +413,7 @@ class Proxy:
             stats.count(504)
             return self._error(504, _TIMEOUT_BODIES[exc.phase], rid)
         stats.count(502)
-        body = _CONNECT_BODY if kind == "connect" else _RESET_BODY
+        body = _CONNECT_BODY if kind == ErrorKind.CONNECT else _RESET_BODY
         return self._error(502, body, rid)
 
     def _slow_reader(
@@ -431,7 +432,7 @@ class Proxy:
         self.metrics.error(SLOW_READER)
         stats.count(CLIENT_CLOSED)
         if token is not None:
-            self._finish_tee(token, _result(meter, perf_counter(), 0), "client_disconnect")
+            self._finish_tee(token, _result(meter, perf_counter(), 0), ErrorKind.CLIENT_DISCONNECT)
         transport = request.transport
         if transport is not None:
             transport.abort()  # its buffer is full: a graceful close would wait on it
@@ -457,7 +458,9 @@ class Proxy:
             if token is not None:
                 self._finish_tee(token, _result(meter, perf_counter(), status), None)
             return
-        self.metrics.error("client_disconnect")
+        self.metrics.error(ErrorKind.CLIENT_DISCONNECT)
         stats.count(CLIENT_CLOSED)
         if token is not None:
-            self._finish_tee(token, _result(meter, perf_counter(), status), "client_disconnect")
+            self._finish_tee(
+                token, _result(meter, perf_counter(), status), ErrorKind.CLIENT_DISCONNECT
+            )

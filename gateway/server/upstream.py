@@ -23,6 +23,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from domain.errors import CanaryError
+from domain.outcomes import ErrorKind
 
 # Headers aiohttp would add on its own; a proxy must forward only what the client sent.
 SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
@@ -46,7 +47,7 @@ class UpstreamTimeouts(msgspec.Struct, frozen=True, kw_only=True):
 class UpstreamError(CanaryError):
     """The upstream failed; `kind` is the error label used in metrics and observations."""
 
-    kind = "upstream"
+    kind: ErrorKind = ErrorKind.OTHER  # each subclass names its own
     #: True when nothing of the response reached us (the proxy can still answer with an error).
     before_response = True
 
@@ -54,13 +55,13 @@ class UpstreamError(CanaryError):
 class UpstreamConnectError(UpstreamError):
     """The connection was refused or could not be opened (DNS, TLS, unreachable)."""
 
-    kind = "connect"
+    kind = ErrorKind.CONNECT
 
 
 class UpstreamResetError(UpstreamError):
     """The upstream closed or reset the connection before the response was complete."""
 
-    kind = "reset"
+    kind = ErrorKind.RESET
 
     def __init__(self, message: str, *, before_response: bool) -> None:
         super().__init__(message)
@@ -70,7 +71,7 @@ class UpstreamResetError(UpstreamError):
 class UpstreamTimeoutError(UpstreamError):
     """A deadline passed; `phase` is ttfb, idle or total."""
 
-    kind = "timeout"
+    kind = ErrorKind.TIMEOUT
 
     def __init__(self, phase: str, *, before_response: bool) -> None:
         super().__init__(f"upstream {phase} timeout")

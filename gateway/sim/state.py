@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from domain.errors import CanaryError
 from gateway.sim.engine import Engine
 from gateway.sim.profiles import SimProfile
 
@@ -74,7 +75,7 @@ class SimState:
 STATE = web.AppKey("sim_state", SimState)
 
 
-class ClientGone(Exception):
+class ClientGone(CanaryError):
     """The client closed its connection while the simulator was working for it."""
 
 

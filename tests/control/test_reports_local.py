@@ -48,7 +48,7 @@ async def test_identical_looks_share_one_report_and_the_queue_is_bounded(
 async def test_unknown_candidate_and_bad_override(db_engine: AsyncEngine) -> None:
     await _register(db_engine)
     await queries.create_endpoint(
-        db_engine, Endpoint(name="odd", url="http://o", verdict_overrides={"nonsense": 1.0})
+        db_engine, Endpoint(name="odd", url="http://o", verdict={"nonsense": 1.0})
     )
     reports = LocalReports(db_engine, VerdictSettings())
     with pytest.raises(EndpointNotFound):

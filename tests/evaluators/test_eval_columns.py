@@ -5,8 +5,9 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from domain.outcomes import ErrorKind
 from evaluators.pairs.columns import PairSetBuilder, pair_row, pairset_from_pairs
-from evaluators.pairs.types import CANCELLED, ERROR_KINDS, TIMEOUT, UNKNOWN, ArmObs, Pair
+from evaluators.pairs.types import ERROR_KINDS, TIMEOUT, UNKNOWN, ArmObs, Pair
 
 
 def ok(text: str | None = "hello world", h: str | None = None, **kw: object) -> ArmObs:
@@ -39,26 +40,32 @@ def pair(
 def test_failures_are_coded_and_lost_pairs_counted() -> None:
     """Error kinds and HTTP statuses become failure codes; a missing candidate is lost."""
     pairs = [
-        pair(0, ok(), ArmObs(status=0, error_kind="timeout")),
+        pair(0, ok(), ArmObs(status=0, error_kind=ErrorKind.TIMEOUT)),
         pair(1, ok(), ArmObs(status=503)),
-        pair(2, ok(), ArmObs(status=0, error_kind="cancelled")),
+        pair(2, ok(), ArmObs(status=0, error_kind=ErrorKind.CANCELLED)),
         pair(3, ok(), ArmObs(status=0, error_kind="something-new")),
         pair(4, ok(), None),
         pair(5, ok(), ok()),
+        pair(6, ok(), ArmObs(status=101, error_kind=ErrorKind.HTTP_OTHER)),
+        pair(7, ok(), ArmObs(status=200, error_kind=ErrorKind.CLIENT_DISCONNECT)),
+        pair(8, ok(), ArmObs(status=101)),
     ]
     ps = pairset_from_pairs(pairs)
     c = ps.candidate
     assert list(c.error) == [
         TIMEOUT,
-        ERROR_KINDS.index("http_5xx"),
-        CANCELLED,
-        ERROR_KINDS.index("other"),
+        ERROR_KINDS.index(ErrorKind.HTTP_5XX),
+        ERROR_KINDS.index(ErrorKind.CANCELLED),
+        ERROR_KINDS.index(ErrorKind.OTHER),
         0,
         0,
+        ERROR_KINDS.index(ErrorKind.HTTP_OTHER),
+        ERROR_KINDS.index(ErrorKind.CLIENT_DISCONNECT),
+        ERROR_KINDS.index(ErrorKind.HTTP_OTHER),
     ]
-    assert list(c.ok) == [False, False, False, False, False, True]
-    assert list(c.present) == [True] * 4 + [False, True]
-    assert ps.lost == 1 and ps.n == 6 and not ps.has_control
+    assert list(c.ok) == [False, False, False, False, False, True, False, False, False]
+    assert list(c.present) == [True] * 4 + [False] + [True] * 4
+    assert ps.lost == 1 and ps.n == 9 and not ps.has_control
 
 
 def test_exact_match_by_hash_then_text() -> None:

@@ -65,7 +65,7 @@ def test_a_metric_with_nothing_to_measure_is_listed_as_not_gating() -> None:
         for arm in (p.production, p.candidate, p.control):
             if arm is not None:
                 arm.tpot_s = None
-    cand = Endpoint(name="cand", url="http://c", kind="bi-kv", verdict_overrides=LOOSE)
+    cand = Endpoint(name="cand", url="http://c", kind="bi-kv", verdict=LOOSE)
     r = build_report(
         pairset_from_pairs(pairs),
         candidate=cand,

@@ -93,7 +93,13 @@ def assert_same(a: PairSet, b: PairSet) -> None:
         va, vb = getattr(a, f.name), getattr(b, f.name)
         if isinstance(va, ArmColumns | Comparison):
             for g in fields(va):
-                np.testing.assert_array_equal(getattr(va, g.name), getattr(vb, g.name), g.name)
+                ga, gb = getattr(va, g.name), getattr(vb, g.name)
+                if isinstance(ga, dict):  # ArmColumns.quantities: one column per name
+                    assert ga.keys() == gb.keys()
+                    for name in ga:
+                        np.testing.assert_array_equal(ga[name], gb[name], name)
+                else:
+                    np.testing.assert_array_equal(ga, gb, g.name)
         elif isinstance(va, np.ndarray):
             np.testing.assert_array_equal(va, vb, f.name)
 

@@ -38,7 +38,7 @@ def report(
         url="http://c",
         kind=kind,
         price_per_hour_usd=2.0,
-        verdict_overrides=overrides or {},
+        verdict=overrides or {},
     )
     pairs = pairset_from_pairs(synthetic.pairs(scenario, n, seed=seed))
     return build_report(
@@ -115,7 +115,7 @@ def test_without_control_the_report_says_so() -> None:
 
 
 def test_candidate_overrides_apply() -> None:
-    """A candidate's verdict_overrides change its margins (here margins loose enough for 150
+    """A candidate's verdict change its margins (here margins loose enough for 150
     sessions let a clean 600-pair candidate promote)."""
     scenario = synthetic.Scenario(candidate=synthetic.Arm(later_turn_ttft_ratio=0.8))
     loose = {"error_delta": 0.03, "error_critical": 0.05, "slo_exceedance_delta": 0.05}

@@ -11,6 +11,7 @@ import pytest
 import xxhash
 
 from domain.endpoint import Endpoint
+from domain.exposition import render
 from gateway.mirror import wire
 from gateway.mirror.sampler import SALT
 from gateway.mirror.sinks import InMemorySink
@@ -42,7 +43,7 @@ def test_mirror_converges_on_the_reported_eligible_rate() -> None:
     assert stats["effective_sample_rate"] == pytest.approx(0.1, rel=0.15)
     assert stats["realized_copies_per_second"] == pytest.approx(20, rel=0.2)
     assert stats["eligible_requests_per_second"] == pytest.approx(200, rel=0.02)
-    lines = "\n".join(mirror.prometheus_lines())
+    lines = "\n".join(render(mirror.prometheus_lines()))
     for metric in (
         "canary_mirror_effective_sample_rate",
         "canary_mirror_realized_copies_per_second",
@@ -105,5 +106,5 @@ def test_session_changes_count_cut_and_joined_conversations() -> None:
     stats = mirror.rate_stats()["s"]
     assert stats["sessions_joined"] == sum(1 for s in sessions if 0.1 <= _h(s) < 0.4)
     assert stats["rate_changes"] == 3 and stats["sessions_cut"] == cut
-    lines = "\n".join(mirror.prometheus_lines())
+    lines = "\n".join(render(mirror.prometheus_lines()))
     assert f'canary_mirror_sessions_cut_total{{candidate="s"}} {cut}' in lines

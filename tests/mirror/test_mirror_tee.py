@@ -12,6 +12,7 @@ import pytest
 import uvloop
 
 from domain.endpoint import Endpoint
+from domain.exposition import render
 from gateway.mirror.counters import identity_holds
 from gateway.mirror.loopguard import LoopLagGuard
 from gateway.mirror.sinks import InMemorySink
@@ -102,7 +103,7 @@ def test_exchange_and_production_records() -> None:
     )
     assert token is not None
     result = MeterResult(
-        status=200, is_sse=True, text="hello world", text_hash="ab", prompt_tokens=7
+        status=200, is_sse=True, text="hello world", output_hash="ab", prompt_tokens=7
     )
     mirror.on_response(token, result, None)
     (ex,) = sink.exchanges
@@ -122,7 +123,9 @@ def test_store_text_false_keeps_only_the_hash() -> None:
         [Endpoint(name="a", url="http://x:1", sample_rate=1.0)], sink, store_text=False
     )
     token = mirror.on_request("POST", "/v1/completions", headers(), b'{"prompt":"p"}', "r")
-    mirror.on_response(token, MeterResult(status=200, is_sse=False, text="t", text_hash="h"), None)
+    mirror.on_response(
+        token, MeterResult(status=200, is_sse=False, text="t", output_hash="h"), None
+    )
     (obs,) = sink.observations
     assert obs.output_text is None and obs.output_hash == "h"
 
@@ -266,7 +269,7 @@ def test_sustained_lag_sheds_a_proportional_share(run: Run[None]) -> None:
             guard.observe(0.001, 0.01)
         assert not guard.shedding
         assert send(mirror, chat("after"), "r-after") is not None
-        assert any("canary_mirror_shed_total" in line for line in mirror.prometheus_lines())
+        assert any("canary_mirror_shed_total" in line for line in render(mirror.prometheus_lines()))
         await mirror.close()
 
     run(scenario())
@@ -371,7 +374,7 @@ def test_prometheus_lines() -> None:
     sink = InMemorySink()
     mirror = make_mirror([Endpoint(name="a", url="http://x:1", sample_rate=1.0)], sink)
     send(mirror, chat("x"), "r")
-    lines: list[Any] = list(mirror.prometheus_lines())
+    lines = render(mirror.prometheus_lines())
     assert 'canary_mirror_copies_total{candidate="a",outcome="sampled"} 1' in lines
     assert 'canary_mirror_pending{candidate="a"} 1' in lines
     assert 'canary_mirror_skipped_total{reason="unparseable"} 0' in lines

@@ -56,7 +56,7 @@ def test_whole_stream_in_one_chunk() -> None:
     assert res.output_tokens == 3 and res.output_tokens_source == "usage"
     assert res.prompt_tokens == 7 and res.cached_tokens == 4
     assert res.parse_errors == 0
-    assert res.text_hash == xxhash.xxh3_128_hexdigest(b"Hello you")
+    assert res.output_hash == xxhash.xxh3_128_hexdigest(b"Hello you")
     assert res.bytes_total == len(STREAM)
 
 
@@ -140,7 +140,7 @@ def test_garbage_counts_parse_errors() -> None:
     """Non-JSON data and non-SSE lines are counted as parse errors, never raised."""
     res = run([b"data: {not json\n\n", b"\x00\xff random bytes\n", b"data: [1, 2]\n\n"])
     assert res.parse_errors == 3
-    assert res.text == "" and res.ttft_s is None and res.text_hash is None
+    assert res.text == "" and res.ttft_s is None and res.output_hash is None
 
 
 def test_overlong_line_is_dropped() -> None:
@@ -158,14 +158,14 @@ def test_text_truncation_keeps_full_hash() -> None:
     pieces = ["abc", "defg", "hij", "klmnop"]
     res = run([chat_event(p) for p in pieces], text_max=5)
     assert res.text == "abcde" and res.text_truncated
-    assert res.text_hash == xxhash.xxh3_128_hexdigest("".join(pieces).encode())
+    assert res.output_hash == xxhash.xxh3_128_hexdigest("".join(pieces).encode())
 
 
 def test_zero_text_limit_still_hashes() -> None:
     """With a text limit of 0 nothing is kept, and the hash is still of the full text."""
     res = run([chat_event("héllo"), chat_event(" wörld")], text_max=0)
     assert res.text == "" and res.text_truncated
-    assert res.text_hash == xxhash.xxh3_128_hexdigest("héllo wörld".encode())
+    assert res.output_hash == xxhash.xxh3_128_hexdigest("héllo wörld".encode())
 
 
 def test_tool_call_fragments_are_joined_per_index() -> None:
@@ -244,7 +244,7 @@ def test_non_sse_tool_calls_and_embeddings() -> None:
     emb = json.dumps({"data": [{"embedding": [0.1] * 50}], "usage": {"prompt_tokens": 3}})
     res = run([emb.encode()], is_sse=False)
     assert res.ttft_s is None and res.e2e_s == 1.0 and res.prompt_tokens == 3
-    assert res.text_hash is None and res.output_tokens is None
+    assert res.output_hash is None and res.output_tokens is None
 
 
 def test_non_json_body_and_oversized_body() -> None:

@@ -181,7 +181,7 @@ async def test_tee_sees_request_and_metered_response(
     assert token == 1 and kind is None
     assert result.status == 200 and result.is_sse and result.saw_done
     assert result.ttft_s is not None and result.bytes_total == len(text)
-    assert result.text and result.text_hash
+    assert result.text and result.output_hash
 
 
 async def test_tee_is_told_about_failures_once(

@@ -279,11 +279,13 @@ async def test_target_rps_revision_up_and_down(db_url: str) -> None:
                     ),
                     {"n": name, "r": role},
                 )
-        await upgrade(db_url, "0004")
-        _, endpoints = await queries.load_endpoints(engine)
-        assert [e.target_rps for e in endpoints] == [None, None, None]
-        await queries.update_endpoint(engine, "a", {"target_rps": 20.0})
-        assert (await queries.get_endpoint(engine, "a")).target_rps == 20.0
+        await upgrade(db_url, "0004")  # raw SQL: today's queries expect the head schema
+        async with engine.begin() as conn:
+            rows = await conn.execute(text("SELECT target_rps FROM endpoints ORDER BY id"))
+            assert [r[0] for r in rows] == [None, None, None]
+            await conn.execute(text("UPDATE endpoints SET target_rps = 20.0 WHERE name = 'a'"))
+            got = await conn.execute(text("SELECT target_rps FROM endpoints WHERE name = 'a'"))
+            assert got.scalar_one() == 20.0
         await downgrade(db_url, "0003")
         async with engine.connect() as conn:
             columns = await conn.run_sync(
@@ -296,5 +298,45 @@ async def test_target_rps_revision_up_and_down(db_url: str) -> None:
                 await conn.execute(text("UPDATE endpoints SET role = 'live' WHERE name = 'b'"))
         await upgrade(db_url)
         assert (await queries.get_endpoint(engine, "a")).target_rps is None
+    finally:
+        await engine.dispose()
+
+
+async def test_verdict_rename_revision_up_and_down(db_url: str) -> None:
+    """0005 renames `endpoints.verdict_overrides` to `verdict` (the one name of the field) and
+    back, keeping each row's overrides and the one-live index."""
+    await upgrade(db_url, "0004")
+    engine = make_engine(db_url)
+    try:
+        async with engine.begin() as conn:
+            for name, role, overrides in (
+                ("prod", "live", None),
+                ("a", "candidate", '{"alpha": 0.01}'),
+            ):
+                await conn.execute(
+                    text(
+                        "INSERT INTO endpoints (name, url, role, kind, sample_rate, sampling, "
+                        "buffer_max_items, buffer_max_bytes, concurrency, timeout_s, gpus, "
+                        "forward_auth, state, verdict_overrides, version, created_at, updated_at) "
+                        "VALUES (:n, 'http://127.0.0.1:9', :r, '', 0.1, 'request', 1, 1, 1, 1.0, "
+                        "1, false, 'active', :v, 1, 0, 0)"
+                    ),
+                    {"n": name, "r": role, "v": overrides},
+                )
+        await upgrade(db_url, "0005")  # raw SQL: today's queries expect the head schema
+        async with engine.connect() as conn:
+            rows = await conn.execute(text("SELECT name, verdict FROM endpoints ORDER BY id"))
+            assert [tuple(r) for r in rows] == [("prod", None), ("a", '{"alpha": 0.01}')]
+        await downgrade(db_url, "0004")
+        async with engine.connect() as conn:
+            got = await conn.execute(
+                text("SELECT verdict_overrides FROM endpoints WHERE name = 'a'")
+            )
+            assert got.scalar_one() == '{"alpha": 0.01}'
+        with pytest.raises(IntegrityError):
+            async with engine.begin() as conn:
+                await conn.execute(text("UPDATE endpoints SET role = 'live' WHERE name = 'a'"))
+        await upgrade(db_url)
+        assert (await queries.get_endpoint(engine, "a")).verdict == {"alpha": 0.01}
     finally:
         await engine.dispose()

@@ -31,7 +31,7 @@ def cand(name: str, **kw: object) -> Endpoint:
 async def test_create_get_and_load(db_engine: AsyncEngine) -> None:
     """A created endpoint is stored with version 1 and timestamps, and is read back equal."""
     stored = await queries.create_endpoint(
-        db_engine, cand("bikv", kind="bi-kv", sample_rate=0.25, verdict_overrides={"alpha": 0.01})
+        db_engine, cand("bikv", kind="bi-kv", sample_rate=0.25, verdict={"alpha": 0.01})
     )
     assert stored.version == 1 and stored.created_at > 0
     assert await queries.get_endpoint(db_engine, "bikv") == stored
@@ -73,7 +73,7 @@ async def test_update_changes_fields_and_version(db_engine: AsyncEngine) -> None
     """An update stores the new values, bumps the endpoint's version and keeps created_at."""
     first = await queries.create_endpoint(db_engine, cand("a"))
     new = await queries.update_endpoint(
-        db_engine, "a", {"state": "paused", "sample_rate": 0.3, "verdict_overrides": {"x": 1.0}}
+        db_engine, "a", {"state": "paused", "sample_rate": 0.3, "verdict": {"x": 1.0}}
     )
     assert new.state == "paused" and new.sample_rate == 0.3 and new.version == 2
     assert new.created_at == first.created_at and new.updated_at >= first.updated_at

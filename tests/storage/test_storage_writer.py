@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from domain.exposition import render
 from domain.records import ExchangeRecord, ObservationRecord
 from storage.engine import make_engine
 from storage.queries import count_rows
@@ -321,7 +322,7 @@ async def test_prometheus_lines(writer_factory: WriterFactory) -> None:
     writer = await writer_factory()
     writer.put_observation(observation(1))
     await writer.close()
-    text = "\n".join(writer.prometheus_lines())
+    text = "\n".join(render(writer.prometheus_lines()))
     assert "# TYPE canary_writer_queue_depth gauge" in text
     assert "canary_writer_written_observations_total 1" in text
     assert "canary_writer_observations_dropped_total 0" in text

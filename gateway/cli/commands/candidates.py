@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import operator
 import os
 import shutil
 import sys
@@ -86,14 +87,14 @@ def call_admin(args: argparse.Namespace, action: Action) -> int:
         out = asyncio.run(go())
     except AdminUnreachable as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except AdminAPIError as exc:
         hint = f" (set {TOKEN_ENV})" if exc.status == 401 and token is None else ""
         # An error message may quote what the server (or a hostile proxy) sent: escape it.
         print(terminal_safe(f"{prog}: error: {exc}{hint}"), file=sys.stderr)
         for line in _detail_lines(exc):
             print(terminal_safe(line), file=sys.stderr)
-        return 2 if exc.status < 500 else 1
+        return exc.exit_code
     if isinstance(out, int):
         return out
     if out is not None:
@@ -206,8 +207,27 @@ def endpoint_rows(ep: EndpointView) -> list[tuple[str, str]]:
         ("credentials", creds),
         ("forward auth", "yes" if ep.forward_auth else "no"),
         ("verdict", _opt(verdict)),
+        *((f.replace("_", " "), _opt(getattr(ep, f))) for f in _plain_fields()),
         ("version", str(ep.version)),
     ]
+
+
+# The fields endpoint_rows renders its own way (or not at all); any other field of the
+# declaration is shown as it is, so a new one appears without touching this module.
+_RENDERED = frozenset(
+    {
+        "name", "role", "state", "url", "kind", "model", "sample_rate", "target_rps",
+        "sampling", "buffer_max_items", "buffer_max_bytes", "concurrency", "timeout_s",
+        "price_per_hour_usd", "gpus", "credentials_env", "forward_auth", "verdict", "version",
+        "created_at", "updated_at",
+    }
+)  # fmt: skip
+
+
+def _plain_fields() -> tuple[str, ...]:
+    from domain.endpoint import Endpoint  # not the detail's counters, buffer and rate
+
+    return tuple(f for f in Endpoint.__struct_fields__ if f not in _RENDERED)
 
 
 def show_text(ep: CandidateDetail) -> str:
@@ -259,22 +279,24 @@ def list_text(eps: Sequence[EndpointView], rates: dict[str, RateView] | None = N
 
 # --- actions ----------------------------------------------------------------------------------
 
-# The fields `candidates add` takes as flags: every mutable field but those with their own
-# commands or arguments (url is positional; state: pause/resume; role: promote/rollback;
-# verdict overrides: the admin API).
-_FLAG_EXCLUDED = frozenset({"role", "url", "state", "verdict"})
+# The fields `candidates add|update` take as flags, one per field of
+# `domain.endpoint.CandidateSpec` (type, bounds, choices and help from its declaration), but those
+# with their own commands or arguments (name and url are positional, --url on update; state:
+# pause/resume and --paused; verdict overrides: the repeatable --verdict KEY=VALUE).
+_FLAG_EXCLUDED = frozenset({"name", "url", "state", "verdict"})
 
 
 def _add_fields() -> tuple[str, ...]:
-    from domain.endpoint import MUTABLE_FIELDS
+    from domain.endpoint import CandidateSpec
 
-    return tuple(f for f in MUTABLE_FIELDS if f not in _FLAG_EXCLUDED)
+    return tuple(f for f in CandidateSpec.__struct_fields__ if f not in _FLAG_EXCLUDED)
 
 
 def _body(args: argparse.Namespace) -> dict[str, Any]:
     body = {f: v for f in _add_fields() if (v := getattr(args, f)) is not None}
-    if body.get("target_rps") == _OFF:
-        body["target_rps"] = None  # `--target-rps off`: back to the fixed sample_rate
+    for f, v in body.items():
+        if v == _OFF:  # `--target-rps off`: cleared (target_rps: back to the fixed sample_rate)
+            body[f] = None
     for extra in ("url", "role"):
         if getattr(args, extra, None) is not None:
             body[extra] = getattr(args, extra)
@@ -338,50 +360,76 @@ def _verdict_pair(text: str) -> tuple[str, float]:
 _OFF = "off"
 
 
-def _target_rps(text: str) -> float | str:
-    """A positive number of copies per second (at most MAX_TARGET_RPS), or `off`."""
-    from domain.endpoint import MAX_TARGET_RPS
+def _bounds(t: Any) -> str:
+    """`> 0 and <= 1e+06`: the numeric bounds of a msgspec IntType/FloatType."""
+    ops = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+    return " and ".join(f"{op} {v:g}" for key, op in ops if (v := getattr(t, key)) is not None)
 
-    if text.strip().lower() in (_OFF, "none"):
-        return _OFF
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected copies per second, got {text!r}") from None
-    if not 0 < value <= MAX_TARGET_RPS:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(
-            f"target_rps must be > 0 and <= {MAX_TARGET_RPS:g} copies per second, got {text!r}"
-        )
-    return value
+
+def _number(field: str, t: Any, unit: str, nullable: bool) -> Callable[[str], object]:
+    """The parser of a numeric flag: a number within the field's declared bounds (nan and inf
+    refused), or `off` for a nullable field (the request then clears it)."""
+    import msgspec.inspect
+
+    kind = int if isinstance(t, msgspec.inspect.IntType) else float
+
+    def parse(text: str) -> object:
+        if nullable and text.strip().lower() in (_OFF, "none"):
+            return _OFF
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {unit}, got {text!r}") from None
+        tests = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le}
+        bounded = [test(value, b) for k, test in tests.items() if (b := getattr(t, k)) is not None]
+        if value != value or not all(bounded):  # nan passes no bound
+            raise argparse.ArgumentTypeError(
+                f"{field} must be {_bounds(t) or 'a number'}, got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 def _field_options(p: argparse.ArgumentParser) -> None:
+    """One flag per declared candidate field (see _FLAG_EXCLUDED), then --verdict."""
+    import msgspec.inspect
+
+    from domain.endpoint import CandidateSpec
+
+    mi = msgspec.inspect
+    info = mi.type_info(CandidateSpec)
+    assert isinstance(info, mi.StructType)
     g = p.add_argument_group("candidate settings (omitted ones keep their default or value)")
-    g.add_argument("--kind", help="free label, e.g. quantized, bi-kv, control")
-    g.add_argument(
-        "--sample-rate",
-        type=float,
-        metavar="0..1",
-        help="share of traffic mirrored (with --target-rps: the most that may be mirrored)",
-    )
-    g.add_argument(
-        "--target-rps",
-        type=_target_rps,
-        metavar="N|off",
-        help="copies per second wanted from this gateway host: the share mirrored adapts "
-        "to the traffic, never above --sample-rate; `off` (update) goes back to the fixed "
-        "--sample-rate",
-    )
-    g.add_argument("--sampling", choices=("request", "session"), help="sample by request/session")
-    g.add_argument("--buffer-max-items", type=int, metavar="N")
-    g.add_argument("--buffer-max-bytes", type=int, metavar="BYTES")
-    g.add_argument("--concurrency", type=int, metavar="N", help="requests in flight at most")
-    g.add_argument("--timeout-s", type=float, metavar="SECONDS")
-    g.add_argument("--model", help="model name sent to the candidate instead of the client's")
-    g.add_argument("--forward-auth", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--credentials-env", metavar="VAR", help="NAME of the env var with the key")
-    g.add_argument("--price-per-hour-usd", type=float, metavar="USD")
-    g.add_argument("--gpus", type=int, metavar="N")
+    for f in info.fields:
+        if f.name in _FLAG_EXCLUDED:
+            continue
+        t, nullable = f.type, False
+        if isinstance(t, mi.UnionType):
+            (t,) = [m for m in t.types if not isinstance(m, mi.NoneType)]
+            nullable = True
+        extra: dict[str, Any] = {}
+        help_ = ""
+        if isinstance(t, mi.Metadata):
+            extra = dict(t.extra or {})
+            help_ = (t.extra_json_schema or {}).get("description", "")
+            t = t.type
+        flag = "--" + f.name.replace("_", "-")
+        opts: dict[str, Any] = {"help": help_ or None}
+        if isinstance(t, mi.BoolType):
+            opts.update(action=argparse.BooleanOptionalAction, default=None)
+        elif isinstance(t, mi.LiteralType):
+            opts.update(choices=t.values)
+        elif isinstance(t, mi.IntType | mi.FloatType):
+            metavar = extra.get("metavar", "N" if isinstance(t, mi.IntType) else "NUMBER")
+            unit = extra.get("unit", "an integer" if isinstance(t, mi.IntType) else "a number")
+            opts.update(
+                type=_number(f.name, t, unit, nullable),
+                metavar=metavar + ("|off" if nullable else ""),
+            )
+        else:
+            opts.update(metavar=extra.get("metavar", f.name.upper()))
+        g.add_argument(flag, **opts)
     g.add_argument(
         "--verdict",
         type=_verdict_pair,

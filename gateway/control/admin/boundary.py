@@ -17,6 +17,7 @@ from aiohttp import web
 
 from domain import errors as se
 from domain.endpoint import PATTERN_REASONS
+from domain.errors import CanaryError
 from gateway.control.admin import schema as s
 from storage.sql import is_transient
 
@@ -28,13 +29,15 @@ SECRET_LIKE = ("key", "token", "secret", "password", "passwd", "credential", "au
 _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="canary-admin"'}
 _encode = msgspec.json.Encoder().encode
+# Fields whose max_length (the column's) repeats their pattern's length bound.
+_LENGTH_IN_PATTERN = frozenset({"name", "credentials_env"})
 ACTOR = web.RequestKey("canary_admin_actor", str)  # the token's label, for the audit log
 
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class ApiError(Exception):
+class ApiError(CanaryError):
     """An answer other than 2xx, raised by a handler and rendered by `boundary`."""
 
     def __init__(
@@ -77,6 +80,8 @@ def map_exception(exc: Exception) -> ApiError:
         return ApiError(409, "conflict", str(exc))
     if isinstance(exc, se.PromotionConflict):
         return ApiError(409, "conflict", str(exc), detail={"reason": exc.reason})
+    if isinstance(exc, se.InvalidEndpoint):  # a field the schema cannot hold: the body's fault
+        return ApiError(422, "invalid_request", str(exc))
     if isinstance(exc, se.SchemaBehind):
         return ApiError(503, "storage_unavailable", str(exc))
     # Bodies are validated before storage sees them, so what storage still refuses is the
@@ -84,6 +89,8 @@ def map_exception(exc: Exception) -> ApiError:
     if isinstance(exc, se.StorageError) or is_transient(exc):  # is_transient: evaluators' reads
         log.warning("admin: storage failed: %s", exc)
         return ApiError(503, "storage_unavailable", "storage is unavailable, retry later")
+    if isinstance(exc, se.UsageError):  # bad input that got past the body's validation
+        return ApiError(422, "invalid_request", str(exc))
     log.exception("admin: unexpected error")
     return ApiError(500, "internal_error", "internal error (see the gateway log)")
 
@@ -137,8 +144,11 @@ def validation_error(exc: msgspec.ValidationError) -> ApiError:
                     ": credentials are never accepted by value; put the secret in an "
                     "environment variable of the gateway and send its name as credentials_env"
                 )
+    top = (field or "").split(".", 1)[0]
     if msg.startswith("Expected `str` matching regex") and field:
-        msg = PATTERN_REASONS.get(field.split(".", 1)[0], "has an invalid format")
+        msg = PATTERN_REASONS.get(top, "has an invalid format")
+    elif msg.startswith("Expected `str` of length") and top in _LENGTH_IN_PATTERN:
+        msg = PATTERN_REASONS[top]  # the pattern's own length bound, said as the pattern says it
     return ApiError(422, "validation_error", f"{field or 'body'}: {msg}", field=field)
 
 

@@ -13,9 +13,22 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Final
+
+from domain.exposition import Family, Sample
 
 log = logging.getLogger("canary.admin")
 
+AUTH_FAILURES: Final = Family(
+    "canary_admin_auth_failures_total",
+    "counter",
+    "Admin requests with a missing or wrong token.",
+)
+AUTH_REFUSED: Final = Family(
+    "canary_admin_auth_backoff_refused_total",
+    "counter",
+    "Admin requests refused (429) while their peer was backing off after failed authentications.",
+)
 MAX_PEERS = 10_000  # peers remembered; beyond, the least recently failing one is forgotten
 
 
@@ -83,13 +96,5 @@ class AuthGuard:
     def succeeded(self, peer: str) -> None:
         self._peers.pop(peer, None)
 
-    def prometheus_lines(self) -> list[str]:
-        return [
-            "# HELP canary_admin_auth_failures_total Admin requests with a missing or wrong token.",
-            "# TYPE canary_admin_auth_failures_total counter",
-            f"canary_admin_auth_failures_total {self.failed_total}",
-            "# HELP canary_admin_auth_backoff_refused_total Admin requests refused (429) while "
-            "their peer was backing off after failed authentications.",
-            "# TYPE canary_admin_auth_backoff_refused_total counter",
-            f"canary_admin_auth_backoff_refused_total {self.refused_total}",
-        ]
+    def prometheus_lines(self) -> list[Sample]:
+        return [AUTH_FAILURES.sample(self.failed_total), AUTH_REFUSED.sample(self.refused_total)]

@@ -41,6 +41,7 @@ from gateway.control.admin.guard import AuthGuard
 from gateway.control.promotion import PromotionRefused, Promotions
 from gateway.control.reports import ReportDoc, Reports, ReportsUnavailable
 from gateway.server.app import ADMIN_COLLECTORS, ADMIN_READY_CHECKS, ReadyCheck
+from gateway.server.metrics import Collector
 from storage import queries as q
 from storage.engine import DatabaseFileGuard
 
@@ -155,9 +156,7 @@ async def create_candidate(request: web.Request) -> web.Response:
     _check_url(body.url)
     _check_credentials_env(request, body.credentials_env)
     _check_verdict(ctx, body.verdict)
-    fields = msgspec.structs.asdict(body)
-    fields["verdict_overrides"] = fields.pop("verdict")
-    created = await q.create_endpoint(ctx.engine, Endpoint(role="candidate", **fields))
+    created = await q.create_endpoint(ctx.engine, body.to_endpoint())
     await _refresh(ctx)
     log.info("admin: %s registered candidate %s", request[ACTOR], body.name)
     location = {"Location": f"{request.app.router['candidates'].url_for()}/{body.name}"}
@@ -182,7 +181,6 @@ async def update_candidate(request: web.Request) -> web.Response:
         _check_credentials_env(request, changes["credentials_env"])
     if "verdict" in changes:
         _check_verdict(ctx, changes["verdict"])
-        changes["verdict_overrides"] = changes.pop("verdict")
     if current.role == "live":
         raise ApiError(409, "conflict", f"{name!r} is live: it changes only by promote/rollback")
     if not changes:
@@ -368,7 +366,8 @@ def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> w
 
     checks: dict[str, ReadyCheck] = {"database_file": database_file}
     app[ADMIN_READY_CHECKS] = checks
-    app[ADMIN_COLLECTORS] = [guard.prometheus_lines]
+    collectors: list[Collector] = [guard.prometheus_lines]
+    app[ADMIN_COLLECTORS] = collectors
     # Built on first request, in a thread: the document is derived from the report model, whose
     # import pulls in the statistics stack (scipy, ~0.7 s and tens of MiB). A worker that is
     # never asked for it never loads it, and the proxy's loop never waits for the import.

@@ -15,13 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from domain.endpoint import (
-    CandidateSpec,
-    Endpoint,
-    Reason,
-    Sampling,
-    State,
-)
+from domain.endpoint import CandidateSpec, Endpoint, Reason
 from domain.records import PromotionRecord
 
 
@@ -44,30 +38,9 @@ class RollbackRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     reason: Reason = ""
 
 
-class EndpointView(msgspec.Struct, kw_only=True):
-    """An endpoint as the API returns it: configuration, role and version; never a secret."""
-
-    name: str
-    url: str
-    role: Literal["live", "candidate", "retired"]
-    kind: str
-    model: str | None
-    sample_rate: float
-    target_rps: float | None
-    sampling: Sampling
-    buffer_max_items: int
-    buffer_max_bytes: int
-    concurrency: int
-    timeout_s: float
-    price_per_hour_usd: float | None
-    gpus: int
-    credentials_env: str | None
-    forward_auth: bool
-    state: State
-    verdict: dict[str, float]
-    version: int
-    created_at: float
-    updated_at: float
+class EndpointView(Endpoint, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """An endpoint as the API returns it: configuration, role and version; never a secret.
+    Its fields are `domain.endpoint.Endpoint`'s, declared there once."""
 
 
 class Counters(msgspec.Struct, kw_only=True):
@@ -116,7 +89,7 @@ class RateView(msgspec.Struct, kw_only=True):
     worker_sample_rate: float | None = None
 
 
-class CandidateDetail(EndpointView, kw_only=True):
+class CandidateDetail(EndpointView, frozen=True, kw_only=True):
     """`GET /admin/candidates/{name}`: the endpoint plus live counters, buffer fill and the
     realized sampling rate."""
 
@@ -185,10 +158,8 @@ class ErrorBody(msgspec.Struct, kw_only=True):
 
 
 def view(ep: Endpoint) -> EndpointView:
-    """The endpoint as the API shows it (`verdict_overrides` is called `verdict` on the wire)."""
-    fields = msgspec.structs.asdict(ep)
-    fields["verdict"] = fields.pop("verdict_overrides")
-    return EndpointView(**fields)
+    """The endpoint as the API shows it: the same fields."""
+    return EndpointView(**msgspec.structs.asdict(ep))
 
 
 def rate_view(ep: Endpoint, rate: Mapping[str, float | None], worker: str = "") -> RateView:

@@ -1,0 +1,107 @@
+"""Prometheus metric families: each declared once (name, type, help, label names), rendered here.
+
+Every metric the gateway exports is a `Family`. The metrics registry
+(`gateway.server.metrics.Registry`) holds the live counters, gauges and histograms, and its
+collectors yield the families they export and their `Sample`s; `render` writes the text format,
+so a family's `# HELP` and `# TYPE` lines come from its one declaration and appear once. A
+collector may also yield plain text lines another process rendered with `render` (the mirror
+process's exposition relayed by each worker). Pure: no IO, nothing of ours imported, so
+`storage` can declare its writer's families too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+Kind = Literal["counter", "gauge", "histogram"]
+
+
+def escape(value: str) -> str:
+    """A label value in the text format."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def fmt(value: float) -> str:
+    """A sample value: integers without a fraction, other floats in full."""
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def label_text(names: Sequence[str], values: Sequence[str]) -> str:
+    return ",".join(f'{n}="{escape(v)}"' for n, v in zip(names, values, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family. `fmt` writes a sample's value (default: `fmt`)."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    fmt: Callable[[float], str] = fmt
+
+    def header(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+
+    def sample(self, value: float, *labels: str) -> Sample:
+        if len(labels) != len(self.labels):
+            raise ValueError(f"{self.name} takes labels {self.labels}, got {labels}")
+        return Sample(self, labels, value)
+
+    def line(self, labels: Sequence[str], value: float) -> str:
+        text = label_text(self.labels, labels)
+        return (
+            f"{self.name}{{{text}}} {self.fmt(value)}" if text else f"{self.name} {self.fmt(value)}"
+        )
+
+
+class Sample(NamedTuple):
+    """One series' value of a family, at one scrape."""
+
+    family: Family
+    labels: tuple[str, ...]
+    value: float
+
+
+# What a collector yields: a family (its header, even with no samples yet), a sample, or a text
+# line another process rendered with `render`.
+Exposed = Family | Sample | str
+
+
+def render(items: Iterable[Exposed], seen: set[str] | None = None) -> list[str]:
+    """Text-format lines: each family's header once (before its first sample), then samples.
+
+    `seen` carries the families already headed across several calls (one scrape)."""
+    seen = set() if seen is None else seen
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        family = item if isinstance(item, Family) else item.family
+        if family.name not in seen:
+            seen.add(family.name)
+            out.extend(family.header())
+        if isinstance(item, Sample):
+            out.append(family.line(item.labels, item.value))
+    return out
+
+
+def six_digits(value: float) -> str:
+    return f"{value:.6f}"
+
+
+def three_digits(value: float) -> str:
+    return f"{value:.3f}"
+
+
+def significant(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def integer(value: float) -> str:
+    return str(int(value))

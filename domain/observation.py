@@ -1,0 +1,144 @@
+"""The observation, declared once: what one arm's answer measured, field by field.
+
+`Measured` holds every quantity the gateway measures about one response (the meter fills all
+but `queue_wait_s`, which the mirror lane adds). Each field says its unit, whether the
+evaluators keep it as a per-pair column (`per_pair`), and for strings the column length. The
+rest of the code reads this declaration instead of typing the fields again:
+
+- `gateway.server.meter.MeterResult` and `domain.records.ObservationRecord` subclass it, so
+  the meter's result becomes a record by one conversion (`measured`);
+- `storage.models.ObservationRow`'s columns are generated from `ObservationRecord`
+  (`describe`), and the migrations' schema is compared with them by a test;
+- the evaluators' row layout (`evaluators.pairs.columns.ARM_FIELDS`), their `ArmObs` and the
+  float columns of `ArmColumns` come from `PER_PAIR`.
+
+The names are the same everywhere (`ttft_s` in the meter, the table, the evaluators' columns).
+Output text is cut to the stored length here and nowhere else (`kept_text`).
+
+Adding a measured per-pair quantity: a field here, the meter (or lane) code that measures it,
+the metric that reads it, and an Alembic revision adding the column.
+"""
+
+from __future__ import annotations
+
+import operator
+import types
+import typing
+from typing import Annotated, Any, Final, Literal, Union
+
+import msgspec
+
+__all__ = [
+    "PER_PAIR",
+    "Field",
+    "Measured",
+    "Quantity",
+    "describe",
+    "kept_text",
+    "measured",
+]
+
+
+class Quantity(msgspec.Struct, frozen=True):
+    """What a field of an observation is, besides its Python type."""
+
+    unit: str = ""  # "s", "tokens", ... ("" for codes and text)
+    per_pair: bool = False  # an evaluator column (float32, NaN where absent)
+    length: int = 0  # strings: the column's length (0: unbounded text)
+
+
+_S: Final = Quantity("s")
+_S_PAIR: Final = Quantity("s", per_pair=True)
+_TOKENS_PAIR: Final = Quantity("tokens", per_pair=True)
+
+
+class Measured(msgspec.Struct, kw_only=True):
+    """The measured quantities of one response, by vLLM `bench serve` conventions (DESIGN.md §6).
+
+    Durations are seconds from the moment the request was sent upstream.
+    """
+
+    status: int = 0  # HTTP status; 0 when no response arrived
+    # Time the copy spent in the candidate's ring buffer (the mirror lane's; None from the meter).
+    queue_wait_s: Annotated[float | None, _S_PAIR] = None
+    # First chunk carrying a token (content, text or tool call).
+    ttft_s: Annotated[float | None, _S_PAIR] = None
+    # (e2e - ttft) / (output_tokens - 1), output_tokens > 1; None when the span was below the
+    # clock's resolution (stored as `tpot_s IS NULL` beside `output_tokens > 1`, domain.timing).
+    tpot_s: Annotated[float | None, _S_PAIR] = None
+    # Last token-carrying chunk (SSE) or last byte (plain JSON).
+    e2e_s: Annotated[float | None, _S_PAIR] = None
+    # Inter-token gaps: token events - 1 (a read's gap spread over its events).
+    itl_count: Annotated[int, Quantity("gaps")] = 0
+    itl_mean_s: Annotated[float | None, _S] = None
+    itl_p50_s: Annotated[float | None, _S_PAIR] = None
+    itl_p99_s: Annotated[float | None, _S_PAIR] = None
+    itl_max_s: Annotated[float | None, _S] = None
+    output_tokens: Annotated[int | None, _TOKENS_PAIR] = None
+    output_tokens_source: Annotated[Literal["usage", "chunks"] | None, Quantity(length=8)] = None
+    prompt_tokens: Annotated[int | None, _TOKENS_PAIR] = None
+    cached_tokens: Annotated[int | None, _TOKENS_PAIR] = None
+    finish_reason: Annotated[str | None, Quantity(length=32)] = None
+    # Hex xxh3_128 of the full output text (all of it, whatever was kept).
+    output_hash: Annotated[str | None, Quantity(length=32)] = None
+    text_truncated: bool = False  # the kept text is shorter than the output
+
+
+class Field(msgspec.Struct, frozen=True):
+    """One field of a declared Struct: its name, base type, whether it may be None, and what."""
+
+    name: str
+    type: type[Any]  # float, int, bool or str (a Literal of strings is str)
+    nullable: bool
+    quantity: Quantity
+
+
+def _field(name: str, hint: Any) -> Field:
+    quantity = Quantity()
+    if typing.get_origin(hint) is Annotated:
+        found = [m for m in hint.__metadata__ if isinstance(m, Quantity)]
+        quantity = found[0] if found else quantity
+        hint = hint.__origin__
+    args: tuple[Any, ...] = (hint,)
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        args = typing.get_args(hint)
+    nullable = type(None) in args
+    args = tuple(a for a in args if a is not type(None))
+    if len(args) != 1:
+        raise TypeError(f"{name}: one type besides None expected, got {args}")
+    base = args[0]
+    if typing.get_origin(base) is Literal:
+        base = str
+    if base not in (float, int, bool, str):
+        raise TypeError(f"{name}: {base!r} is not float, int, bool or str")
+    return Field(name=name, type=base, nullable=nullable, quantity=quantity)
+
+
+def describe(struct: type[msgspec.Struct]) -> tuple[Field, ...]:
+    """The declared fields of `struct`, in order (base class fields first)."""
+    hints = typing.get_type_hints(struct, include_extras=True)
+    return tuple(_field(f.name, hints[f.name]) for f in msgspec.structs.fields(struct))
+
+
+MEASURED: Final = tuple(f.name for f in describe(Measured))
+# The per-pair quantities: the float columns of each arm in the evaluators' PairSet.
+PER_PAIR: Final = tuple(f.name for f in describe(Measured) if f.quantity.per_pair)
+
+_get_measured: Final = operator.attrgetter(*MEASURED)
+
+
+def measured(value: Measured) -> dict[str, Any]:
+    """The `Measured` fields of any of its subclasses (a meter result, a record), by name."""
+    return dict(zip(MEASURED, _get_measured(value), strict=True))
+
+
+def kept_text(
+    text: str | None, truncated: bool, *, store_text: bool, max_chars: int
+) -> tuple[str | None, bool]:
+    """(the output text as stored, whether it is cut): None when text is not stored, at most
+    `max_chars` characters otherwise. The only place stored text is cut."""
+    if not store_text or text is None:
+        return None, truncated
+    if len(text) > max_chars:
+        return text[:max_chars], True
+    return text, truncated

@@ -1,0 +1,315 @@
+"""BatchWriter: the one bounded, batched path from the gateway to a table (observations and
+exchanges, captured bodies).
+
+Records reach it by `put` — synchronous, O(1), never waits: appended to a queue bounded by
+`queue_max` records across its streams (so a database outage costs bounded memory), or, when it
+is full or the writer is closing, dropped and counted on the stream's `dropped` counter — or
+from a stream's `pull`, a callable that hands over up to n records from a bounded queue its
+owner keeps (the capture sink, which also budgets bytes). One owned task drains them in batches
+— when `batch_size` records are waiting or `flush_interval_s` has passed — with executemany-style
+INSERT … ON CONFLICT DO NOTHING (duplicates are ignored, on both dialects), in statements of at
+most 100 rows so the event loop the proxy shares is never held long.
+
+With `retry` (observations) a batch is never lost to an unreachable database: it is retried
+with capped exponential backoff and jitter while the queue keeps absorbing (then dropping and
+counting); a batch the database rejects for its content is retried row by row, and only the
+offending rows are dropped (`rows_rejected`). Without it (captures, a sample) a failed batch
+costs itself, counted as dropped. `close()` writes what is queued within a deadline and counts
+the rest as dropped. It never logs record contents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import Table, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from storage.sql import insert_ignore, is_transient
+
+logger = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+
+CHUNK: Final = 100  # rows per INSERT statement (and records converted between yields)
+# The writer's own counters; each stream adds its `written` and `dropped` keys.
+WRITER_KEYS: Final = ("rows_rejected", "batches", "retries", "db_errors")
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """One kind of record and the table it goes to."""
+
+    name: str  # for log lines: "exchange", "observation", "capture"
+    table: Table
+    convert: Callable[[Any], Row]  # record -> row (may raise: the record is then rejected)
+    written: str  # counter key: rows written
+    dropped: str  # counter key: records dropped (queue full, shutdown, a failed batch)
+    pull: Callable[[int], list[Any]] | None = None  # the owner's bounded queue, if any
+
+
+class BatchWriter:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        streams: Sequence[Stream],
+        *,
+        batch_size: int,
+        flush_interval_s: float,
+        queue_max: int,
+        retry: bool = True,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 5.0,
+        name: str = "writer",
+        on_count: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._streams = tuple(streams)
+        self._batch_size = max(1, batch_size)
+        self._flush_interval_s = flush_interval_s
+        # Bounds the memory a database outage can cost; beyond it records are dropped, counted.
+        self._queue_max = queue_max
+        self._retry = retry
+        self._backoff = (backoff_initial_s, backoff_max_s)
+        self._name = name
+        self._on_count = on_count
+        self._queues: dict[str, deque[Any]] = {s.name: deque() for s in self._streams}
+        self._inserts = {s.name: insert_ignore(engine.dialect.name, s.table) for s in streams}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._in_flight: dict[str, int] = dict.fromkeys(self._queues, 0)  # taken, not written
+        self._outage = False
+        keys = [*WRITER_KEYS, *(k for s in self._streams for k in (s.written, s.dropped))]
+        self.counts: dict[str, int] = dict.fromkeys(keys, 0)
+
+    # ---- the sink side: called on the request path, never waits
+    def put(self, stream: Stream, record: Any) -> None:
+        if self._closing or self.depth >= self._queue_max:
+            self._count(stream.dropped, 1)
+            return
+        self._queues[stream.name].append(record)
+        if self.depth >= self._batch_size:
+            self._wake.set()
+
+    @property
+    def depth(self) -> int:
+        """Records queued here (not those a stream's owner still holds)."""
+        return sum(len(q) for q in self._queues.values())
+
+    @property
+    def in_flight(self) -> int:
+        """Records taken off the queues and not yet written."""
+        return sum(self._in_flight.values())
+
+    def _count(self, key: str, n: int) -> None:
+        if n:
+            self.counts[key] += n
+            if self._on_count is not None and key not in WRITER_KEYS:
+                self._on_count(key, n)
+
+    # ---- lifecycle
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=self._name)
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Stop accepting records, write what is queued, and return within `timeout_s`; what
+        could not be written by then is counted as dropped."""
+        self._closing = True
+        self._wake.set()
+        task, self._task = self._task, None
+        if task is None:
+            self._count_lost()
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        except TimeoutError:
+            logger.warning("%s: shutdown deadline passed; dropping the rest", self._name)
+        finally:  # also when close() itself is cancelled: never leave the task behind
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self._count_lost()
+
+    def _count_lost(self) -> None:
+        for s in self._streams:
+            queue = self._queues[s.name]
+            left = self._in_flight[s.name] + len(queue)
+            if s.pull is not None:
+                left += len(s.pull(1 << 30))
+            self._count(s.dropped, left)
+            queue.clear()
+            self._in_flight[s.name] = 0
+
+    async def tick(self) -> None:
+        """Called by the drain task after each wake-up (override for periodic work)."""
+
+    # ---- the drain task
+    async def _run(self) -> None:
+        full = False
+        # Records a stream's owner holds are not in `depth`: after a full batch, pull again at
+        # once; a partial remainder of our own queues waits for the flush interval.
+        pulls = any(s.pull is not None for s in self._streams)
+        while True:
+            if not (full and pulls) and self.depth < self._batch_size and not self._closing:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._flush_interval_s):
+                        await self._wake.wait()
+            try:
+                full = await self._write_batch() >= self._batch_size
+            except Exception:
+                # A bug (say, a record that cannot be converted) must not end the drain task:
+                # the queue would fill and silently drop everything after it.
+                logger.exception("%s: batch failed; its records are dropped", self._name)
+                self._count("rows_rejected", self.in_flight)
+                self._in_flight = dict.fromkeys(self._in_flight, 0)
+                full = False
+            if not full:
+                if self._closing and not self.depth:
+                    return
+                await self.tick()
+
+    async def _take(self) -> tuple[dict[str, list[Row]], int]:
+        """The next batch's rows by stream, and how many records it took."""
+        room = self._batch_size
+        records: dict[str, list[Any]] = {}
+        for s in self._streams:
+            queue = self._queues[s.name]
+            taken = [queue.popleft() for _ in range(min(room, len(queue)))]
+            if s.pull is not None and room > len(taken):
+                taken += s.pull(room - len(taken))
+            records[s.name] = taken
+            self._in_flight[s.name] = len(taken)
+            room -= len(taken)
+        rows = {s.name: await self._convert(s, records[s.name]) for s in self._streams}
+        self._in_flight = {name: len(r) for name, r in rows.items()}
+        return rows, self._batch_size - room
+
+    async def _convert(self, stream: Stream, records: list[Any]) -> list[Row]:
+        rows: list[Row] = []
+        for n, record in enumerate(records, 1):
+            try:
+                rows.append(stream.convert(record))
+            except Exception:  # a malformed record (wrong types) costs itself only
+                self._count("rows_rejected", 1)
+                logger.warning("%s: dropped a malformed %s", self._name, type(record).__name__)
+            if not n % CHUNK:
+                await asyncio.sleep(0)  # let the proxy run between chunks
+        return rows
+
+    async def _write_batch(self) -> int:
+        """Write one batch; return how many records it took."""
+        rows, taken = await self._take()
+        delay, ceiling = self._backoff
+        singly = False
+        while any(rows.values()):
+            try:
+                if singly:
+                    await self._write_singly(rows)
+                else:
+                    await self._write(rows)
+                    for s in self._streams:
+                        self._count(s.written, len(rows[s.name]))
+                        rows[s.name].clear()
+            except Exception as exc:
+                self._count("db_errors", 1)
+                if not self._retry:  # a sample: the failed batch costs itself, counted
+                    for s in self._streams:
+                        self._count(s.dropped, len(rows[s.name]))
+                        rows[s.name].clear()
+                    logger.warning("%s: a batch was not stored", self._name)
+                    break
+                if not await self._is_outage(exc):
+                    if not singly:
+                        logger.warning(
+                            "%s: a batch was refused (%s); writing it row by row",
+                            self._name,
+                            type(exc).__name__,
+                        )
+                    singly = True
+                    continue
+                if not self._outage:
+                    self._outage = True
+                    logger.warning(
+                        "%s: database unavailable (%s); retrying with backoff, "
+                        "queue bounded at %d records",
+                        self._name,
+                        _first_line(exc),
+                        self._queue_max,
+                    )
+                self._count("retries", 1)
+                await asyncio.sleep(delay * (0.5 + random.random()))  # jitter: replicas desync
+                delay = min(delay * 2, ceiling)
+            else:
+                if self._outage:
+                    self._outage = False
+                    logger.info("%s: database reachable again", self._name)
+        self._in_flight = dict.fromkeys(self._in_flight, 0)
+        return taken
+
+    async def _write(self, rows: dict[str, list[Row]]) -> None:
+        async with self._engine.begin() as conn:
+            # Statements of at most CHUNK rows: parameter processing runs on the event loop,
+            # and the proxy shares it; one transaction per batch all the same.
+            for s in self._streams:
+                part = rows[s.name]
+                for start in range(0, len(part), CHUNK):
+                    await conn.execute(self._inserts[s.name], part[start : start + CHUNK])
+        self._count("batches", 1)
+
+    async def _write_singly(self, rows: dict[str, list[Row]]) -> None:
+        """Write rows one transaction each; drop (and count) the ones refused for their content.
+        A transient error propagates with the unwritten rows still in the lists."""
+        for s in self._streams:
+            part = rows[s.name]
+            while part:
+                try:
+                    async with self._engine.begin() as conn:
+                        await conn.execute(self._inserts[s.name], [part[0]])
+                except Exception as exc:
+                    if await self._is_outage(exc):
+                        raise
+                    self._count("db_errors", 1)
+                    self._count("rows_rejected", 1)
+                    # The type only: a driver's message may quote the row's values.
+                    logger.warning(
+                        "%s: dropped a %s row the database refused (%s)",
+                        self._name,
+                        s.name,
+                        type(getattr(exc, "orig", None) or exc).__name__,
+                    )
+                else:
+                    self._count(s.written, 1)
+                part.pop(0)
+                self._in_flight[s.name] = len(part)
+
+    async def _is_outage(self, exc: Exception) -> bool:
+        """Whether `exc` means "the database is unavailable" rather than "this data is refused".
+        Error classes alone cannot tell (a refused connection and a refused value can both be a
+        bare DBAPIError), so a non-transient-looking error is confirmed with a trivial query."""
+        if is_transient(exc):
+            return True
+        try:
+            async with self._engine.connect() as conn:
+                await conn.execute(select(1))
+        except Exception:
+            return True
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc)
+    return (text.splitlines() or [type(exc).__name__])[0][:200]
