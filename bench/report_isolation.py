@@ -60,10 +60,11 @@ def _serve(db: Path, live: str, port: int, priority: str) -> subprocess.Popen[by
     env |= {"CANARY_REPORT_PRIORITY": priority, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "gateway.cli.main", "serve", "--listen", f"127.0.0.1:{port}"]
     argv += ["--db", f"sqlite+aiosqlite:///{db}", "--live", live, "--insecure-admin"]
-    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = open(db.with_suffix(".serve.log"), "wb")  # noqa: SIM115 - the child owns it
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
 
 
-async def _ready(url: str) -> None:
+async def _ready(url: str, gw: subprocess.Popen[bytes]) -> None:
     async with aiohttp.ClientSession() as http:
         for _ in range(1200):
             try:
@@ -71,7 +72,8 @@ async def _ready(url: str) -> None:
                     if resp.status == 200:
                         return
             except aiohttp.ClientConnectionError:
-                pass
+                if gw.poll() is not None:
+                    raise RuntimeError("canary serve exited: see DB.serve.log") from None
             await asyncio.sleep(0.1)
     raise RuntimeError("canary serve did not become ready")
 
@@ -105,7 +107,7 @@ async def bench(args: argparse.Namespace) -> None:
         url = f"http://127.0.0.1:{port}"
         gw = _serve(args.db, live_proc.url, port, args.priority)
         try:
-            await _ready(url)
+            await _ready(url, gw)
             await iso.open_loop(url, args.rate, 5.0, 0.0)  # warm-up, not counted
             quiet: list[iso.Sample] = []
             busy: list[iso.Sample] = []
