@@ -1,9 +1,10 @@
 """The promotion use cases: report, promote, rollback; what the admin API (and any other
-front end) calls. Storage and the evaluators are reached from here, never from a handler.
+front end) calls. Storage is reached from here, never from a handler; reports come from a
+`gateway.control.reports.Reports` (in a gateway, the host's report process).
 
 Every decision is taken against the state of one moment and committed in one audited
 transaction: a promote whose live endpoint changed before it committed is refused, never applied
-blindly. Raises only the errors of `domain.errors`.
+blindly. Raises the errors of `domain.errors`, and `ReportsUnavailable` when no report can be had.
 """
 
 from __future__ import annotations

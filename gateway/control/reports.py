@@ -32,13 +32,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import aiohttp
 import msgspec
 from aiohttp import web
 
 from domain import errors as de
+from domain.exposition import Family, Sample
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -48,6 +49,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("canary.reports")
 
 VERDICT_HEADER = "X-Canary-Verdict"
+OUTCOMES = ("ok", "not_found", "invalid", "unavailable")
+REPORTS: Final = Family(
+    "canary_reports_total",
+    "counter",
+    "Reports this worker asked of the host's report process, by outcome.",
+    ("outcome",),
+)
 
 
 class ReportsUnavailable(de.CanaryError):
@@ -263,6 +271,11 @@ class RemoteReports:
         self._path = socket_path
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self.counts = dict.fromkeys(OUTCOMES, 0)
+
+    def samples(self) -> list[Sample]:
+        """`canary_reports_total` by outcome (a refusal of the report process is `unavailable`)."""
+        return [REPORTS.sample(self.counts[o], o) for o in OUTCOMES]
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -274,6 +287,21 @@ class RemoteReports:
         return self._session
 
     async def report(self, name: str, *, final: bool = False) -> ReportDoc:
+        outcome = "unavailable"
+        try:
+            doc = await self._ask(name, final)
+            outcome = "ok"
+            return doc
+        except de.EndpointNotFound:
+            outcome = "not_found"
+            raise
+        except ValueError:
+            outcome = "invalid"
+            raise
+        finally:
+            self.counts[outcome] += 1
+
+    async def _ask(self, name: str, final: bool) -> ReportDoc:
         url = f"http://reports/report/{name}"
         params = {"final": "1" if final else "0"}
         try:

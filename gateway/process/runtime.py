@@ -135,6 +135,11 @@ MIRROR_RESTARTS: Final = Family(
     "counter",
     "Times this process restarted the mirror.",
 )
+REPORT_RESTARTS: Final = Family(
+    "canary_report_process_restarts_total",
+    "counter",
+    "Times this process restarted the report process.",
+)
 
 
 def _registry_lines(registry: Registry) -> list[Sample]:
@@ -321,6 +326,7 @@ async def running(
         metrics.add_collector(handoff.prometheus_lines)
         metrics.add_collector(lambda: _plane_lines(parts))
         metrics.add_collector(lambda: _registry_lines(registry))
+        metrics.add_collector(reports.samples)
         parts.gateway = await start_gateway(
             config,
             live=live,
@@ -353,7 +359,8 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 def _plane_lines(parts: Components) -> list[Sample]:
     restarts = parts.plane.restarts if parts.plane is not None else 0
-    return [MIRROR_RESTARTS.sample(restarts)]
+    reporter = parts.report_process.restarts if parts.report_process is not None else 0
+    return [MIRROR_RESTARTS.sample(restarts), REPORT_RESTARTS.sample(reporter)]
 
 
 async def serve_until_stopped(

@@ -163,6 +163,10 @@ async def test_a_dead_report_process_is_restarted(tmp_path: Path) -> None:
             assert status == 200
             async with http.post(url + "/v1/chat/completions", json=PAYLOAD) as resp:
                 assert resp.status == 200
+            async with http.get(url + "/metrics") as resp:
+                metrics = await resp.text()
+            assert "canary_report_process_restarts_total 1" in metrics
+            assert 'canary_reports_total{outcome="ok"} 1' in metrics
     finally:
         code, err = await stop(proc)
     assert code == 0, err[-2000:]
