@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/overhead.py [--duration 10] [--rates 200,1000] [--profile]
     .venv/bin/python bench/overhead.py --cpu-only [--cpu-rounds 6] [--cpu-duration 4]
+        [--fixed-rate 400] [--before-root DIR]
 
 Every server and every load generator runs in its own process on 127.0.0.1:
   upstreams  nginx `return 200` with a fixed JSON body (plain requests); the engine simulator with
@@ -18,7 +19,11 @@ It prints a markdown report on stdout. It is a benchmark, not a test: it asserts
 On a shared machine, throughput measures the neighbours as much as the proxy. The CPU A/B section
 (`--cpu-only` runs just it) is the honest number there: gateway and pass-through are loaded in
 alternation, round after round, with the same wrk, and each proxy's CPU time (utime + stime from
-/proc) is divided by the requests wrk counted; the report gives the median of the rounds.
+/proc) is divided by the requests wrk counted; the report gives the median of the rounds. The same
+is done at a fixed offered rate (`--fixed-rate`, open loop: every proxy serves the same requests
+in the same time, so CPU per request is not skewed by how far each is pushed), with the added p50
+and p99. `--before-root DIR` adds a gateway run from another source tree (e.g. a `git archive` of
+an earlier commit) to both A/Bs; `--profile` then also py-spies each gateway at the fixed rate.
 """
 
 from __future__ import annotations
@@ -134,9 +139,12 @@ class Procs:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *argv: str, port: int | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, *argv: str, port: int | None = None, root: Path = ROOT
+    ) -> subprocess.Popen[bytes]:
         log = open(os.devnull, "wb")  # noqa: SIM115 - closed with the process table at exit
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log)
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        proc = subprocess.Popen(argv, cwd=root, stdout=log, stderr=log, env=env)
         self.procs.append(proc)
         if port is not None:
             wait_port(port)
@@ -154,11 +162,11 @@ class Procs:
                 proc.wait()
 
 
-def gateway(procs: Procs, tmp: Path, live: str, *extra: str) -> tuple[str, int]:
+def gateway(procs: Procs, tmp: Path, live: str, *extra: str, root: Path = ROOT) -> tuple[str, int]:
     port = free_port()
     proc = procs.start(
         PY, "-m", "gateway.cli.main", "serve", "--live", live, "--listen", f"127.0.0.1:{port}",
-        "--db", f"sqlite+aiosqlite:///{tmp}/gw-{port}.db", *extra,
+        "--db", f"sqlite+aiosqlite:///{tmp}/gw-{port}.db", *extra, root=root,
     )  # fmt: skip
     wait_port(port)
     time.sleep(1.0 if not extra else 3.0)  # every worker up
@@ -236,6 +244,7 @@ async def _open_loop(url: str, rate: float, duration: float) -> dict[str, float]
         "p99_ms": pct(lat, 0.99) * 1e3,
         "errors": errors,
         "n": len(lat),
+        "served": len(lat) + 50,  # with the warm-up requests
     }
 
 
@@ -339,6 +348,52 @@ def cpu_ab(
     return out
 
 
+def cpu_fixed(
+    targets: dict[str, tuple[str, int]], rate: float, duration: float, rounds: int
+) -> dict[str, dict[str, list[float]]]:
+    """Per target and round, at a fixed offered rate (open loop): CPU µs per request, p50, p99
+    and errors; targets alternate order round by round."""
+    out: dict[str, dict[str, list[float]]] = {
+        name: {"cpu": [], "p50": [], "p99": [], "errors": []} for name in targets
+    }
+    names = list(targets)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            url, pid = targets[name]
+            before = cpu_seconds(pid)
+            res = child(["_openloop", url, str(rate), str(duration)])
+            out[name]["cpu"].append((cpu_seconds(pid) - before) / res["served"] * 1e6)
+            for key, field in (("p50", "p50_ms"), ("p99", "p99_ms"), ("errors", "errors")):
+                out[name][key].append(res[field])
+    return out
+
+
+def cpu_fixed_lines(res: dict[str, dict[str, list[float]]], rate: float) -> list[str]:
+    rounds = len(next(iter(res.values()))["cpu"])
+    lines = [
+        f"### CPU per request at a fixed offered rate ({rate:.0f} req/s open loop, "
+        f"{rounds} rounds, median)",
+        "",
+        "| proxy | CPU µs/request | rounds (µs) | p50 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in res.items():
+        each = ", ".join(f"{c:.0f}" for c in r["cpu"])
+        lines.append(
+            f"| {name} | {median(r['cpu']):.0f} | {each} | {median(r['p50']):.3f} | "
+            f"{median(r['p99']):.3f} | {sum(r['errors']):.0f} |"
+        )
+    pt = res["minimal aiohttp pass-through"]
+    for name, r in res.items():
+        if name.startswith("canary-gateway"):
+            lines.append(
+                f"- {name} / pass-through CPU per request: "
+                f"{median(r['cpu']) / median(pt['cpu']):.2f}x; per round: "
+                + ", ".join(f"{g / p:.2f}" for g, p in zip(r["cpu"], pt["cpu"], strict=True))
+            )
+    return lines
+
+
 def median(values: list[float]) -> float:
     values = sorted(values)
     mid = len(values) // 2
@@ -356,13 +411,15 @@ def cpu_ab_lines(res: dict[str, tuple[list[float], list[float]]], conns: int) ->
     for name, (cpu, rps) in res.items():
         each = ", ".join(f"{c:.0f}" for c in cpu)
         lines.append(f"| {name} | {median(cpu):.0f} | {each} | {median(rps):,.0f} |")
-    gw, pt = res["canary-gateway, 1 worker"], res["minimal aiohttp pass-through"]
-    lines += [
-        "",
-        f"- gateway / pass-through CPU per request: {median(gw[0]) / median(pt[0]):.2f}x; "
-        f"req/s: {median(gw[1]) / median(pt[1]):.2f}x; per round CPU ratios: "
-        + ", ".join(f"{g / p:.2f}" for g, p in zip(gw[0], pt[0], strict=True)),
-    ]
+    pt = res["minimal aiohttp pass-through"]
+    lines.append("")
+    for name, gw in res.items():
+        if name.startswith("canary-gateway"):
+            lines.append(
+                f"- {name} / pass-through CPU per request: {median(gw[0]) / median(pt[0]):.2f}x"
+                f"; req/s: {median(gw[1]) / median(pt[1]):.2f}x; per round CPU ratios: "
+                + ", ".join(f"{g / p:.2f}" for g, p in zip(gw[0], pt[0], strict=True))
+            )
     return lines
 
 
@@ -383,6 +440,47 @@ def profiled(pid: int, tmp: Path, enabled: bool) -> Iterator[Path | None]:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
+
+
+def inclusive(raw: Path, needle: str) -> tuple[float, float]:
+    """Share of samples (%) with a frame containing `needle` anywhere in the stack, and with
+    it as the leaf (self time)."""
+    anywhere = leaf = total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, num = line.rpartition(" ")
+        total += int(num)
+        if needle in stack:
+            anywhere += int(num)
+            if needle in stack.split(";")[-1]:
+                leaf += int(num)
+    return 100.0 * anywhere / max(total, 1), 100.0 * leaf / max(total, 1)
+
+
+# The connection guards' own frames (their `data_received` runs on every read).
+GUARD_FRAMES = "gateway/server/connections.py"
+
+
+def profile_lines(
+    targets: dict[str, tuple[str, int]], tmp: Path, rate: float, duration: float
+) -> list[str]:
+    """py-spy of each gateway at a fixed rate: top self frames and the guards' share."""
+    lines: list[str] = []
+    for name, (url, pid) in targets.items():
+        if not name.startswith("canary-gateway"):
+            continue
+        with profiled(pid, tmp, True) as prof:
+            child(["_openloop", url, str(rate), str(duration)])
+        if prof is None or not prof.exists():
+            continue
+        lines += ["", f"#### py-spy of {name} at {rate:.0f} req/s (self %)", ""]
+        lines += [f"- {share:.1f}% {fn}" for fn, share in top_frames(prof, 20)]
+        anywhere, leaf = inclusive(prof, GUARD_FRAMES)
+        lines += [
+            "",
+            f"`{GUARD_FRAMES}`: {anywhere:.1f}% of samples inclusive (aiohttp's parser below "
+            f"it included), {leaf:.1f}% self",
+        ]
+    return lines
 
 
 def top_frames(raw: Path, n: int = 15) -> list[tuple[str, float]]:
@@ -409,6 +507,8 @@ def main() -> int:
     ap.add_argument("--cpu-rounds", type=int, default=4, help="rounds of the CPU A/B")
     ap.add_argument("--cpu-duration", type=float, default=4.0, help="seconds per A/B cell")
     ap.add_argument("--cpu-only", action="store_true", help="run only the CPU A/B")
+    ap.add_argument("--fixed-rate", type=float, default=400.0, help="req/s of the fixed A/B")
+    ap.add_argument("--before-root", type=Path, help="also run the gateway from this tree")
     args = ap.parse_args()
     for tool in ("wrk", "nginx"):
         if shutil.which(tool) is None:
@@ -439,10 +539,20 @@ def main() -> int:
             "canary-gateway, 1 worker": (gw1 + path, gw1_pid),
             "minimal aiohttp pass-through": (pt1 + path, pt1_pid),
         }
+        if args.before_root is not None:
+            before = gateway(procs, tmp, fixed, root=args.before_root.resolve())
+            ab["canary-gateway, before"] = (before[0] + path, before[1])
         if args.cpu_only:
+            load0 = os.getloadavg()[0]
+            fixed_res = cpu_fixed(ab, args.fixed_rate, args.cpu_duration, args.cpu_rounds)
             res = cpu_ab(ab, args.cpu_rounds, args.cpu_duration)
-            print(f"Machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
+            print(f"Machine: {os.cpu_count()} cores, load average {load0:.1f} at the start, "
+                  f"{os.getloadavg()[0]:.1f} at the end\n")  # fmt: skip
+            print("\n".join(cpu_fixed_lines(fixed_res, args.fixed_rate)))
+            print()
             print("\n".join(cpu_ab_lines(res, 32)))
+            if args.profile:
+                print("\n".join(profile_lines(ab, tmp, args.fixed_rate, args.cpu_duration * 2)))
             return 0
         gw_sim, _ = gateway(procs, tmp, simurl)
         pt_sim, _ = passthrough(procs, tmp, simurl)

@@ -3,6 +3,9 @@
 For each candidate, between any two callbacks of the event loop:
     sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload + sent + pending
     sent    = observed_ok + observed_error + timed_out
+and for the scoring copies it was asked to answer (scoring.py in the mirror):
+    score_sampled = score_dropped + score_sent + score_pending
+    score_sent    = score_ok + score_unsupported + score_failed
 The mirror counts under these names, storage keeps them per replica, the report shows them.
 Pure: no IO.
 """
@@ -12,6 +15,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
+# Scoring copies (gateway/mirror/scoring.py), counted on the endpoint that was asked to score:
+#   score_sampled = score_dropped + score_sent + score_pending
+#   score_sent    = score_ok + score_unsupported + score_failed
+SCORE_IDENTITY_FIELDS: Final = (
+    "score_sampled",
+    "score_dropped",
+    "score_sent",
+    "score_ok",
+    "score_unsupported",
+    "score_failed",
+)
 # Monotonic per-candidate counters, in the order they are exported.
 IDENTITY_FIELDS: Final = (
     "sampled",
@@ -23,9 +37,10 @@ IDENTITY_FIELDS: Final = (
     "observed_ok",
     "observed_error",
     "timed_out",
+    *SCORE_IDENTITY_FIELDS,
 )
 # Point-in-time values (not sums over time): only replicas still reporting count.
-GAUGE_FIELDS: Final = ("pending", "inflight", "buffer_items", "buffer_bytes")
+GAUGE_FIELDS: Final = ("pending", "inflight", "buffer_items", "buffer_bytes", "score_pending")
 # The keys a report's accounting carries, in display order.
 ACCOUNTING_KEYS: Final = (
     "sampled",
@@ -38,6 +53,8 @@ ACCOUNTING_KEYS: Final = (
     "observed_ok",
     "observed_error",
     "timed_out",
+    *SCORE_IDENTITY_FIELDS,
+    "score_pending",
 )
 # Copies that reached the candidate and came to an end.
 OBSERVED_FIELDS: Final = ("observed_ok", "observed_error", "timed_out")
@@ -47,4 +64,14 @@ def identity_holds(c: Mapping[str, int]) -> bool:
     """Both accounting identities, on one candidate's counters (with `pending`)."""
     dropped = c["dropped_overflow"] + c["dropped_oversize"] + c["shed_overload"]
     left = c["deduplicated"] + dropped + c["sent"] + c["pending"]
-    return c["sampled"] == left and c["sent"] == sum(c[k] for k in OBSERVED_FIELDS)
+    copies = c["sampled"] == left and c["sent"] == sum(c[k] for k in OBSERVED_FIELDS)
+    return copies and score_identity_holds(c)
+
+
+def score_identity_holds(c: Mapping[str, int]) -> bool:
+    """The scoring copies' identities (counters absent count 0: rows from older replicas)."""
+    g = c.get
+    sampled = g("score_sampled", 0)
+    left = g("score_dropped", 0) + g("score_sent", 0) + g("score_pending", 0)
+    ended = g("score_ok", 0) + g("score_unsupported", 0) + g("score_failed", 0)
+    return sampled == left and g("score_sent", 0) == ended

@@ -172,6 +172,19 @@ class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         | None
     ) = None
     sampling: Annotated[Sampling, _doc("Sample by request or by whole session")] = "request"
+    # Teacher-forced scoring of production's answers (gateway/mirror/scoring.py); None: the
+    # kind's default (domain.kinds.SCORE_RATES: 0.1 for quantized, 0 for the others).
+    score_rate: (
+        Annotated[
+            Rate,
+            _doc(
+                "Share of this candidate's pairs whose production answer it (and the control) "
+                "score with prompt logprobs (null: 0.1 for kind quantized, else 0)",
+                "0..1",
+            ),
+        ]
+        | None
+    ) = None
     buffer_max_items: Annotated[Items, _doc("Copies the ring buffer holds at most")] = (
         DEFAULT_BUFFER_MAX_ITEMS
     )

@@ -21,6 +21,19 @@ GOALS: Final[dict[str, tuple[str, ...]]] = {
 # trade turn 1 for later turns).
 GATES_FIRST_TURN: Final = frozenset({"bi-kv"})
 CONTROL: Final = "control"
+# Default share of a candidate's pairs scored with prompt logprobs (teacher forcing, see
+# gateway/mirror/scoring.py) when its `score_rate` is not set: on for quantized candidates,
+# whose damage shows in token probabilities before greedy answers flip; off for the others.
+# Each scored pair costs the candidate and the control one full prefill of prompt + answer.
+SCORE_RATES: Final[dict[str, float]] = {"quantized": 0.1}
+# Kinds for which `logprob_divergence` is critical (decisive harm rejects at any look); for
+# the others it is a guardrail.
+SCORE_CRITICAL: Final = frozenset({"quantized"})
+
+
+def score_rate(kind: str, declared: float | None) -> float:
+    """The share of pairs scored: the candidate's own `score_rate`, else its kind's default."""
+    return declared if declared is not None else SCORE_RATES.get(kind, 0.0)
 
 
 def is_goal(kind: str, metric: str) -> bool:

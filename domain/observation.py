@@ -50,6 +50,7 @@ class Quantity(msgspec.Struct, frozen=True):
 _S: Final = Quantity("s")
 _S_PAIR: Final = Quantity("s", per_pair=True)
 _TOKENS_PAIR: Final = Quantity("tokens", per_pair=True)
+_NATS_PAIR: Final = Quantity("nats/token", per_pair=True)
 
 
 class Measured(msgspec.Struct, kw_only=True):
@@ -82,6 +83,16 @@ class Measured(msgspec.Struct, kw_only=True):
     # Hex xxh3_128 of the full output text (all of it, whatever was kept).
     output_hash: Annotated[str | None, Quantity(length=32)] = None
     text_truncated: bool = False  # the kept text is shorter than the output
+    # Scoring (gateway/mirror/scoring.py): this arm's engine scored production's answer on the
+    # same conversation (teacher forcing with prompt logprobs). None: not scored. Production is
+    # never scored. `score_tokens` = 0 with no scores: the engine refused the parameters
+    # (scoring unsupported). `score_logprob`: mean log-likelihood of production's tokens;
+    # `score_top1`: share of positions whose top-1 token is production's; `score_kl`: top-k
+    # estimate of KL(control || this arm) per token, on a candidate scored beside a control.
+    score_tokens: Annotated[int | None, _TOKENS_PAIR] = None
+    score_logprob: Annotated[float | None, _NATS_PAIR] = None
+    score_top1: Annotated[float | None, Quantity("share", per_pair=True)] = None
+    score_kl: Annotated[float | None, _NATS_PAIR] = None
 
 
 class Field(msgspec.Struct, frozen=True):

@@ -63,6 +63,8 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     log_format: Literal["json", "text"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     replica_name: str = ""  # label for this gateway in stored rows; default: hostname-pid
+    # The event loop of every process: uvloop when installed ("auto"), or asyncio's own.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
 
     # --- the live endpoint (None: start the built-in engine simulator as the live endpoint).
     # `live_<field>` is the live `Endpoint`'s <field>, with the type declared there
@@ -107,6 +109,13 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # Production results awaited for copies already offered; a worker that died leaves its
     # exchanges here until this bound or their age evicts them (counted `results_lost`).
     mirror_results_max: PosInt = 100_000
+    # Scoring copies (gateway/mirror/scoring.py): top-k logprobs asked per position (vLLM's
+    # max_logprobs is 20 by default), scoring requests in flight per endpoint, and scoring jobs
+    # held at once (each holds its arms' observations and a reference to the request body);
+    # past it a pair is not scored (`score_dropped`).
+    score_logprobs: Annotated[int, Meta(ge=1, le=20)] = 5
+    score_concurrency: PosInt = 1
+    score_max_pending: PosInt = 256
 
     # --- report process (one per host: every report, gate and promotion's report runs there,
     # never in a worker; see gateway/control/reports.py)

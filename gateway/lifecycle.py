@@ -15,14 +15,18 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run `main` to completion on uvloop when installed, else on asyncio's default loop."""
-    try:
-        import uvloop
+def run_loop(main: Coroutine[Any, Any, None], loop: str = "auto") -> None:
+    """Run `main` to completion on uvloop when installed ("auto") or asked ("uvloop"), else
+    on asyncio's default loop (`event_loop` in the config)."""
+    factory: Any = None
+    if loop != "asyncio":
+        try:
+            import uvloop
 
-        factory: Any = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is optional
-        factory = None
+            factory = uvloop.new_event_loop
+        except ImportError:  # pragma: no cover - uvloop is optional
+            if loop == "uvloop":
+                raise
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(main)
 

@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from domain.accounting import GAUGE_FIELDS
 from domain.endpoint import Endpoint
 from domain.errors import DuplicateName, EndpointNotFound, InvalidEndpoint, PromotionConflict
 from storage.engine import write_transaction
@@ -223,7 +224,7 @@ async def upsert_counters(
 # Point-in-time values, not totals: a replica that died without its final flush would report
 # its last ones forever (a copy "pending" for ever inflates coverage), so they count only while
 # the replica keeps reporting. Cumulative counters always count.
-GAUGES = frozenset({"pending", "inflight", "buffer_items", "buffer_bytes"})
+GAUGES = frozenset(GAUGE_FIELDS)  # domain.accounting: point-in-time values, scoring's too
 GAUGE_MAX_AGE_S = 60.0
 
 
@@ -256,3 +257,20 @@ async def count_rows(engine: AsyncEngine, table: str) -> int:
         async with engine.connect() as conn:
             stmt = select(func.count()).select_from(Base.metadata.tables[table])
             return int((await conn.execute(stmt)).scalar_one())
+
+
+async def split_sessions_seen_by(engine: AsyncEngine, replica: str, since: float) -> list[str]:
+    """Session keys this replica stored an exchange of since `since` that another replica also
+    stored one of in that window: sessions a balancer split between replicas."""
+    ex = Base.metadata.tables["exchanges"]
+    recent = and_(ex.c.received_at >= since, ex.c.session_key.is_not(None))
+    mine = select(ex.c.session_key).where(recent, ex.c.replica == replica)
+    stmt = (
+        select(ex.c.session_key)
+        .where(recent, ex.c.session_key.in_(mine))
+        .group_by(ex.c.session_key)
+        .having(func.count(func.distinct(ex.c.replica)) > 1)
+    )
+    with translated("reading split sessions"):
+        async with engine.connect() as conn:
+            return [str(key) for key in (await conn.scalars(stmt)).all()]

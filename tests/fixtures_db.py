@@ -12,7 +12,12 @@ the local PostgreSQL.
   control-plane tables are renamed away, since WAL readers never block).
 
 The PostgreSQL server is `postgresql://postgres@127.0.0.1:5432/postgres` unless
-CANARY_TEST_PG_DSN names another maintenance DSN.
+CANARY_TEST_PG_DSN names another maintenance DSN. When nothing answers there, the first test that
+needs PostgreSQL starts a throwaway server from the local binaries for the rest of the session
+(`tests/throwaway_pg.py`: initdb and postgres in a temporary directory, as an unprivileged user
+when run as root). With no binaries either, the PostgreSQL half of the suite is skipped with one
+summary line, unless CANARY_REQUIRE_PG=1 (what `.ci/run` sets): then it fails, because CI must
+keep proving both dialects.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import contextlib
 import os
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -34,30 +40,113 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from storage.engine import make_engine, upgrade
+from tests import throwaway_pg
 
 
 class Outage(Protocol):
     def __call__(self, url: str, *, reads: bool = False) -> AbstractAsyncContextManager[None]: ...
 
 
-PG_DSN = os.environ.get("CANARY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+CONFIGURED_DSN = os.environ.get(
+    "CANARY_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+REQUIRE_PG = os.environ.get("CANARY_REQUIRE_PG") == "1"
 
 DB_KINDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
 
+@dataclass
+class _PgState:
+    """How this session reaches PostgreSQL, decided by the first test that needs it."""
+
+    dsn: str | None = None  # the maintenance DSN in use
+    unavailable: str | None = None  # why there is none (the PostgreSQL half is skipped)
+    started: throwaway_pg.Server | None = None  # the throwaway server, when one was started
+
+
+_PG = _PgState()
+
+
+def _resolve_pg() -> str:
+    """The maintenance DSN: the configured server when it answers, else a throwaway server from
+    the local binaries; skips (or fails under CANARY_REQUIRE_PG=1) when there is neither."""
+    if _PG.dsn is not None:
+        return _PG.dsn
+    if _PG.unavailable is None:
+        if throwaway_pg.answers(CONFIGURED_DSN):
+            _PG.dsn = CONFIGURED_DSN
+            return _PG.dsn
+        bindir = throwaway_pg.find_bindir()
+        if bindir is None:
+            _PG.unavailable = (
+                f"nothing answers at {CONFIGURED_DSN} and no local PostgreSQL binaries "
+                "(initdb, postgres) to start one from"
+            )
+        else:
+            try:
+                _PG.started = throwaway_pg.start(bindir)
+            except (OSError, RuntimeError) as exc:
+                _PG.unavailable = (
+                    f"nothing answers at {CONFIGURED_DSN} and a throwaway server from {bindir} "
+                    f"did not start: {exc}"
+                )
+            else:
+                _PG.dsn = _PG.started.dsn
+                return _PG.dsn
+    if REQUIRE_PG:
+        pytest.fail(f"CANARY_REQUIRE_PG=1 but {_PG.unavailable}", pytrace=False)
+    pytest.skip(f"{SKIPPED_HALF}: {_PG.unavailable}")
+
+
+SKIPPED_HALF = "PostgreSQL half skipped"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Report every PostgreSQL test skipped for want of a server at one place, so the summary
+    folds them into one line (`SKIPPED [N] tests/fixtures_db.py:…`) instead of one per test."""
+    report: pytest.TestReport = yield
+    longrepr = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple) and SKIPPED_HALF in longrepr[2]:
+        here = Path(__file__)
+        with contextlib.suppress(ValueError):
+            here = here.relative_to(item.config.rootpath)
+        report.longrepr = (str(here), _resolve_pg.__code__.co_firstlineno, longrepr[2])
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line saying where the PostgreSQL half ran when it was not the configured server (a
+    skipped half has its own line among the skips)."""
+    if _PG.started is not None:
+        terminalreporter.write_line(
+            f"PostgreSQL: nothing answered at {CONFIGURED_DSN}; the PostgreSQL half ran on a "
+            f"throwaway server from {_PG.started.bindir} at {_PG.started.dsn}"
+        )
+
+
+def pytest_unconfigure() -> None:
+    if _PG.started is not None:
+        _PG.started.stop()
+        _PG.started = None
+
+
 async def _pg_admin() -> asyncpg.Connection:
+    dsn = _resolve_pg()
     try:
-        return await asyncpg.connect(PG_DSN, timeout=10)
+        return await asyncpg.connect(dsn, timeout=10)
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
         pytest.fail(
-            f"PostgreSQL is required for the storage tests and is unreachable at {PG_DSN} "
-            f"({type(exc).__name__}: {exc}). Start it, or point CANARY_TEST_PG_DSN at one.",
+            f"PostgreSQL answers at {dsn} but refused the tests "
+            f"({type(exc).__name__}: {exc}). Fix it, or point CANARY_TEST_PG_DSN at another.",
             pytrace=False,
         )
 
 
 def _pg_url(database: str) -> str:
-    parts = urlsplit(PG_DSN)
+    parts = urlsplit(_resolve_pg())
     return urlunsplit(parts._replace(scheme="postgresql+asyncpg", path=f"/{database}"))
 
 

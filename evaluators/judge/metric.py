@@ -70,7 +70,9 @@ class MetricSpec(msgspec.Struct, frozen=True, kw_only=True):
         return math.log(value) if self.scale == "ratio" else value
 
     def to_natural(self, value: float) -> float:
-        return math.exp(value) if self.scale == "ratio" else value
+        if self.scale != "ratio":
+            return value
+        return math.exp(value) if value < 700.0 else math.inf  # a bound out of any range
 
     def harm_bounds(self, margin: float) -> list[tuple[float, Literal["below", "above"]]]:
         """(boundary, side on which harm lies) for a margin: one side, or two for "both"."""
@@ -301,6 +303,20 @@ def _more_pairs(
     return max(k for k in needs if k is not None)
 
 
+def mean_stat(
+    v: NDArray[np.float64], looks: NDArray[np.int64] | None, s: VerdictSettings
+) -> MeanStat:
+    """The verdict's sequence for unit means v: tuned to the candidate's horizon."""
+    return MeanStat(
+        v, looks, horizon=s.horizon_units, sigma_floor=s.latency_sigma_floor, alpha=s.alpha
+    )
+
+
+def _sd(v: NDArray[np.float64]) -> float | None:
+    """The sd of the unit values a sequence bets on (what `canary plan` sizes from)."""
+    return float(np.std(v, ddof=1)) if len(v) >= 2 else None
+
+
 def _looks(n: int) -> NDArray[np.int64]:
     return np.array([max(n // 2, 1), n], dtype=np.int64)
 
@@ -371,19 +387,18 @@ def judge_mean(
     use: B,
     reference: str,
     detail: Detail | None = None,
-    tau: float | None = None,
 ) -> MetricResult:
     """Judge the mean of an unbounded per-pair statistic; `x` holds the values of `use`."""
     v, sizes, n = _unit_values(x, use, ctx)
     if len(v) == 0:
         return _no_units(spec, ctx, reference, len(x))
     s = ctx.settings
-    t = tau if tau is not None else s.latency_tau
 
     def make(looks: NDArray[np.int64]) -> MeanStat:
-        return MeanStat(v, looks, tau=t, sigma_floor=s.latency_sigma_floor)
+        return mean_stat(v, looks, s)
 
-    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail or {}, s.alpha)
+    detail = {**(detail or {}), "unit_sd": _sd(v)}
+    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail, s.alpha)
     if ctx.trajectories and spec.role != "diagnostic":
         res.trajectory = _trajectory(spec, make, sizes, s.alpha)
     return res
@@ -407,7 +422,13 @@ def judge_bounded(
         return BoundedStat(v, looks)
 
     a = ctx.settings.alpha
-    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail or {}, a)
+    used = np.asarray(d, dtype=np.float64)[ctx.units.rank[use] >= 0]
+    detail = {
+        **(detail or {}),
+        "unit_sd": _sd(v),
+        "discordant_share": float(np.mean(used != 0)) if len(used) else None,
+    }
+    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail, a)
     if ctx.trajectories and spec.role != "diagnostic":
         res.trajectory = _trajectory(spec, make, sizes, a)
     return res

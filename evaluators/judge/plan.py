@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evaluators.judge.metric import MetricResult
 from evaluators.judge.settings import VerdictSettings
 from evaluators.stats.sequential import BoundedStat, MeanStat
 
@@ -49,6 +50,12 @@ class Traffic:
     # (engine nondeterminism: 1 % per arm gives about 2 %)
     disagreement: float = 0.0
     goal_ratio: float = 0.8  # the improvement the goal is expected to show (later-turn TTFT)
+    # share of pairs scored with prompt logprobs (score_rate; 0.1 for quantized by default):
+    # logprob_divergence counts only those
+    score_rate: float = 0.1
+    # sd of one scored pair's top-1 disagreement difference (3.8 pp: bfloat16 vs float32 on
+    # the real-engine suite)
+    score_sd: float = 0.04
 
     @property
     def pairs_per_s(self) -> float:
@@ -109,96 +116,324 @@ def _grow(f: Callable[[int], float]) -> int | None:
     return None
 
 
-def mean_units(width: float, sd: float, alpha: float, tau: float) -> int | None:
-    """Units until the normal-mixture half-width of a mean with sd `sd` is below `width`."""
-    if width <= 0:
-        return None
-    looks = np.unique(np.geomspace(2, MAX_UNITS, 400).astype(np.int64))
-    stat = MeanStat(np.zeros(MAX_UNITS), looks, tau=tau, sigma_floor=sd)
-    hw = stat.halfwidth(alpha)
-    ok = np.flatnonzero(hw <= width)
-    if not len(ok):
-        return None
-    i = int(ok[0])
-    lo = int(looks[i - 1]) if i else 2
-    for n in range(lo, int(looks[i]) + 1):  # exact within the bracket
-        one = MeanStat(np.zeros(n), np.array([n]), tau=tau, sigma_floor=sd)
-        if float(one.halfwidth(alpha)[0]) <= width:
-            return n
-    return int(looks[i])
+# Seeded runs behind a latency row (standardized normal unit means), and the scale the
+# simulation is done at: gap / sd = _G0 (a few hundred units), the answer rescaled by (g0/g)².
+_MEAN_RUNS = 400
+_G0 = 0.2
 
 
-def needs(traffic: Traffic, s: VerdictSettings, *, goal: bool = True) -> list[Need]:
-    """What each gating test needs under `traffic` and the settings `s`."""
+@dataclass(frozen=True, slots=True)
+class MeanRow:
+    """A gating test on the mean of unit values (a latency, length or cost log-ratio)."""
+
+    metric: str
+    margin: str
+    sd: float  # sd of one unit's mean (measured, or from the noise model)
+    gap: float  # distance from the true mean to the boundary the bound must clear (> 0)
+
+
+@dataclass(frozen=True, slots=True)
+class RateRow:
+    """A gating test on a rate difference: per-pair discordance q, `turns` pairs a unit."""
+
+    metric: str
+    margin: str
+    delta: float
+    discordance: float
+    turns: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class BoundedRow:
+    """A gating test on a continuous difference in [-1, 1] (text similarity): unit sd `sd`."""
+
+    metric: str
+    margin: str
+    delta: float
+    sd: float
+
+
+@dataclass(frozen=True, slots=True)
+class FixedRow:
+    """A gate with a known size (the minimum pairs gate)."""
+
+    metric: str
+    margin: str
+    units: int
+
+
+Row = MeanRow | RateRow | BoundedRow | FixedRow
+
+
+def mean_units(gap: float, sd: float, alpha: float, horizon: float) -> int | None:
+    """Units by which QUANTILE of runs have shown a mean inside a boundary `gap` away.
+
+    The verdict's own sequence (`MeanStat` tuned to `horizon`) on normal unit means of sd `sd`,
+    looked at after every unit; simulated at gap/sd = _G0 and rescaled (the sequence is
+    scale-free in units of its variance: the horizon is rescaled with the answer).
+    """
+    if not (gap > 0 and sd > 0):
+        return None
+    g = gap / sd
+    # Brownian scaling: time × k, gap ÷ sqrt(k), horizon × k leave the crossing law unchanged.
+    k = (_G0 / g) ** 2 if g < _G0 else 1.0
+    need = _mean_quantile(g * math.sqrt(k), alpha, max(10.0, horizon / k))
+    if need is None:
+        return None
+    units = need * k
+    return math.ceil(units) if units <= MAX_UNITS else None
+
+
+def _mean_quantile(g: float, alpha: float, horizon: float) -> float | None:
+    n = 256
+    while n <= 65_536:
+        rng = np.random.default_rng(11)
+        z = rng.standard_normal((_MEAN_RUNS, n))
+        looks = np.arange(2, n + 1)
+        stat = MeanStat(z, looks, horizon=horizon, sigma_floor=1e-6, alpha=alpha)
+        crossed = stat.p(g, "below") <= alpha
+        first = np.where(crossed.any(axis=1), np.argmax(crossed, axis=1) + 2, np.inf)
+        k = min(len(first) - 1, math.ceil(QUANTILE * len(first)) - 1)
+        q = float(np.sort(first)[k])
+        if math.isfinite(q):
+            return q
+        n *= 4
+    return None
+
+
+def bounded_units(delta: float, alpha: float, sd: float) -> int | None:
+    """Units by which QUANTILE of runs show a [-1, 1] difference within δ (true difference 0,
+    normal unit values of sd `sd`, clipped), with the verdict's betting sequence."""
+    if sd <= 0:
+        return rate_units(delta, alpha)
+
+    def q(n: int) -> float:
+        rng = np.random.default_rng(13)
+        d = np.clip(rng.normal(0.0, sd, (_RUNS, n)), -1.0, 1.0)
+        stat = BoundedStat(d, np.arange(1, n + 1))
+        crossed = stat.log_wealth(delta, "below") >= math.log(1 / alpha)
+        first = np.where(crossed.any(axis=1), np.argmax(crossed, axis=1) + 1, np.inf)
+        k = min(len(first) - 1, math.ceil(QUANTILE * len(first)) - 1)
+        return float(np.sort(first)[k])
+
+    return _grow(q)
+
+
+def measured_rows(
+    metrics: list[MetricResult], s: VerdictSettings, *, goal_ratio: float | None = None
+) -> list[Row]:
+    """One row per gating test of a running experiment, as the verdict gates it, sized from
+    what its pairs so far measured: each latency, length or cost ratio from the sd of its unit
+    values (`detail.unit_sd`), each rate from its share of discordant pairs and pairs per unit,
+    similarity from its unit sd. Guardrails are sized for a candidate truly at the reference
+    (ratio 1, difference 0); the goal for `goal_ratio`, else the improvement measured so far
+    (when there is one), else 0.8.
+    """
+    rows: list[Row] = []
+    for r in metrics:
+        if not r.gating or r.status in ("ungated", "n/a") or r.n == 0:
+            continue
+        sd = r.detail.get("unit_sd")
+        if isinstance(sd, float) and r.scale == "ratio":
+            sd = max(sd, s.latency_sigma_floor)  # the verdict's floor: identical arms decide
+        units = r.units or r.n
+        label = f"{r.label} ({r.name})"
+        if r.scale == "ratio":
+            if not isinstance(sd, float):
+                continue
+            if r.role == "goal" and r.goal is not None:
+                est = r.estimate if r.estimate is not None and r.estimate < r.goal else 0.8
+                expected = goal_ratio if goal_ratio is not None else est
+                rows.append(
+                    MeanRow(
+                        f"{label}, {expected:.3g} expected",
+                        f"< {r.goal:g}",
+                        sd,
+                        math.log(r.goal) - math.log(expected),
+                    )
+                )
+            elif r.margin is not None:
+                rows.append(MeanRow(label, f"×{r.margin:g}", sd, math.log(r.margin)))
+        elif r.margin is not None:
+            share = r.detail.get("discordant_share")
+            margin = f"+{r.margin * 100:g} pp" if r.unit == "rate" else f"{r.margin:g}"
+            if r.unit == "rate" and isinstance(share, float):
+                turns = max(1, round(r.n / max(units, 1)))
+                if isinstance(sd, float) and sd > 0 and share > 0:
+                    # Discordance clustered by session: a unit's variance q/k measured says
+                    # how many independent pairs k a unit is worth (at most its turns).
+                    turns = int(min(turns, max(1, round(share / sd**2))))
+                rows.append(RateRow(label, margin, r.margin, share, turns))
+            elif isinstance(sd, float):
+                rows.append(BoundedRow(label, margin, r.margin, sd))
+    return rows
+
+
+def noise_rows(traffic: Traffic, s: VerdictSettings, *, goal: bool, first_turn: bool) -> list[Row]:
+    """The gating tests of a candidate from the noise model of `traffic` (before any data)."""
     turns = round(traffic.turns)
-    rows: list[tuple[str, str, int | None]] = [
-        (
-            "failures",
-            f"+{s.error_delta * 100:g} pp",
-            rate_units(s.error_delta, s.alpha, traffic.discordance, turns),
+    rows: list[Row] = [
+        RateRow(
+            "failures", f"+{s.error_delta * 100:g} pp", s.error_delta, traffic.discordance, turns
         ),
-        (
+        RateRow(
             "agreement",
             f"+{s.agreement_delta * 100:g} pp",
-            rate_units(s.agreement_delta, s.alpha, traffic.disagreement, turns),
+            s.agreement_delta,
+            traffic.disagreement,
+            turns,
         ),
-        (
+        RateRow(
             "SLO exceedance",
             f"+{s.slo_exceedance_delta * 100:g} pp",
-            rate_units(s.slo_exceedance_delta, s.alpha),
-        ),
-        (
-            "latency (TTFT, TPOT, E2E)",
-            f"×{s.latency_delta:g}",
-            mean_units(math.log(s.latency_delta), traffic.sd_unit, s.alpha, s.latency_tau),
-        ),
-        (
-            "output length",
-            f"×{s.length_delta:g}",
-            mean_units(math.log(s.length_delta), 0.05, s.alpha, s.latency_tau),
+            s.slo_exceedance_delta,
+            0.0,
+            1,
         ),
     ]
+    lat = math.log(s.latency_delta)
+    if first_turn and traffic.turns > 1:
+        one = math.sqrt(traffic.sd_pair**2 + traffic.sd_session**2)
+        rows.append(MeanRow("TTFT, turn 1", f"×{s.latency_delta:g}", one, lat))
+    rows.append(MeanRow("latency (TTFT, TPOT, E2E)", f"×{s.latency_delta:g}", traffic.sd_unit, lat))
+    rows.append(MeanRow("output length", f"×{s.length_delta:g}", 0.05, math.log(s.length_delta)))
     if goal:
+        later = traffic.sd_unit
+        if traffic.turns > 1:
+            later = math.sqrt(
+                traffic.sd_pair**2 / max(traffic.turns - 1, 1) + traffic.sd_session**2
+            )
         width = math.log(s.goal_ttft_ratio) - math.log(traffic.goal_ratio)
         rows.append(
-            (
+            MeanRow(
                 f"goal (ratio {traffic.goal_ratio:g} expected)",
                 f"< {s.goal_ttft_ratio:g}",
-                mean_units(width, traffic.sd_unit, s.alpha, s.latency_tau),
+                later,
+                width,
             )
         )
     rows.append(
-        ("minimum pairs gate", f"{s.min_pairs:,} pairs", math.ceil(s.min_pairs / traffic.turns))
+        FixedRow(
+            "minimum pairs gate", f"{s.min_pairs:,} pairs", math.ceil(s.min_pairs / traffic.turns)
+        )
     )
+    return rows
+
+
+def size(
+    rows: list[Row], s: VerdictSettings, horizon: int | None = None
+) -> tuple[list[int | None], int]:
+    """(units each row needs, the horizon they were sized at).
+
+    Without a horizon the plan finds its own: the units the slowest test needs, with every
+    normal-mixture sequence tuned to that many (a fixed point, a few rounds); that is the
+    horizon to set on the candidate (`horizon_units`), so the verdict runs the same sequences.
+    """
+    fixed = horizon is not None
+    h = float(horizon if horizon is not None else s.horizon_units)
+    cache: dict[Row, int | None] = {}
+    units: list[int | None] = []
+    for _ in range(1 if fixed else 5):
+        units = []
+        for row in rows:
+            if isinstance(row, FixedRow):
+                units.append(row.units)
+            elif isinstance(row, RateRow):
+                if row not in cache:
+                    cache[row] = rate_units(row.delta, s.alpha, row.discordance, row.turns)
+                units.append(cache[row])
+            elif isinstance(row, BoundedRow):
+                if row not in cache:
+                    cache[row] = bounded_units(row.delta, s.alpha, row.sd)
+                units.append(cache[row])
+            else:
+                units.append(mean_units(row.gap, row.sd, s.alpha, h))
+        units = [None if u is None else max(u, s.min_metric_pairs) for u in units]
+        known = [u for u in units if u is not None]
+        if fixed or not known:
+            break
+        new = float(min(max(known), 10_000_000))
+        if abs(new - h) <= 0.05 * h:
+            h = new
+            break
+        h = new
+    return units, max(10, round(h))
+
+
+def needs(
+    traffic: Traffic,
+    s: VerdictSettings,
+    *,
+    goal: bool = True,
+    first_turn: bool = True,
+    rows: list[Row] | None = None,
+    horizon: int | None = None,
+) -> tuple[list[Need], int]:
+    """(what each gating test needs under `traffic` and the settings `s`, the horizon)."""
+    rows = rows if rows is not None else noise_rows(traffic, s, goal=goal, first_turn=first_turn)
+    units, h = size(rows, s, horizon)
     out = []
-    for metric, margin, units in rows:
-        if units is not None:
-            units = max(units, s.min_metric_pairs)
-        pairs = None if units is None else math.ceil(units * traffic.turns)
+    for row, u in zip(rows, units, strict=True):
+        pairs = None if u is None else math.ceil(u * traffic.turns)
         secs = None if pairs is None else pairs / traffic.pairs_per_s
-        out.append(Need(metric, margin, units, pairs, secs))
-    return out
+        out.append(Need(row.metric, row.margin, u, pairs, secs))
+    if traffic.score_rate > 0:
+        # Scored pairs (by exchange, so each is its own unit): the mean of the per-pair top-1
+        # disagreement difference within δ; they arrive at score_rate of the pairs.
+        scored = mean_units(s.score_delta, traffic.score_sd, s.alpha, h)
+        if scored is not None:
+            scored = max(scored, s.min_metric_pairs)
+        # Units are scored pairs; pairs are the mirrored pairs that many scored ones take.
+        pairs = None if scored is None else math.ceil(scored / traffic.score_rate)
+        secs = None if pairs is None else pairs / traffic.pairs_per_s
+        out.append(
+            Need(
+                f"logprob divergence ({traffic.score_rate:g} scored)",
+                f"+{s.score_delta * 100:g} pp",
+                scored,
+                pairs,
+                secs,
+            )
+        )
+    return out, h
 
 
-def margin_for(budget_s: float, traffic: Traffic, s: VerdictSettings) -> tuple[float | None, float]:
-    """(smallest failure-rate margin δ, smallest latency ratio margin) shown within `budget_s`,
-    at the traffic's background failures."""
-    units = budget_s * traffic.pairs_per_s / traffic.turns
+def margins_within(
+    units: float, rows: list[Row], s: VerdictSettings, *, discordance: float = 0.0, turns: int = 1
+) -> tuple[float | None, float | None]:
+    """(smallest failure-rate margin δ, smallest latency ratio margin) that QUANTILE of clean
+    candidates show within `units`, with the sequences tuned to that many units.
+
+    The latency margin is the one the noisiest latency guardrail among `rows` needs (turn-1
+    TTFT when it is gated: one pair per session, nothing averaged); None when out of reach.
+    """
     if units < 2:
-        return None, math.inf
-    turns = round(traffic.turns)
+        return None, None
 
-    def fits(delta: float) -> bool:
-        need = rate_units(delta, s.alpha, traffic.discordance, turns)
-        return need is not None and need <= units
+    def fits_rate(delta: float) -> bool:
+        need = rate_units(delta, s.alpha, discordance, turns)
+        return need is not None and max(need, s.min_metric_pairs) <= units
 
     rate: float | None = None
     lo, hi = 1e-4, 0.5
-    if fits(hi):
+    if fits_rate(hi):
         for _ in range(14):  # ~5 % precision on a log scale
             mid = math.sqrt(lo * hi)
-            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+            lo, hi = (lo, mid) if fits_rate(mid) else (mid, hi)
         rate = hi
-    n = int(units)
-    stat = MeanStat(np.zeros(n), np.array([n]), tau=s.latency_tau, sigma_floor=traffic.sd_unit)
-    return rate, math.exp(float(stat.halfwidth(s.alpha)[0]))
+    sds = [r.sd for r in rows if isinstance(r, MeanRow) and r.margin.startswith("×")]
+    if not sds:
+        return rate, None
+    sd = max(sds)
+
+    def fits_latency(gap: float) -> bool:
+        need = mean_units(gap, sd, s.alpha, units)
+        return need is not None and max(need, s.min_metric_pairs) <= units
+
+    glo, ghi = 1e-4, 3.0
+    if not fits_latency(ghi):
+        return rate, None
+    for _ in range(18):
+        mid = math.sqrt(glo * ghi)
+        glo, ghi = (glo, mid) if fits_latency(mid) else (mid, ghi)
+    return rate, math.exp(ghi)

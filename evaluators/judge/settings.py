@@ -15,6 +15,14 @@ from typing import Any
 
 import msgspec
 
+# The horizon when none is set: a typical experiment of a few hundred sessions.
+DEFAULT_HORIZON_UNITS = 300
+# Settings that no longer exist, with what replaced them (a stored override names them).
+_RETIRED = {
+    "latency_tau": "latency_tau was replaced by horizon_units (the units the experiment is "
+    "planned to reach; `canary plan` states it)"
+}
+
 
 class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Decision margins, gates and tuning of the statistics, each with its default."""
@@ -25,9 +33,6 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # Latency (TTFT, TPOT, E2E): ratio candidate / reference of the geometric means.
     latency_delta: float = 1.05  # non-inferiority margin
     latency_critical: float = 1.25  # decisive harm: reject at any look
-    # Mixture scale τ of the normal-mixture confidence sequence, in log-ratio units. 0.03 targets
-    # the smallest shift worth detecting (3 %); τ = log(1.05) loses ~2 pp of power at 300 pairs.
-    latency_tau: float = 0.03
     # Floor of the plug-in standard deviation of a log-ratio: guards against a zero variance
     # in the first pairs (or identical simulated arms) producing a zero-width interval.
     latency_sigma_floor: float = 0.01
@@ -47,6 +52,11 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # Text similarity (0..1) drop against the noise floor; a guardrail only with a control.
     similarity_delta: float = 0.02
     similarity_critical: float = 0.20
+    # Scoring (teacher forcing with prompt logprobs, `logprob_divergence`): the share of
+    # production's tokens that are not the candidate's top-1 choice, minus the control's share
+    # on the same pairs. bfloat16 against float32 on real vLLM: about +1 pp.
+    score_delta: float = 0.005
+    score_critical: float = 0.05
     # Output length ratio (two-sided: longer or shorter are both harm).
     length_delta: float = 1.10
     length_critical: float = 1.50
@@ -60,6 +70,13 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # `quantized` must show cost per output token below this ratio.
     goal_ttft_ratio: float = 1.0
     goal_cost_ratio: float = 1.0
+
+    # The horizon: units of independence (sessions when sampling by session, else pairs) the
+    # experiment is planned to reach. Every normal-mixture sequence (latency, length, cost) is
+    # tuned to it in units of its own variance, narrowest there (1.56x the fixed-sample width);
+    # valid at every look for any horizon fixed in advance. `canary plan` states one; the
+    # default suits a typical experiment of a few hundred sessions.
+    horizon_units: int = DEFAULT_HORIZON_UNITS
 
     # Sessions: a gap longer than this between two turns of one session ends a unit of
     # independence; a unit is used once it is this old (and older than the candidate's timeout).
@@ -83,6 +100,8 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         fields = set(self.__struct_fields__)
         changes: dict[str, Any] = {}
         for name, value in overrides.items():
+            if name in _RETIRED:
+                raise ValueError(_RETIRED[name])
             if name not in fields:
                 raise ValueError(
                     f"unknown verdict setting {name!r}; known: {', '.join(sorted(fields))}"
@@ -119,6 +138,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             ("error_delta", "error_critical"),
             ("agreement_delta", "agreement_critical"),
             ("similarity_delta", "similarity_critical"),
+            ("score_delta", "score_critical"),
         ):
             if not 0.0 < getattr(self, lo) <= getattr(self, hi) < 1.0:
                 problems.append(f"need 0 < {lo} <= {hi} < 1")
@@ -127,7 +147,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         if not 0.0 <= self.min_coverage <= 1.0:
             problems.append("min_coverage must be in [0, 1]")
         positive = (
-            "latency_tau",
+            "horizon_units",
             "latency_sigma_floor",
             "slo_ttft_s",
             "slo_e2e_s",
@@ -143,6 +163,8 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             "bootstrap_max_units",
         )
         problems.extend(f"{name} must be > 0" for name in positive if getattr(self, name) <= 0)
+        if not 10 <= self.horizon_units <= 10_000_000:
+            problems.append("horizon_units must be in [10, 10000000]")
         if self.min_discordant < 0:
             problems.append("min_discordant must be >= 0")
         if problems:

@@ -22,12 +22,12 @@ from evaluators.judge.metric import (
     empty_result,
     judge_bounded,
     judge_mean,
+    mean_stat,
     ungate,
 )
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs.types import ArmColumns
 from evaluators.stats.paired import bootstrap_quantile_ratio, hodges_lehmann, mcnemar, subsample
-from evaluators.stats.sequential import MeanStat
 
 F = NDArray[np.float64]
 B = NDArray[np.bool_]
@@ -169,17 +169,34 @@ def first_turn_spec(s: VerdictSettings) -> MetricSpec:
     )
 
 
+def _by_turn(ctx: EvalContext, turns: B, spec: MetricSpec) -> MetricResult:
+    """A TTFT metric over some turns, split sessions left out and the result saying so: a turn
+    another replica handled may have reached the candidate out of order or at once."""
+    ps = ctx.pairs
+    res = _latency(ctx, spec, "ttft_s", extra=turns & ~ps.split)
+    left_out = int(np.count_nonzero(turns & ps.split & ps.candidate.present))
+    if left_out:
+        res.notes.append(f"{left_out:,} {SPLIT_REASON}")
+    return res
+
+
+# Why pairs are left out of every analysis by turn (report caveat, metric notes).
+SPLIT_REASON = (
+    "pairs of split sessions left out: their turns were handled by more than one gateway "
+    "replica, so their copies could reach the candidate out of order or at once"
+)
+
+
 def ttft_first_turn(ctx: EvalContext) -> list[MetricResult]:
     """TTFT on turn 1: a KV-reuse candidate can trade turn 1 for later turns, so it is gated."""
     if ctx.candidate.kind not in kinds.GATES_FIRST_TURN:
         return []
-    return [_latency(ctx, first_turn_spec(ctx.settings), "ttft_s", extra=ctx.pairs.turn == 0)]
+    return [_by_turn(ctx, ctx.pairs.turn == 0, first_turn_spec(ctx.settings))]
 
 
 def ttft_later_turns(ctx: EvalContext) -> list[MetricResult]:
     """TTFT on turns >= 2 of a conversation: the goal of a KV-reuse (`bi-kv`) candidate."""
-    spec = later_turns_spec(ctx.settings, ctx.candidate.kind)
-    return [_latency(ctx, spec, "ttft_s", extra=ctx.pairs.turn >= 1)]
+    return [_by_turn(ctx, ctx.pairs.turn >= 1, later_turns_spec(ctx.settings, ctx.candidate.kind))]
 
 
 def itl(ctx: EvalContext) -> list[MetricResult]:
@@ -272,7 +289,7 @@ def _table_row(ctx: EvalContext, x: F, use: B, k: int) -> dict[str, float | int 
     row: dict[str, float | int | str | None] = {"n": n, "units": len(v)}
     if len(v) < 2:
         return row
-    stat = MeanStat(v, None, tau=s.latency_tau, sigma_floor=s.latency_sigma_floor)
+    stat = mean_stat(v, None, s)
     lo, hi = stat.bounds(s.alpha / k)
     p = min(1.0, 2 * float(min(stat.p(0.0, "below")[0], stat.p(0.0, "above")[0])))
     row.update(
@@ -288,10 +305,11 @@ def ttft_by_turn(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
     """Rows of the TTFT-by-turn table: per turn bucket, n, medians per arm, ratio and interval.
 
     The ratio is the verdict's estimand and its interval always-valid (Bonferroni over the
-    buckets), so the table can be read at every look.
+    buckets), so the table can be read at every look. Split sessions are left out.
     """
     ps = ctx.pairs
     cand, ref, ok = both_ok(ctx)
+    ok = ok & ~ps.split
     turn = np.minimum(ps.turn.astype(np.int64) + 1, TURN_BUCKETS)
     rows: list[dict[str, float | int | str | None]] = []
     for bucket in range(1, TURN_BUCKETS + 1):
@@ -329,8 +347,8 @@ def ttft_slices(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
     ps = ctx.pairs
     cand, ref, ok = both_ok(ctx)
     slices: list[tuple[str, str, B]] = [
-        ("turn", "1", ps.turn == 0),
-        ("turn", "≥ 2", ps.turn >= 1),
+        ("turn", "1", (ps.turn == 0) & ~ps.split),
+        ("turn", "≥ 2", (ps.turn >= 1) & ~ps.split),
         ("stream", "yes", ps.stream),
         ("stream", "no", ~ps.stream),
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from evaluators.judge.metric import EvalContext, MetricResult
-from evaluators.metrics import cost, errors, latency, quality, throughput
+from evaluators.metrics import cost, divergence, errors, latency, quality, throughput
 
 Evaluator = Callable[[EvalContext], list[MetricResult]]
 
@@ -39,6 +39,7 @@ EVALUATORS: tuple[Evaluator, ...] = (
     quality.tool_calls,
     quality.finish_reason,
     quality.output_length,
+    divergence.logprob_divergence,
     # throughput
     throughput.decode_speed,
 )

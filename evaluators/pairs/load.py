@@ -7,6 +7,10 @@ observation, the candidate's and the control's; rows go straight into the compac
 
 Texts are only fetched where they can matter: when two arms' output hashes differ (divergence,
 similarity) or the request asked for JSON. Equal hashes are an exact match without the text.
+
+Split sessions: a session whose turns were stored by more than one gateway replica
+(`exchanges.replica`, the host's mirror process) is marked in `PairSet.split` by a second,
+grouped query; its turns could reach the candidate out of order or at once.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+import numpy as np
 from sqlalchemy import ColumnElement, and_, case, func, literal, null, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -29,6 +34,7 @@ from evaluators.pairs.columns import (
     PairSetBuilder,
     sample_fraction,
     sample_suffixes,
+    session_ids,
 )
 from evaluators.pairs.types import PairSet
 from storage import queries
@@ -260,7 +266,30 @@ async def load_pairs(
                 await asyncio.to_thread(builder.add, part)
                 if progress is not None:
                     progress(len(part))
-    return builder.finish()
+    pairs = builder.finish()
+    split = await split_sessions(engine, candidate, since=since, until=until)
+    if split:
+        sessions = pairs.session[: pairs.n]
+        pairs.split[: pairs.n] = (sessions != 0) & np.isin(sessions, session_ids(split))
+    return pairs
+
+
+async def split_sessions(
+    engine: AsyncEngine, candidate: str, *, since: float | None = None, until: float | None = None
+) -> list[str]:
+    """The session keys among the candidate's pairs in the window whose exchanges more than one
+    gateway replica stored: split sessions (a balancer not keyed on the session)."""
+    e, c, cond = _candidate_rows(candidate, since, until)
+    joined = e.outerjoin(c, and_(c.c.exchange_id == e.c.id, c.c.endpoint == candidate))
+    stmt = (
+        select(e.c.session_key)
+        .select_from(joined)
+        .where(*cond, e.c.session_key.is_not(None))
+        .group_by(e.c.session_key)
+        .having(func.count(func.distinct(e.c.replica)) > 1)
+    )
+    async with engine.connect() as conn:
+        return [str(key) for key in (await conn.scalars(stmt)).all()]
 
 
 async def _batches(

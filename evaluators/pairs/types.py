@@ -156,6 +156,9 @@ class PairSet:
     json_requested: B
     tools_requested: B
     session: NDArray[np.uint64]  # 64-bit prefix of the session hash; 0 = no session
+    # The pair's session had turns handled by more than one gateway replica (a split session):
+    # left out of the by-turn analysis (evaluators.pairs.load marks them).
+    split: B
     model: I16  # index into `models`
     production: ArmColumns
     candidate: ArmColumns
@@ -179,6 +182,7 @@ class PairSet:
             json_requested=_zeros(n, bool),
             tools_requested=_zeros(n, bool),
             session=_zeros(n, np.uint64),
+            split=_zeros(n, bool),
             model=_zeros(n, np.int16),
             production=ArmColumns.empty(n),
             candidate=ArmColumns.empty(n),

@@ -59,8 +59,11 @@ def _pairs_summary(ctx: EvalContext, coverage: float | None, used: int) -> Pairs
     ps = ctx.pairs
     present = ps.candidate.present
     t = ps.received_at
+    n = int(np.count_nonzero(present))
+    split = present & ps.split
+    split_pairs = int(np.count_nonzero(split))
     return PairsSummary(
-        n=int(np.count_nonzero(present)),
+        n=n,
         lost=ps.lost,
         pending=ps.pending,
         used_latency=used,
@@ -77,6 +80,9 @@ def _pairs_summary(ctx: EvalContext, coverage: float | None, used: int) -> Pairs
         window_end=float(t[-1]) if ps.n else None,
         coverage=coverage,
         planned_look=ctx.planned_look,
+        split_sessions=len(np.unique(ps.session[split])),
+        split_pairs=split_pairs,
+        split_share=split_pairs / n if n else 0.0,
     )
 
 
@@ -89,6 +95,18 @@ def _caveats(
             "no control candidate: latency is compared with production, which ran at a "
             "different load, and agreement with an unknown noise floor, so neither gates "
             "(the candidate cannot be promoted on latency); register a control (kind = control)"
+        )
+    split = ctx.pairs.candidate.present & ctx.pairs.split
+    if np.any(split):
+        sessions = len(np.unique(ctx.pairs.session[split]))
+        present = int(np.count_nonzero(ctx.pairs.candidate.present))
+        share = int(np.count_nonzero(split)) / max(1, present)
+        out.append(
+            f"{sessions:,} sessions ({share:.1%} of the pairs) were handled by more than one "
+            "gateway replica: their turns could reach the candidate out of order or at once, so "
+            "they are left out of TTFT by turn and of the turn-1 and later-turn TTFT metrics; "
+            "key the load balancer on the X-Session-ID header (README: a balancer that keeps a "
+            "session on one replica)"
         )
     dropped = sum(accounting.get(k, 0) for k in ("dropped_overflow", "dropped_oversize"))
     dropped += accounting.get("shed_overload", 0)
@@ -113,12 +131,26 @@ def _caveats(
     out.append(
         f"intervals are always-valid (each bound holds at one-sided level α = "
         f"{ctx.settings.alpha:g} over every look, i.e. {1 - 2 * ctx.settings.alpha:.0%} "
-        "two-sided); Hodges–Lehmann estimates and McNemar/Wilcoxon p-values in the details "
-        "are fixed-sample and decide nothing"
+        f"two-sided); {horizon_line(ctx)}; Hodges–Lehmann estimates and McNemar/Wilcoxon "
+        "p-values in the details are fixed-sample and decide nothing"
     )
     if any(r.more_pairs and r.more_pairs > 0 for r in results if r.gating):
         out.append("'more pairs' extrapolates the interval's shrink rate: a rough guide only")
     return out
+
+
+def horizon_line(ctx: EvalContext) -> str:
+    """Which horizon the latency, length and cost sequences are tuned to, and whose it is."""
+    unit = "sessions" if ctx.units.by_session else "pairs"
+    whose = (
+        "set for this candidate"
+        if "horizon_units" in (ctx.candidate.verdict or {})
+        else "the default for an experiment of a few hundred sessions; `canary plan` states one"
+    )
+    return (
+        f"latency, length and cost intervals are tuned to a horizon of "
+        f"{ctx.settings.horizon_units:,} {unit} ({whose}), narrowest there"
+    )
 
 
 def pair_rate(pairs: PairSet, used: int) -> float | None:

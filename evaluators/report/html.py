@@ -75,7 +75,11 @@ def _plots(report: Report) -> list[str]:
         for m in report.metrics.values()
         if m.gating and len(m.trajectory) >= 2
     )
-    agree = [m for m in report.metrics.values() if m.name in AGREEMENT and m.n]
+    agree = [
+        m
+        for m in report.metrics.values()
+        if (m.name in AGREEMENT or m.name == "logprob_divergence") and m.n
+    ]
     out.append(
         svg.paired_bars(
             "Disagreement with production: candidate vs "

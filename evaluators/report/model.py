@@ -39,6 +39,11 @@ class PairsSummary(msgspec.Struct, kw_only=True):
     window_end: float | None
     coverage: float | None  # observed / (sampled - deduplicated - pending)
     planned_look: bool
+    # Sessions whose turns more than one gateway replica handled, their pairs and the share of
+    # all pairs these hold: left out of TTFT by turn and the turn-1 / later-turn metrics.
+    split_sessions: int = 0
+    split_pairs: int = 0
+    split_share: float = 0.0
 
 
 class Report(msgspec.Struct, kw_only=True):

@@ -143,7 +143,14 @@ def head_lines(report: Report) -> list[str]:
         f"window {_when(p.window_start)} → {_when(p.window_end)}",
         f"reference {ref} · {p.n:,} pairs · {p.used_latency:,} usable · {p.lost:,} lost"
         + (" · planned look" if p.planned_look else ""),
-    ]
+    ] + (
+        [
+            f"{p.split_sessions:,} split sessions ({p.split_share:.1%} of the pairs) left out "
+            "of the analysis by turn: see the caveats"
+        ]
+        if p.split_sessions
+        else []
+    )
 
 
 def render_text(report: Report) -> str:

@@ -44,9 +44,16 @@ __all__ = [
 class LaneCounters:
     """Monotonic counters for one candidate lane (plain ints: the hot path only adds)."""
 
-    __slots__ = (*IDENTITY_FIELDS, "dropped_on_stop")
+    __slots__ = (*IDENTITY_FIELDS, "dropped_on_stop", "score_pending")
 
     def __init__(self) -> None:
+        self.score_sampled = 0  # scoring copies (domain.accounting: SCORE_IDENTITY_FIELDS)
+        self.score_dropped = 0
+        self.score_sent = 0
+        self.score_ok = 0
+        self.score_unsupported = 0
+        self.score_failed = 0
+        self.score_pending = 0  # scoring copies selected, not yet sent or dropped (a gauge)
         self.sampled = 0
         self.deduplicated = 0
         self.dropped_overflow = 0
@@ -116,6 +123,14 @@ _GAUGES: Final = (
     (
         "buffer_bytes",
         _lane("canary_mirror_buffer_bytes", "gauge", "Request bytes waiting in the ring buffer."),
+    ),
+    (
+        "score_pending",
+        _lane(
+            "canary_mirror_score_pending",
+            "gauge",
+            "Scoring copies selected for the endpoint, not yet sent or dropped.",
+        ),
     ),
 )
 SKIPPED: Final = Family(

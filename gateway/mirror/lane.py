@@ -20,6 +20,7 @@ import contextlib
 import functools
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Final
 
 import aiohttp
@@ -28,7 +29,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from domain.endpoint import Endpoint
+from domain.kinds import CONTROL, score_rate
 from domain.outcomes import ErrorKind
+from domain.records import ObservationRecord
 from gateway.config import GatewayConfig
 from gateway.credentials import candidate_credential
 from gateway.mirror.counters import LaneCounters
@@ -61,6 +64,10 @@ _encode = msgspec.json.Encoder().encode
 # Fixed bookkeeping of one queued copy (objects, slots, ring entry), charged with its bytes so
 # a flood of tiny copies cannot hide in the memory budget.
 COPY_OVERHEAD_BYTES: Final = 512
+
+
+def _never(record: ObservationRecord) -> bool:
+    return False
 
 
 class Copy:
@@ -113,6 +120,9 @@ class Lane:
         self._idle: deque[asyncio.Future[None]] = deque()
         self._quiet: list[asyncio.Future[None]] = []  # wait_idle() callers
         self._stopping = False
+        # Where a finished copy's observation goes: the sink, unless the scorer holds it until
+        # its pair is scored (`gateway.mirror.scorer.Scorer.hold`; returns True when held).
+        self.hold: Callable[[ObservationRecord], bool] = _never
         self.endpoint = endpoint
         self._configure(endpoint)
 
@@ -138,6 +148,29 @@ class Lane:
                 )
             )
         self._model = endpoint.model
+        # Share of this candidate's pairs it scores itself (a control scores only beside one).
+        self.score_share = (
+            0.0 if endpoint.kind == CONTROL else score_rate(endpoint.kind, endpoint.score_rate)
+        )
+        self.is_control = endpoint.kind == CONTROL
+
+    @property
+    def model(self) -> str | None:
+        """The `model` sent to this candidate instead of the client's (None: the client's)."""
+        return self._model
+
+    async def post_json(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST a JSON body to this candidate (a scoring request) with its credentials, within
+        its timeout; (status, body). Raises aiohttp.ClientError / TimeoutError."""
+        assert self._session is not None
+        headers = {"Content-Type": "application/json", MIRROR_HEADER: "score"}
+        if self._auth is not None:
+            headers["Authorization"] = self._auth
+        async with asyncio.timeout(self._timeout_s):
+            async with self._session.post(
+                URL(self._base + path, encoded=True), data=body, headers=headers
+            ) as resp:
+                return resp.status, await resp.read()
 
     def update(self, endpoint: Endpoint) -> None:
         """Apply a changed registration, keeping queued copies that still fit."""
@@ -361,19 +394,19 @@ class Lane:
             c.observed_ok += 1
         else:
             c.observed_error += 1
-        self._sink.put_observation(
-            observation(
-                copy.exchange_id,
-                self.name,
-                "candidate",
-                started_at,
-                result,
-                error_kind,
-                store_text=self._config.store_text,
-                max_chars=self._config.store_text_max_chars,
-                queue_wait_s=queue_wait,
-            )
+        record = observation(
+            copy.exchange_id,
+            self.name,
+            "candidate",
+            started_at,
+            result,
+            error_kind,
+            store_text=self._config.store_text,
+            max_chars=self._config.store_text_max_chars,
+            queue_wait_s=queue_wait,
         )
+        if not self.hold(record):
+            self._sink.put_observation(record)
 
     # ------------------------------------------------------------------ export
 
@@ -383,4 +416,5 @@ class Lane:
         out["inflight"] = self.ring.inflight
         out["buffer_items"] = self.ring.items
         out["buffer_bytes"] = self.ring.bytes
+        out["score_pending"] = self.counters.score_pending
         return out

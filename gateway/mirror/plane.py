@@ -42,6 +42,7 @@ from gateway.control.registry import Registry, Snapshot
 from gateway.credentials import REFUSALS
 from gateway.mirror import wire
 from gateway.mirror.capture import CaptureSink, capture_from_config, capture_writer_for
+from gateway.mirror.splits import SplitWatch
 from gateway.mirror.tee import Mirror
 from gateway.server.hooks import LiveTarget
 from storage import queries
@@ -122,6 +123,7 @@ class _Plane:
         self.ready = asyncio.Event()
         self.idle_tasks: set[asyncio.Task[None]] = set()
         mirror.adaptive.on_change = self.send_rates
+        self.splits: SplitWatch | None = None
 
     def on_copy(self, meta: bytes, body: bytes) -> None:
         m = _decode_copy(meta)
@@ -137,7 +139,8 @@ class _Plane:
             live_name=m.live_name,
             received_at=m.received_at,
             only=m.chosen or None,
-            replica=m.worker,
+            # Stored under this host's name, not the worker's: the workers of a host share this
+            # process, which keeps a session's turns in order, so only another host splits one.
         )
         if token is None:
             return
@@ -212,6 +215,8 @@ class _Plane:
             *self.writer.prometheus_lines(),
             *self._own_lines(),
         ]
+        if self.splits is not None:
+            items.extend(self.splits.prometheus_lines())
         if self.capture is not None:
             items.extend(self.capture.prometheus_lines())
         # The lanes read candidate credentials here, in the mirror process: its refusals count.
@@ -311,6 +316,7 @@ async def serve_plane(
     # The workers count the eligible requests (this process sees only the sampled ones).
     mirror = Mirror(config, live, writer, replica, capture=capture)
     plane = _Plane(config, mirror, writer, priority, capture=capture)
+    plane.splits = SplitWatch(engine, replica, config.counters_flush_interval_s)
 
     def on_change(snapshot: Snapshot) -> None:
         mirror.apply(snapshot.candidates)
@@ -344,6 +350,7 @@ async def serve_plane(
                 _flush_counters(engine, replica, mirror, config.counters_flush_interval_s),
                 name="mirror-counters",
             ),
+            loop.create_task(plane.splits.run(), name="mirror-splits"),
         )
         await stop.wait()
         log.info("mirror process stopping", extra={"fields": {"workers": len(plane.conns)}})

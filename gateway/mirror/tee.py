@@ -56,6 +56,7 @@ from gateway.mirror.sampler import (
     session_key,
     turn_index,
 )
+from gateway.mirror.scorer import Scorer
 from gateway.server.hooks import LiveTarget, ObservationSink
 from gateway.server.meter import MeterResult
 
@@ -109,6 +110,8 @@ class Mirror:
         )
         self.process = MirrorCounters()
         self.order = TurnOrder()
+        # Scoring copies (scorer.py): production's answer scored by the candidate and control.
+        self.scorer = Scorer(config, sink)
         self._lanes: dict[str, Lane] = {}
         self._offers: tuple[Offer, ...] = ()
         self._any_session = False  # some offer samples by session (its key may need the body)
@@ -136,6 +139,7 @@ class Mirror:
             lane = self._lanes.get(name)
             if lane is None:
                 lane = Lane(endpoint, self._config, self.budget, self._sink)
+                lane.hold = self.scorer.hold
                 self._lanes[name] = lane
                 if self._started:
                     lane.start()
@@ -191,6 +195,7 @@ class Mirror:
             await asyncio.wait(pending, timeout=self._config.drain_timeout_s)
         for lane in lanes:
             await lane.close()
+        await self.scorer.close(self._config.drain_timeout_s)
         retiring = list(self._retiring)
         for task in retiring:
             task.cancel()
@@ -203,6 +208,7 @@ class Mirror:
         """Return once no lane has a copy queued or in flight."""
         for lane in list(self._lanes.values()):
             await lane.wait_idle()
+        await self.scorer.wait_idle()
 
     # ------------------------------------------------------------------ RequestTee
 
@@ -305,7 +311,7 @@ class Mirror:
                 self.adaptive.count_joined(chosen, h, seen, at)
         copy = Copy(exchange_id, path_qs, headers, body)
         session_digest: bytes | None = None
-        targets: list[str] = []
+        accepted: list[Lane] = []
         for offer in chosen:
             lane = self._lanes[offer.name]
             lane.counters.sampled += 1
@@ -317,11 +323,14 @@ class Mirror:
                 if session_digest is None:
                     session_digest = xxhash.xxh3_128_digest(skey + b"\0" + digest)
                 if lane.offer(copy, session_digest, skey, now):
-                    targets.append(lane.name)
+                    accepted.append(lane)
             elif lane.offer(copy, digest, None, now):
-                targets.append(lane.name)
-        if not targets:
+                accepted.append(lane)
+        if not accepted:
             return None
+        targets = [lane.name for lane in accepted]
+        if self._started:
+            self.scorer.offer(copy.exchange_id, route, body, accepted)
         record = ExchangeRecord(
             id=copy.exchange_id,
             received_at=received_at,
@@ -353,18 +362,20 @@ class Mirror:
         # capture sink (opt-in, O(1), never raises) is offered the same record and its body.
         if self._capture is not None:
             self._capture.offer(record, token.body, token.headers)
-        self._sink.put_observation(
-            observation(
-                record.id,
-                token.live_name,
-                "production",
-                record.received_at,
-                result,
-                error_kind,
-                store_text=self._config.store_text,
-                max_chars=self._config.store_text_max_chars,
-            )
+        production = observation(
+            record.id,
+            token.live_name,
+            "production",
+            record.received_at,
+            result,
+            error_kind,
+            store_text=self._config.store_text,
+            max_chars=self._config.store_text_max_chars,
         )
+        self._sink.put_observation(production)
+        if self.scorer.pending:
+            ok = production.error_kind is None and not production.tool_calls
+            self.scorer.answer(record.id, production.output_text if ok else None)
 
     # ------------------------------------------------------------------ adaptive sampling
 

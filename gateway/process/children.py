@@ -69,7 +69,7 @@ def _plane_main(
         )
         await serve_plane(config, socket_path, replica, priority, lambda: conn.send("ready"), stop)
 
-    run_loop(main())
+    run_loop(main(), config.event_loop)
 
 
 def _report_main(

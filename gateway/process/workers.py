@@ -42,7 +42,7 @@ log = logging.getLogger("canary.supervisor")
 def serve_forever(config: GatewayConfig) -> int:
     """Run `canary serve` with this config until SIGTERM/SIGINT; returns the exit code."""
     if config.workers == 1:
-        run_loop(serve_until_stopped(config))
+        run_loop(serve_until_stopped(config), config.event_loop)
         return 0
     return _supervise(config)
 
@@ -63,7 +63,8 @@ def _worker_main(
             simulator_url=simulator_url,
             plane_socket=plane_socket,
             report_socket=report_socket,
-        )
+        ),
+        config.event_loop,
     )
 
 

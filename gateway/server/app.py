@@ -15,19 +15,19 @@ This module must never do per-request work itself: requests go straight to `Prox
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import resource
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
 from gateway.config import GatewayConfig, split_host_port
 from gateway.server.connections import ConnectionStats, GatewayRunner
 from gateway.server.hooks import LiveTarget, RequestTee
+from gateway.server.limits import EdgeLimits, descriptors_wanted, fit_file_limit, plan_limits
 from gateway.server.metrics import Collector, Registry
 from gateway.server.proxy import Proxy, ProxyMetrics
 from gateway.server.upstream import make_client_session
@@ -177,41 +177,29 @@ def make_runner(
     )
 
 
-def fit_file_limit(needed: int) -> int:
-    """Raise the soft RLIMIT_NOFILE towards `needed` when the hard limit allows; return the
-    soft limit now in force (connections beyond it would fail accept() for everyone)."""
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (OSError, ValueError):
-        return needed
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        with contextlib.suppress(OSError, ValueError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-    return needed if soft == resource.RLIM_INFINITY else soft
-
-
-# File descriptors kept free besides client connections: upstream pools, candidates' lanes,
-# the database, logs. The admin listener's own limit comes on top.
-FD_RESERVE = 256
-
-
-def connection_limits(config: GatewayConfig) -> tuple[int, int]:
-    """(proxy, admin) connection limits that fit the process's file limit together, so a flood
-    on the proxy port can never take the descriptors the admin API and upstreams need."""
+def connection_limits(config: GatewayConfig) -> EdgeLimits:
+    """Client, upstream and admin connection limits that fit the process's descriptor limit
+    together (`gateway.server.limits`), so a flood on the proxy port can never take the
+    descriptors the admin API and the live endpoint's pool need. Logs them in one line."""
     admin = config.admin_max_connections if config.admin_listen is not None else 0
-    wanted = config.max_connections + admin + config.upstream_max_connections + FD_RESERVE
-    soft = fit_file_limit(wanted)
-    proxy = max(1, min(config.max_connections, soft - admin - FD_RESERVE
-                       - config.upstream_max_connections))  # fmt: skip
-    if proxy < config.max_connections:
-        log.warning(
-            "max_connections lowered to fit the file descriptor limit",
-            extra={"fields": {"max_connections": config.max_connections, "effective": proxy,
-                              "nofile": soft}},
-        )  # fmt: skip
-    return proxy, config.admin_max_connections
+    wanted = descriptors_wanted(config.max_connections, config.upstream_max_connections, admin)
+    limits = plan_limits(
+        fit_file_limit(wanted),
+        max_connections=config.max_connections,
+        upstream=config.upstream_max_connections,
+        admin=admin,
+    )
+    fields: dict[str, object] = dict(limits._asdict())
+    fields["loop"] = type(asyncio.get_running_loop()).__module__.partition(".")[0]
+    if limits.lowered:
+        fields["configured_max_connections"] = config.max_connections
+        fields["configured_upstream_max_connections"] = config.upstream_max_connections
+    message = "connection limits sized from the file descriptor limit"
+    if not limits.enough:
+        message += " (below the floor: raise the limit, e.g. `ulimit -n 4096`)"
+    level = logging.WARNING if limits.lowered else logging.INFO
+    log.log(level, message, extra={"fields": fields})
+    return limits
 
 
 class RunningGateway:
@@ -261,11 +249,16 @@ async def start_gateway(
         if config.live_url is None:
             raise ValueError("start_gateway needs a live endpoint (live or config.live_url)")
         live = LiveTarget(config.live_endpoint(config.live_url))
+    limits = connection_limits(config)
+    config = msgspec.structs.replace(
+        config,
+        max_connections=limits.max_connections,
+        upstream_max_connections=limits.upstream_max_connections,
+    )
     app = build_app(config, live=live, tee=tee, metrics=metrics)
     for fn in customize:
         fn(app)
-    proxy_limit, admin_limit = connection_limits(config)
-    runner = make_runner(app, config, max_connections=proxy_limit)
+    runner = make_runner(app, config, max_connections=limits.max_connections)
     admin_runner: web.AppRunner | None = None
     reuse = config.workers > 1 if reuse_port is None else reuse_port
     try:
@@ -276,7 +269,9 @@ async def start_gateway(
         await site.start()
         admin_app = app.get(ADMIN_APP)
         if admin_app is not None and config.admin_listen is not None:
-            admin_runner = await _start_admin(admin_app, config, admin_limit, reuse, app)
+            admin_runner = await _start_admin(
+                admin_app, config, config.admin_max_connections, reuse, app
+            )
     except BaseException:
         if admin_runner is not None:
             await admin_runner.cleanup()

@@ -3,7 +3,12 @@
 aiohttp's server keeps an idle keep-alive connection for 3,630 s, has no timeout on reading a
 request head, no limit on open connections, and logs every malformed request (header line and
 any token in it included) at ERROR. `GatewayRunner` serves an app with:
-- a connection limit: past `max_connections`, a new connection gets a 503 and is closed;
+- a connection limit: at `max_connections`, a new connection first makes room by closing the
+  connections that have waited longest with no request in flight (idle keep-alive ones, silent
+  or half-sent heads: a batch, oldest first, counted by reason), as Envoy's overload manager
+  shrinks idle timeouts near its limit; only when every connection has a request in flight does
+  the new one get a 503 (written, then the connection lingers briefly so the client reads it
+  rather than a reset) and close;
 - a header-read timeout: a request head that has started but not ended within
   `header_read_timeout_s` closes the connection (slowloris);
 - aiohttp's keep-alive timeout set to `keepalive_timeout_s`;
@@ -11,15 +16,17 @@ any token in it included) at ERROR. `GatewayRunner` serves an app with:
   their content at most once per `bad_request_log_interval_s`.
 Each refusal is a counter in `ConnectionStats`, exported on `/metrics`. This module hooks
 aiohttp's `RequestHandler` and `Server` (3.14): the private attributes it reads are named where
-used. It must never log request bytes.
+used. Transports are used through their protocol only: uvloop's are not `asyncio.Transport`
+subclasses. It must never log request bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from aiohttp import web
 from aiohttp.web_log import AccessLogger
@@ -37,6 +44,13 @@ CONNECTIONS_REFUSED: Final = Family(
     "counter",
     "Connections closed at accept: the listener was at its connection limit.",
     ("listener",),
+)
+CONNECTIONS_SHED: Final = Family(
+    "canary_connections_shed_total",
+    "counter",
+    "Idle connections (no request in flight) closed to make room for a new one at the "
+    "connection limit, by reason.",
+    ("listener", "reason"),
 )
 HEADER_READ_TIMEOUTS: Final = Family(
     "canary_header_read_timeouts_total",
@@ -63,11 +77,24 @@ _BAD_BODY = error_body(
 )  # never echoes the request: it may hold a token
 
 
+# Why an idle connection was closed to make room for a new one: it had not yet sent a whole
+# request (silent, or a head still arriving), or it was idle between two requests.
+SHED_BEFORE_FIRST = "before_first_request"
+SHED_BETWEEN = "between_requests"
+
+# A refused connection stays open this long after its 503 (reading and discarding what the client
+# sends) so that the client reads the answer instead of a reset; at most `_LINGER_MAX` at once,
+# since each holds a descriptor past the limit (they come out of the descriptor reserve).
+_LINGER_S = 1.0
+_LINGER_MAX = 32
+
+
 class ConnectionStats:
     """Counters of one listener's refusals (plain ints: incremented on the loop thread)."""
 
     __slots__ = (
         "_last_log", "_unlogged", "also", "bad_requests", "header_timeouts", "listener", "refused",
+        "shed",
     )  # fmt: skip
 
     def __init__(self, listener: str) -> None:
@@ -75,6 +102,7 @@ class ConnectionStats:
         self.also: list[ConnectionStats] = []  # other listeners, exported with this one
         self.refused = 0
         self.header_timeouts = 0
+        self.shed = {SHED_BEFORE_FIRST: 0, SHED_BETWEEN: 0}
         self.bad_requests: dict[str, int] = {}
         self._last_log = -1e18
         self._unlogged = 0
@@ -98,6 +126,10 @@ class ConnectionStats:
         every = [self, *self.also]
         lines: list[Exposed] = [CONNECTIONS_REFUSED]
         lines += [CONNECTIONS_REFUSED.sample(s.refused, s.listener) for s in every]
+        lines.append(CONNECTIONS_SHED)
+        lines += [
+            CONNECTIONS_SHED.sample(n, s.listener, why) for s in every for why, n in s.shed.items()
+        ]
         lines.append(HEADER_READ_TIMEOUTS)
         lines += [HEADER_READ_TIMEOUTS.sample(s.header_timeouts, s.listener) for s in every]
         lines.append(BAD_REQUESTS)
@@ -108,12 +140,41 @@ class ConnectionStats:
 
 
 class _Refuse(asyncio.Protocol):
-    """Answers 503 and closes: what a connection past the limit gets (no parser, no task)."""
+    """Answers 503 and closes: what a connection past the limit gets (no parser, no task).
+
+    After the answer it half-closes and discards what the client sends until the client closes
+    or `_LINGER_S` passes: closing a socket with unread bytes sends a reset, which can destroy
+    the answer before the client reads it (nginx's `lingering_close`, for the same reason)."""
+
+    __slots__ = ("_guard", "_timer")
+
+    def __init__(self, guard: GuardedServer) -> None:
+        self._guard = guard
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(_FULL)
-        transport.close()
+        # A cast, not an isinstance check: uvloop's transports are not asyncio's classes.
+        t = cast(asyncio.Transport, transport)
+        t.write(_FULL)
+        guard = self._guard
+        if guard.lingering >= _LINGER_MAX or not t.can_write_eof():
+            t.close()
+            return
+        t.write_eof()
+        guard.lingering += 1
+        self._timer = guard._loop.call_later(_LINGER_S, t.abort)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the request is refused whatever it says
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._guard.lingering -= 1
 
 
 class _Handler(RequestHandler):
@@ -178,8 +239,14 @@ class _Handler(RequestHandler):
         self._guard.stats.bad_request(kind, self._guard.log_interval_s, None)
 
 
+def _idle_since(handler: RequestHandler) -> float:
+    # aiohttp's keep-alive deadline, set at connect and after each answer: oldest idle first.
+    return handler._next_keepalive_close_time
+
+
 class GuardedServer(Server):
-    """aiohttp's `Server` with a connection limit and the guarded protocol."""
+    """aiohttp's `Server` with a connection limit, idle connections shed at the limit, and the
+    guarded protocol."""
 
     def __init__(
         self,
@@ -195,13 +262,51 @@ class GuardedServer(Server):
         self.header_read_timeout_s = header_read_timeout_s
         self.log_interval_s = log_interval_s
         self.stats = stats
+        # Connections whose transport is open (aiohttp's `_connections` keeps a closed one until
+        # its task ends): a shed connection stops counting when it is closed.
+        self.open = 0
+        self.lingering = 0  # refused connections still reading their client's bytes
+        self._shed: set[RequestHandler] = set()
+        # A batch per shedding so that a flood of new connections scans the table once per
+        # batch, not once per connection.
+        self.shed_batch = max(1, max_connections // 64)
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        self.open += 1
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        super().connection_lost(handler, exc)
+        if handler in self._shed:
+            self._shed.discard(handler)
+        else:
+            self.open -= 1
 
     def __call__(self) -> Any:
-        # `_connections` is aiohttp's table of open connections (kept until their task ends).
-        if len(self._connections) >= self.max_connections:
+        if self.open >= self.max_connections and not self._shed_idle():
             self.stats.refused += 1
-            return _Refuse()
+            return _Refuse(self)
         return _Handler(self, loop=self._loop, **self._kwargs)
+
+    def _shed_idle(self) -> bool:
+        """Close the `shed_batch` connections idle the longest; False when none is idle."""
+        # `_waiter` is aiohttp's future of a handler waiting for its next request head (None
+        # while a request is in flight); `_force_close` marks one already closing.
+        idle = [
+            h
+            for h in self._connections
+            if h._waiter is not None and not h._waiter.done() and not h._force_close
+        ]
+        if not idle:
+            return False
+        for handler in heapq.nsmallest(self.shed_batch, idle, key=_idle_since):
+            # `_request_count` counts the requests this connection has sent so far.
+            reason = SHED_BETWEEN if handler._request_count else SHED_BEFORE_FIRST
+            self.stats.shed[reason] += 1
+            self._shed.add(handler)
+            self.open -= 1
+            handler.force_close()
+        return True
 
 
 class GatewayRunner(web.AppRunner):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 
-from domain.exposition import Exposed, Family, Kind, label_text, render
+from domain.exposition import Exposed, Family, Kind, Sample, label_text, render
 from domain.exposition import fmt as _fmt
 
 # Latency buckets in seconds: sub-millisecond proxy overhead up to very long generations.
@@ -234,6 +234,18 @@ class Registry:
     def add_collector(self, fn: Collector) -> None:
         """`fn()` yields, at each scrape, the families it exports and their samples."""
         self._collectors.append(fn)
+
+    def families(self) -> list[Family]:
+        """Every family this registry exports: its metrics' declarations and those its
+        collectors yield (text another process rendered is not a declaration: left out)."""
+        out = [metric.family for metric in self._metrics.values()]
+        for fn in self._collectors:
+            for item in fn():
+                if isinstance(item, Family):
+                    out.append(item)
+                elif isinstance(item, Sample):
+                    out.append(item.family)
+        return out
 
     def render(self) -> str:
         lines: list[str] = []

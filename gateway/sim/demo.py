@@ -38,7 +38,7 @@ ARMS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
     ("live", "baseline", (), None),
     ("control", "control", (), "control"),
     ("bi-kv", "bi-kv", (), "bi-kv"),
-    ("quantized", "quantized", ("--divergence", "0.3"), "quantized"),
+    ("quantized", "quantized", ("--divergence", "0.3", "--logprob-shift", "0.1"), "quantized"),
 )
 
 CONFIG_TEMPLATE = """\
@@ -61,6 +61,9 @@ mirror_shed_cpu_busy = 0.0
 mirror_priority = "normal"
 registry_poll_interval_s = 1.0
 counters_flush_interval_s = 1.0
+# Scoring copies (the quantized candidate and the control score production's answers): a few
+# at once per simulator, so scoring keeps up with the demo's traffic.
+score_concurrency = 4
 live_price_per_hour_usd = 2.0
 {candidates}"""
 
@@ -72,7 +75,7 @@ kind = "{kind}"
 sample_rate = 1.0
 sampling = "session"
 concurrency = 16
-price_per_hour_usd = {price}
+{scoring}price_per_hour_usd = {price}
 # 100 sessions can show a rate within about 3.7/100 ≈ 4 pp at best (sessions are the unit of
 # independence); the defaults (0.5 pp failures, 1 pp agreement) need ~750 / ~375 sessions.
 # The demo accepts 5 pp so that it can decide within a minute; and its four simulators share
@@ -87,6 +90,11 @@ slo_exceedance_delta = 0.05
 agreement_delta = 0.05
 similarity_delta = 0.05
 """
+
+
+# The quantized candidate scores half its pairs (its default, 0.1, leaves a one-minute demo
+# with too few scored pairs to decide `logprob_divergence`).
+SCORING = {"quantized": "score_rate = 0.5\n"}
 
 
 class DemoOptions(msgspec.Struct, kw_only=True):
@@ -269,7 +277,9 @@ async def _run(
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     db_path = work / "canary.db"
     candidates = "".join(
-        CANDIDATE_TEMPLATE.format(name=name, url=urls[name], kind=kind, price=prices[name])
+        CANDIDATE_TEMPLATE.format(
+            name=name, url=urls[name], kind=kind, price=prices[name], scoring=SCORING.get(kind, "")
+        )
         for name, _p, _e, kind in ARMS
         if kind is not None
     )

@@ -81,13 +81,22 @@ def session_of_text(first_user_message: str) -> str:
     return f"h:{_mix(text_hash(first_user_message), _S_SESSION):016x}"
 
 
-def render_chat(messages: Sequence[tuple[str, str]], tools: str | None = None) -> str:
+def render_chat(
+    messages: Sequence[tuple[str, str]], tools: str | None = None, *, continue_final: bool = False
+) -> str:
     """Render (role, text) messages through a fixed ChatML-like template.
 
     Each turn only appends to the previous rendering, so a growing conversation has a growing
-    shared prefix: what prefix caches and session KV can reuse.
+    shared prefix: what prefix caches and session KV can reuse. `continue_final` (vLLM's
+    `continue_final_message`) leaves the last message open instead of adding the generation
+    prompt: the assistant's answer so far, to be continued or scored.
     """
     parts = [f"<|im_start|>system\n# Tools\n{tools}<|im_end|>\n"] if tools else []
+    if continue_final and messages:
+        parts.extend(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in messages[:-1])
+        role, text = messages[-1]
+        parts.append(f"<|im_start|>{role}\n{text}")
+        return "".join(parts)
     parts.extend(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in messages)
     parts.append("<|im_start|>assistant\n")
     return "".join(parts)

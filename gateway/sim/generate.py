@@ -21,6 +21,7 @@ from aiohttp import web
 from gateway.sim import wire
 from gateway.sim.engine import Plan, ToolSpec, render_chat, session_of_text
 from gateway.sim.faults import SSE_HEADERS, json_error, replace_answer, reset_connection
+from gateway.sim.score import prompt_logprobs
 from gateway.sim.state import ClientGone, SimState, pause
 
 _encode = msgspec.json.Encoder().encode
@@ -209,6 +210,8 @@ async def completions(
     model = served_model(st, req.model)
     if isinstance(model, web.Response):
         return model
+    if req.prompt_logprobs is not None:
+        return await _score(request, st, req, model)
     prompt = req.prompt
     if isinstance(prompt, list):
         if not prompt or (all(isinstance(p, str) for p in prompt) and len(prompt) > 1):
@@ -231,3 +234,49 @@ async def completions(
     return await _respond(
         request, st, plan, chat=False, model=model, stream=bool(req.stream), include_usage=usage
     )
+
+
+async def _score(
+    request: web.Request, st: SimState, req: wire.CompletionRequest, model: str
+) -> web.StreamResponse:
+    """Prompt logprobs of a prompt of token ids (a scoring copy): one prefill, no answer."""
+    profile = st.profile
+    k = req.prompt_logprobs or 0
+    if not profile.prompt_logprobs:
+        return json_error(400, "prompt_logprobs is not supported by this engine")
+    if not 0 <= k <= profile.max_logprobs:
+        return json_error(
+            400,
+            f"Requested prompt logprobs of {k}, which is greater than max "
+            f"allowed: {profile.max_logprobs}",
+        )
+    if req.stream:
+        return json_error(400, "prompt_logprobs is not compatible with streaming")
+    ids = req.prompt
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        return json_error(400, "the simulator scores prompts of token ids")
+    token_ids = [int(t) for t in ids]
+    await pause(request, profile.prefill_s_per_token * len(token_ids) * profile.time_scale)
+    st.stats.scored += 1
+    st.stats.scored_tokens += len(token_ids)
+    body = {
+        "id": "cmpl-score",
+        "object": "text_completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": "",
+                "logprobs": None,
+                "finish_reason": "length",
+                "prompt_logprobs": prompt_logprobs(token_ids, k, profile.logprob_shift),
+            }
+        ],
+        "usage": {
+            "prompt_tokens": len(token_ids),
+            "completion_tokens": 1,
+            "total_tokens": len(token_ids) + 1,
+        },
+    }
+    return web.Response(body=_encode(body), content_type="application/json")

@@ -48,6 +48,12 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     divergence: float = 0.0  # probability an answer diverges from the baseline's
     min_output_tokens: int = 16
     max_output_tokens: int = 64
+    # Scoring (prompt logprobs, gateway/sim/score.py): whether the engine answers them (False:
+    # an older engine, 400), the most top-k it allows (vLLM's max_logprobs), and how many nats
+    # each prompt token's logprob is lowered by (a quantized checkpoint's damage; 0 = baseline).
+    prompt_logprobs: bool = True
+    max_logprobs: int = 20
+    logprob_shift: float = 0.0
     # Faults.
     fault: str | None = None
     slow_drip_s_per_chunk: float = 1.0
@@ -69,6 +75,7 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             "time_scale": self.time_scale,
             "slow_drip_s_per_chunk": self.slow_drip_s_per_chunk,
             "slow_read_s_per_byte": self.slow_read_s_per_byte,
+            "logprob_shift": self.logprob_shift,
         }
         for key, value in delays.items():
             if not value >= 0.0:  # also rejects NaN
@@ -95,8 +102,8 @@ PROFILES: dict[str, SimProfile] = {
     "bi-kv": msgspec.structs.replace(
         _BASELINE, name="bi-kv", session_kv=True, prefix_cache_blocks=8192
     ),
-    # A quantized checkpoint: decode 0.6× as long, prefill a little faster, and 30 % of answers
-    # drift away from the baseline's at some token.
+    # A quantized checkpoint: decode 0.6× as long, prefill a little faster, 30 % of answers
+    # drift away from the baseline's at some token, and every token is 0.1 nats less likely.
     "quantized": msgspec.structs.replace(
         _BASELINE,
         name="quantized",
@@ -104,6 +111,7 @@ PROFILES: dict[str, SimProfile] = {
         decode_s_per_token=0.0048,
         decode_s_per_extra_seq=0.0003,
         divergence=0.3,
+        logprob_shift=0.1,
     ),
     # No delays at all, for benchmarks of the gateway itself.
     "fast": msgspec.structs.replace(

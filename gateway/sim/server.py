@@ -96,7 +96,10 @@ async def _tokenize(
     if (req.prompt is None) == (req.messages is None):
         return json_error(400, "give exactly one of `prompt` or `messages`")
     if req.messages is not None:
-        text = render_chat([(m.role, m.text()) for m in req.messages])
+        text = render_chat(
+            [(m.role, m.text()) for m in req.messages],
+            continue_final=req.continue_final_message,
+        )
     else:
         text = req.prompt or ""
     tokens = tokenize(text)

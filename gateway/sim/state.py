@@ -27,7 +27,16 @@ POLL_S = 0.05  # how often a sleeping generation checks that its client is still
 class SimStats:
     """Counters exposed on `GET /sim/stats`."""
 
-    __slots__ = ("aborted", "active", "completed", "faulted", "max_active", "requests")
+    __slots__ = (
+        "aborted",
+        "active",
+        "completed",
+        "faulted",
+        "max_active",
+        "requests",
+        "scored",
+        "scored_tokens",
+    )
 
     def __init__(self) -> None:
         self.requests = 0  # every request outside /sim/
@@ -36,6 +45,8 @@ class SimStats:
         self.aborted = 0  # the client went away mid-generation
         self.faulted = 0  # answered with an injected fault (500, garbage, reset)
         self.max_active = 0
+        self.scored = 0  # scoring requests answered (prompt logprobs)
+        self.scored_tokens = 0  # prompt tokens they prefilled
 
     def as_dict(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in self.__slots__}

@@ -117,6 +117,7 @@ class CompletionRequest(msgspec.Struct):
     seed: int | None = None
     n: int | None = 1
     user: str | None = None
+    prompt_logprobs: int | None = None  # scoring (teacher forcing): top-k per prompt position
 
 
 class EmbeddingRequest(msgspec.Struct):
@@ -129,6 +130,8 @@ class TokenizeRequest(msgspec.Struct):
     model: str | None = None
     prompt: str | None = None
     messages: list[Message] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 def error_body(message: str, type_: str, code: int) -> bytes:

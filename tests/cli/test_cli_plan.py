@@ -8,9 +8,12 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
+import numpy as np
+import pytest
 
 from evaluators.judge import plan
 from evaluators.judge.settings import STRICT, VerdictSettings
@@ -57,7 +60,10 @@ async def test_plan_json_matches_the_sizing_core() -> None:
     doc = json.loads(out)
     assert doc["unit"] == "request" and doc["pairs_per_s"] == 5.0
     for row in doc["needs"]:
-        assert row["pairs"] == row["units"]
+        if row["metric"].startswith("logprob divergence"):  # units: the scored pairs (0.1)
+            assert row["pairs"] == math.ceil(row["units"] / 0.1)
+        else:
+            assert row["pairs"] == row["units"]
         assert math.isclose(row["seconds"], row["pairs"] / 5.0)
     slowest = max(doc["needs"], key=lambda r: r["seconds"])
     assert doc["dominant"] == slowest["metric"]
@@ -131,3 +137,67 @@ async def test_plan_reads_the_live_rate_from_a_running_gateway(tmp_path: Path) -
         assert json.loads(out)["rate_rps"] > 1.0
     finally:
         await sim.close()
+
+
+def test_plan_from_a_running_experiment_measures_each_gating_test(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`canary plan --candidate` reads the candidate's pairs so far (here 120 three-turn sessions
+    drawn from the independent world at real engines' noise): one row per gating test as the
+    verdict gates it, turn-1 TTFT apart from the later-turn goal, sized from the noise each
+    showed — the turn-1 row, one noisy pair per session, needs the most sessions of the latency
+    rows and about what the noise model says at a pair sd of 1.1."""
+    import msgspec
+
+    from domain.endpoint import Endpoint
+    from gateway.cli.main import main
+    from storage import queries
+    from storage.engine import make_engine, upgrade
+    from tests.evaluators import world
+    from tests.evaluators.test_eval_pairs import store
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'plan.db'}"
+    case = next(c for c in world.PLANNED if c.label.startswith("A/A bi-kv, real"))
+    pairs = world.draw(case.world, 120, np.random.default_rng(3))
+    t0 = time.time() - 3600
+    pairs = [msgspec.structs.replace(p, received_at=t0 + p.received_at) for p in pairs]
+
+    async def setup() -> None:
+        await upgrade(url)
+        engine = make_engine(url)
+        try:
+            await queries.create_endpoint(
+                engine, Endpoint(name="live", url="http://l", role="live")
+            )
+            for name, kind in (("cand", "bi-kv"), ("ctrl", "control")):
+                ep = Endpoint(
+                    name=name, url="http://c", kind=kind, sampling="session",
+                    verdict=dict(world.REAL_MARGINS),
+                )  # fmt: skip
+                await queries.create_endpoint(engine, ep)
+            await store(engine, pairs)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(setup())
+    args = ["plan", "--candidate", "cand", "--db", url, "--since", "2h", "--format", "json"]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["metric"]: r for r in doc["needs"]}
+    first = next(r for name, r in rows.items() if "ttft_first_turn" in name)
+    later = next(r for name, r in rows.items() if "ttft_later_turns" in name)
+    overall = next(r for name, r in rows.items() if name.endswith("(ttft)"))
+    assert doc["source"].startswith("measured: cand") and doc["turns"] == pytest.approx(3, 0.05)
+    assert first["units"] > overall["units"] and later["units"] > 0
+    # The horizon is the sessions the slowest session-unit test needs; the divergence row counts
+    # scored pairs (its own units), sized at that horizon.
+    sized = [r["units"] for r in doc["needs"] if not r["metric"].startswith("logprob divergence")]
+    assert doc["horizon_units"] == max(sized)
+    model, _ = plan.needs(
+        plan.Traffic(rate_rps=1, sample_rate=1, turns=3, sd_pair=1.1),
+        VerdictSettings().with_overrides(world.REAL_MARGINS),
+        horizon=doc["horizon_units"],
+    )
+    noise_first = next(n for n in model if n.metric == "TTFT, turn 1")
+    assert noise_first.units is not None
+    assert 0.5 < first["units"] / noise_first.units < 2.0, (first, noise_first)

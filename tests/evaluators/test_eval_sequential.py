@@ -20,7 +20,7 @@ LOOKS = np.arange(30, N + 1, 10)
 
 
 def _mean_stat(x: np.ndarray, looks: np.ndarray = LOOKS) -> MeanStat:
-    return MeanStat(x, looks, tau=0.03, sigma_floor=0.01)
+    return MeanStat(x, looks, horizon=300, sigma_floor=0.01)
 
 
 @pytest.mark.parametrize("dist", ["normal", "t3", "skewed"])
@@ -108,7 +108,7 @@ def test_session_robust_variance_restores_coverage() -> None:
         x = np.repeat(rng.normal(0, 0.2, n // turns), turns) + rng.normal(0, 0.05, n)
         looks = np.arange(80, n + 1, 80)
         iid = _mean_stat(x, looks)
-        robust = MeanStat(x, looks, tau=0.03, sigma_floor=0.01, groups=groups)
+        robust = MeanStat(x, looks, horizon=300, sigma_floor=0.01, groups=groups)
         missed_iid += bool(np.any(iid.p(0.0, "below") <= ALPHA))
         missed_cluster += bool(np.any(robust.p(0.0, "below") <= ALPHA))
     print(f"iid {missed_iid / runs:.3f}, session-robust {missed_cluster / runs:.3f}")

@@ -34,7 +34,9 @@ def test_overrides_apply_and_convert_types() -> None:
         ({"latency_delta": 0.9}, "latency_delta"),
         ({"error_delta": 0.05}, "error_delta <= error_critical"),
         ({"min_coverage": 1.5}, "min_coverage"),
-        ({"latency_tau": float("nan")}, "finite"),
+        ({"latency_sigma_floor": float("nan")}, "finite"),
+        ({"latency_tau": 0.05}, "horizon_units"),
+        ({"horizon_units": 5}, "horizon_units"),
         ({"alpha": True}, "must be a number"),
     ],
 )

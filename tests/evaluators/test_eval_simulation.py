@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from evaluators.judge.metric import MetricSpec, evidence
+from evaluators.judge.metric import MetricSpec, evidence, mean_stat
 from evaluators.judge.settings import VerdictSettings
 from evaluators.judge.verdict import HOLD, PROMOTE, REJECT, STATUSES, decide_arrays
 from evaluators.metrics.cost import cost_spec
@@ -143,9 +143,7 @@ def judge_runs(
         x = run.values[name]
         lk = looks // later_every if name == "ttft_later_turns" else looks
         if spec.scale == "ratio":
-            stat: MeanStat | BoundedStat = MeanStat(
-                x, lk, tau=SETTINGS.latency_tau, sigma_floor=SETTINGS.latency_sigma_floor
-            )
+            stat: MeanStat | BoundedStat = mean_stat(x, lk, SETTINGS)
         else:
             stat = BoundedStat(x, lk)
         names.append(name)

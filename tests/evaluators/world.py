@@ -187,6 +187,8 @@ class Outcome:
     decision: str  # "promote" | "reject" | "hold" (at the horizon)
     pairs: int  # pairs in the window at that look (the horizon when held)
     statuses: dict[str, str]  # each gating metric's status at the deciding look
+    sessions: int = 0  # sessions with a pair in the window at that look
+    units: int = 0  # closed units (sessions) the gating metrics used at that look, at most
 
 
 def run(
@@ -197,11 +199,16 @@ def run(
     looks: int,
     seed: int,
     settings: VerdictSettings | None = None,
+    look_every: int | None = None,
+    overrides: dict[str, float] | None = None,
+    planned_last: bool = True,
 ) -> Outcome:
-    """Draw one experiment and look `looks` times, evenly in pairs, the last a planned look.
+    """Draw one experiment and look `looks` times, evenly in pairs (or every `look_every`
+    pairs), the last a planned look unless `planned_last` is False.
 
     Each look is the product's path: a PairSet of the pairs received so far, `build_report`
-    with `as_of` = the time of the look (so open sessions and unsettled copies wait).
+    with `as_of` = the time of the look (so open sessions and unsettled copies wait). The
+    candidate carries `overrides` as its `verdict` overrides, as registered.
     """
     rng = np.random.default_rng(seed)
     pairs = draw(world, sessions, rng)
@@ -213,6 +220,7 @@ def run(
         sampling="session" if world.sessions else "request",
         timeout_s=TIMEOUT_S,
         price_per_hour_usd=world.candidate.price,
+        verdict=dict(overrides or {}),
     )
     live = Endpoint(
         name="live", url="http://l", role="live", price_per_hour_usd=world.production.price
@@ -220,10 +228,13 @@ def run(
     control = Endpoint(name="ctrl", url="http://k", kind="control") if world.control else None
     s = settings or VerdictSettings()
     n = len(pairs)
-    marks = np.unique(np.linspace(n / looks, n, looks).round().astype(int))
+    if look_every:
+        marks = np.unique(np.r_[np.arange(look_every, n, look_every), n]).astype(int)
+    else:
+        marks = np.unique(np.linspace(n / looks, n, looks).round().astype(int))
     report = None
     for k in marks:
-        final = bool(k == n)
+        final = bool(k == n) and planned_last
         ps = full.resized(int(k))
         report = build_report(
             ps,
@@ -240,7 +251,9 @@ def run(
             break
     assert report is not None
     gating = {m.name: m.status for m in report.metrics.values() if m.gating}
-    return Outcome(report.verdict, int(k), gating)
+    seen = len({p.session_key for p in pairs[: int(k)]}) if world.sessions else int(k)
+    used = max((m.units or 0 for m in report.metrics.values() if m.gating), default=0)
+    return Outcome(report.verdict, int(k), gating, seen, used)
 
 
 @dataclass(frozen=True)
@@ -363,3 +376,182 @@ SENTINEL = Case(
     100,
     at_most={"reject": 0.05},
 )
+
+
+# --- Issue 19: deciding as fast as the evidence allows, within the plan's sessions ---------
+
+# Real engines sharing CPUs: per-arm log SD ~0.8 with heavy tails (Student-t(3) of scale 0.46:
+# sd 0.46·√3 = 0.80), so a pair's TTFT log-ratio has sd ~1.1; three-turn sessions.
+REAL_NOISE = 0.46
+# Margins for ~200 sessions at that noise, as `canary plan --noise 1.1 --turns 3 --horizon 200`
+# gives them (the real-engine suite's, tests/real_engine/conftest.py): rates 3 pp, latency 1.4.
+REAL_MARGINS: dict[str, float] = {
+    "error_delta": 0.03,
+    "error_critical": 0.1,
+    "agreement_delta": 0.03,
+    "slo_exceedance_delta": 0.03,
+    "similarity_delta": 0.03,
+    "latency_delta": 1.4,
+    "latency_critical": 1.75,
+}
+# The README's margins for 200-400 sessions at simulator-like noise.
+SMALL_MARGINS: dict[str, float] = {
+    "error_delta": 0.03,
+    "error_critical": 0.1,
+    "agreement_delta": 0.03,
+    "slo_exceedance_delta": 0.03,
+    "similarity_delta": 0.03,
+    "latency_delta": 1.10,
+}
+
+
+def _real(**kw: float) -> Engine:
+    base: dict[str, float] = {"noise": REAL_NOISE, "fail": 0.0005, "nondeterminism": 0.01}
+    return Engine(**{**base, **kw})
+
+
+_REAL_AA = World(candidate=_real(), control=_real(), production=_real(), turns=(3, 3))
+
+
+@dataclass(frozen=True)
+class PlannedCase:
+    """A world judged for as many sessions as `canary plan` says, from a pilot's noise."""
+
+    label: str
+    world: World
+    kind: str
+    overrides: dict[str, float]
+    expect: str  # "promote" | "reject" | "aa" (neither false promote nor false reject)
+    goal_ratio: float | None = None  # the operator's expected goal (`--goal-ratio`)
+    # The world the operator's pilot saw, when not this one: a harmful candidate is planned
+    # for as the clean candidate it was expected to be.
+    pilot: World | None = None
+
+
+PLANNED: tuple[PlannedCase, ...] = (
+    PlannedCase(
+        "bi-kv, later turns 20 % faster, simulator-like noise (3-9 turns)",
+        World(
+            candidate=Engine(ttft_later=0.8, nondeterminism=0.01), production=_CLEAN, control=_CLEAN
+        ),
+        "bi-kv",
+        SMALL_MARGINS,
+        "promote",
+        0.8,
+    ),
+    PlannedCase(
+        "bi-kv, later turns 40 % faster, real-engine noise (3 turns)",
+        World(candidate=_real(ttft_later=0.6), control=_real(), production=_real(), turns=(3, 3)),
+        "bi-kv",
+        REAL_MARGINS,
+        "promote",
+        0.6,
+    ),
+    PlannedCase(
+        "bi-kv, later turns 20 % faster, real-engine noise (3 turns)",
+        World(candidate=_real(ttft_later=0.8), control=_real(), production=_real(), turns=(3, 3)),
+        "bi-kv",
+        REAL_MARGINS,
+        "promote",
+        0.8,
+    ),
+    PlannedCase(
+        "+5 pp failures clustered by session, real-engine noise",
+        World(candidate=_real(extra_fail=0.05), control=_real(), production=_real(), turns=(3, 3)),
+        "bi-kv",
+        # The default failure margins (1 pp, 3 pp critical): +5 pp is decisive harm.
+        {**REAL_MARGINS, "error_delta": 0.01, "error_critical": 0.03},
+        "reject",
+        0.8,
+        pilot=_REAL_AA,
+    ),
+    PlannedCase(
+        "bf16-like divergence (40 % of answers differ at T=0), real-engine noise",
+        World(
+            candidate=_real(nondeterminism=0.4),
+            control=_real(),
+            production=_real(),
+            turns=(3, 3),
+        ),
+        "quantized",
+        REAL_MARGINS,
+        "reject",
+        pilot=_REAL_AA,
+    ),
+    PlannedCase(
+        "A/A bi-kv, real-engine noise (3 turns)",
+        World(candidate=_real(), control=_real(), production=_real(), turns=(3, 3)),
+        "bi-kv",
+        REAL_MARGINS,
+        "aa",
+        0.8,
+    ),
+    PlannedCase(
+        "A/A bi-kv, simulator-like noise (3-9 turns)",
+        World(candidate=_CLEAN, control=_CLEAN, production=_CLEAN),
+        "bi-kv",
+        SMALL_MARGINS,
+        "aa",
+        0.8,
+    ),
+)
+
+
+def plan_sessions(case: PlannedCase, *, pilot: int = 100, seed: int = 999) -> tuple[int, int]:
+    """(sessions `canary plan --candidate` states, its horizon) from a pilot of `pilot`
+    sessions of the case's world: the operator's path, through the product's plan core."""
+    from evaluators.judge import plan as core
+
+    rng = np.random.default_rng(seed)
+    pairs = draw(case.pilot or case.world, pilot, rng)
+    ps = pairset_from_pairs(pairs, has_control=case.world.control is not None)
+    cand = Endpoint(
+        name="cand",
+        url="http://c",
+        kind=case.kind,
+        sampling="session",
+        timeout_s=TIMEOUT_S,
+        verdict=dict(case.overrides),
+    )
+    live = Endpoint(name="live", url="http://l", role="live")
+    control = Endpoint(name="ctrl", url="http://k", kind="control")
+    s = VerdictSettings().with_overrides(case.overrides)
+    report = build_report(
+        ps,
+        candidate=cand,
+        live=live,
+        control=control,
+        accounting={},
+        settings=s,
+        trajectories=False,
+    )
+    turns = len(pairs) / pilot
+    rows = core.measured_rows(list(report.metrics.values()), s, goal_ratio=case.goal_ratio)
+    rows.append(core.FixedRow("minimum pairs gate", "", int(np.ceil(s.min_pairs / turns))))
+    traffic = core.Traffic(rate_rps=1.0, sample_rate=1.0, turns=turns)
+    needs, horizon = core.needs(traffic, s, rows=rows)
+    known = [n.units for n in needs if n.units is not None]
+    return max(known), horizon
+
+
+def run_planned(
+    case: PlannedCase, sessions: int, horizon: int, *, seed: int, look_every: int = 20
+) -> Outcome:
+    """One experiment of the case for `sessions` sessions, tuned to `horizon`, looks every 20
+    pairs, the last one planned (where a guardrail beyond its margin rejects)."""
+    return run(
+        case.world,
+        kind=case.kind,
+        sessions=sessions,
+        looks=0,
+        seed=seed,
+        look_every=look_every,
+        overrides={**case.overrides, "horizon_units": horizon},
+    )
+
+
+def right(case: PlannedCase, o: Outcome) -> bool:
+    """Whether the outcome is the decision the case deserves (A/A: no false decision)."""
+    if case.expect == "aa":
+        return o.decision == "hold"
+    return o.decision == case.expect

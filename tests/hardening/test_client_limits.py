@@ -1,6 +1,6 @@
 """Hostile or careless clients against a real gateway on 127.0.0.1: bodies, connections, heads,
 malformed requests, odd targets, `Expect`, and a client that stops reading (issue items 2, 3, 6,
-8), over raw sockets so every byte is the test's choice."""
+8), over raw sockets so every byte is the test's choice; on asyncio's loop and on uvloop."""
 
 from __future__ import annotations
 
@@ -17,9 +17,12 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from tests import fixtures_net
 from tests.upstreams import raw_upstream, scripted_app
 
 pytest_plugins = ("tests.fixtures_net",)
+pytestmark = fixtures_net.BOTH_LOOPS
+event_loop_policy = fixtures_net.both_loops_policy
 
 EOF_WAIT = 20.0  # generous: only bounds a hung test, never asserts a duration
 
@@ -134,16 +137,24 @@ async def test_idle_connections_are_closed(gateway: Any, upstream: str) -> None:
     writer.close()
 
 
-async def test_connection_limit_refuses_with_503(gateway: Any, upstream: str, http: Any) -> None:
-    """Past `max_connections`, a new connection gets a 503 `too_many_connections` and is
-    closed; counted; once a slot frees, requests are served again."""
+async def test_connection_limit_refuses_with_503(
+    gateway: Any, upstream: str, http: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past `max_connections`, with every connection's request in flight, a new connection gets
+    a 503 `too_many_connections` (read whole, not a reset) and is closed; counted, nothing
+    logged; once a slot frees, requests are served again."""
     gw = await gateway(upstream, max_connections=3, keepalive_timeout_s=3600.0)
-    idle = [await _open(gw.url) for _ in range(3)]
-    await asyncio.sleep(0.1)
-    raw = await _exchange(gw.url, b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert _status(raw) == 503
-    assert _json_body(raw)["error"]["code"] == "too_many_connections"
-    for _, writer in idle:
+    busy = [await _open(gw.url) for _ in range(3)]
+    for _, writer in busy:
+        writer.write(b"POST /hang HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    await asyncio.sleep(0.2)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):
+            raw = await _exchange(gw.url, b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _status(raw) == 503
+            assert _json_body(raw)["error"]["code"] == "too_many_connections"
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    for _, writer in busy:
         writer.close()
     for _ in range(100):
         raw = await _exchange(
@@ -154,6 +165,41 @@ async def test_connection_limit_refuses_with_503(gateway: Any, upstream: str, ht
         await asyncio.sleep(0.05)
     assert b'canary_connections_refused_total{listener="proxy"} ' in raw
     assert b'canary_connections_refused_total{listener="proxy"} 0' not in raw
+
+
+async def test_idle_connections_make_room_at_the_limit(gateway: Any, upstream: str) -> None:
+    """At `max_connections`, a new client is served: the connections idle the longest (silent
+    ones, a half-sent head, keep-alive ones between requests) are closed for it, counted by
+    reason, while a connection with a request in flight is never touched."""
+    gw = await gateway(upstream, max_connections=4, keepalive_timeout_s=3600.0)
+    streaming = await _open(gw.url)
+    streaming[1].write(b"POST /forever HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    await asyncio.wait_for(streaming[0].readuntil(b"\r\n\r\n"), EOF_WAIT)
+    keepalive = await _open(gw.url)
+    keepalive[1].write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+    await asyncio.wait_for(keepalive[0].readuntil(b"\r\n\r\n"), EOF_WAIT)
+    silent = await _open(gw.url)
+    half = await _open(gw.url)
+    half[1].write(b"GET /echo HTTP/1.1\r\nHost: x\r\n")
+    await asyncio.sleep(0.2)
+    # Four open: each newcomer (kept open) closes the oldest idle one, never the stream.
+    newcomers = [await _open(gw.url) for _ in range(3)]
+    for reader, writer in newcomers:
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _status(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), EOF_WAIT)) == 200
+    for reader, _ in (keepalive, silent, half):
+        await asyncio.wait_for(reader.read(), EOF_WAIT)  # closed by the gateway
+    assert b"data:" in await asyncio.wait_for(streaming[0].read(64), EOF_WAIT)
+    for _, writer in [streaming, keepalive, silent, half, *newcomers]:
+        writer.close()
+    await asyncio.sleep(0.2)
+    raw = await _exchange(gw.url, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    text = raw.decode()
+    assert 'canary_connections_shed_total{listener="proxy",reason="between_requests"} 1' in text
+    assert 'canary_connections_shed_total{listener="proxy",reason="before_first_request"} 2' in (
+        text
+    )
+    assert 'canary_connections_refused_total{listener="proxy"} 0' in text
 
 
 async def test_malformed_requests_are_counted_not_logged(

@@ -13,6 +13,7 @@ import ast
 import asyncio
 import math
 import re
+import time
 from pathlib import Path
 
 import aiohttp
@@ -148,10 +149,13 @@ def test_no_module_writes_help_or_type_lines() -> None:
 
 
 async def _scrape_until(
-    http: aiohttp.ClientSession, url: str, needed: tuple[str, ...], tries: int = 100
+    http: aiohttp.ClientSession, url: str, needed: tuple[str, ...], within_s: float = 60.0
 ) -> str:
+    # The mirror process runs at idle priority: on a busy host its counters reach the worker
+    # late, so wait on a deadline rather than a count of tries.
     text = ""
-    for _ in range(tries):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
         async with http.get(f"{url}/metrics") as resp:
             assert resp.status == 200
             assert resp.content_type == "text/plain"

@@ -52,11 +52,27 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "canary plan --rate 20 --sample-rate 0.1 --turns 6",
             "canary plan --gateway http://127.0.0.1:8080 --sample-rate 0.1 --budget 1h",
             "canary plan --rate 200 --sample-rate 0.05 --turns 1 --strict --format json",
+            "canary plan --rate 2 --sample-rate 1 --turns 3 --noise 1.1 --horizon 200",
+            "canary plan --candidate bi-kv --db sqlite+aiosqlite:///canary.db",
         ),
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--rate", type=float, metavar="RPS", help="live requests per second")
     src.add_argument("--gateway", metavar="URL", help="measure the rate from this gateway")
+    src.add_argument(
+        "--candidate",
+        metavar="NAME",
+        help="size from a running experiment: this candidate's pairs so far (its noise per "
+        "gating test, its pair rate, its margins), read from the database",
+    )
+    p.add_argument("--db", metavar="URL", help="with --candidate: database URL (or --config)")
+    p.add_argument("--config", metavar="FILE", help="with --candidate: gateway config file")
+    p.add_argument(
+        "--since",
+        metavar="T",
+        help="with --candidate: only pairs since T (epoch seconds, ISO 8601, or an age like "
+        "2h); default: since the candidate was registered",
+    )
     p.add_argument("--probe-s", type=float, default=10.0, help="seconds between two reads")
     p.add_argument("--sample-rate", type=float, default=0.1, help="share mirrored (0.1)")
     p.add_argument(
@@ -82,7 +98,21 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="share of pairs where one of candidate / control differs at T=0 (0.02)",
     )
     p.add_argument(
-        "--goal-ratio", type=float, default=0.8, help="improvement the goal should show (0.8)"
+        "--goal-ratio",
+        type=float,
+        help="improvement the goal should show (0.8; with --candidate: the one measured so far)",
+    )
+    p.add_argument(
+        "--horizon",
+        type=int,
+        metavar="UNITS",
+        help="size at this horizon (sessions, or requests); default: the plan's own",
+    )
+    p.add_argument(
+        "--score-rate",
+        type=float,
+        default=0.1,
+        help="share of pairs scored with prompt logprobs (0.1, quantized's default; 0: none)",
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
@@ -110,11 +140,15 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--probe-s", args.probe_s, "in (0, 600]")
     if not (math.isfinite(args.noise) and args.noise > 0):
         raise bad("--noise", args.noise, "> 0")
+    if not 0 <= args.score_rate <= 1:
+        raise bad("--score-rate", args.score_rate, "in [0, 1]")
     if not 0 <= args.failures < 1:
         raise bad("--failures", args.failures, "in [0, 1)")
     if not 0 <= args.disagreement < 1:
         raise bad("--disagreement", args.disagreement, "in [0, 1)")
-    if not 0 < args.goal_ratio < 1:
+    if args.horizon is not None and not 10 <= args.horizon <= 10_000_000:
+        raise bad("--horizon", args.horizon, "in [10, 10000000]")
+    if args.goal_ratio is not None and not 0 < args.goal_ratio < 1:
         raise bad("--goal-ratio", args.goal_ratio, "in (0, 1): an improvement")
 
 
@@ -198,46 +232,91 @@ class Plan(msgspec.Struct, kw_only=True):
     needs: list[PlanRow]
     dominant: str | None
     seconds_to_decide: float | None
+    # The horizon the latency rows were sized at: set it on the candidate (`horizon_units`)
+    # so the verdict runs the very sequences of this plan.
+    horizon_units: int
+    # "noise model" (the flags), or "measured: NAME, N pairs in U sessions" (--candidate).
+    source: str = "noise model"
     budget_s: float | None = None
+    # The smallest margins clean candidates show within the budget, or the horizon when given.
     rate_margin_in_budget: float | None = None
     latency_margin_in_budget: float | None = None
 
 
-def build_plan(args: argparse.Namespace, rate: float) -> Plan:
+def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> Plan:
+    """The plan from the flags' noise model, or from `measured` (a candidate's report)."""
     from evaluators.judge import plan as core
 
     s = _settings(args)
+    turns = args.turns
+    source = "noise model"
+    if measured is not None:
+        report, s = measured
+        ps = report.pairs
+        if ps.n < 2:
+            raise UsageError(
+                f"--candidate {report.candidate}: {ps.n} pairs so far; a plan from measured "
+                "noise needs a running experiment (or give --rate and --noise)"
+            )
+        turns = ps.n / ps.sessions if ps.sessions else 1.0
+        span = (ps.window_end or 0.0) - (ps.window_start or 0.0)
+        rate = ps.n / span if span > 0 else 1.0
+        source = (
+            f"measured: {report.candidate}, {ps.n:,} pairs"
+            + (f" in {ps.sessions:,} sessions" if ps.sessions else "")
+            + " so far"
+        )
     traffic = core.Traffic(
         rate_rps=rate,
-        sample_rate=args.sample_rate,
-        turns=args.turns,
+        sample_rate=args.sample_rate if measured is None else 1.0,
+        turns=max(1.0, turns),
         sd_pair=args.noise,
         discordance=args.failures,
         disagreement=args.disagreement,
-        goal_ratio=args.goal_ratio,
+        goal_ratio=args.goal_ratio if args.goal_ratio is not None else 0.8,
+        score_rate=args.score_rate,
     )
-    rows = [
-        PlanRow(n.metric, n.margin, n.units, n.pairs, n.seconds) for n in core.needs(traffic, s)
-    ]
-    known = [r for r in rows if r.seconds is not None]
-    out_of_reach = [r for r in rows if r.seconds is None]
+    if measured is None:
+        rows = core.noise_rows(traffic, s, goal=True, first_turn=True)
+    else:
+        rows = core.measured_rows(list(report.metrics.values()), s, goal_ratio=args.goal_ratio)
+        rows.append(
+            core.FixedRow(
+                "minimum pairs gate",
+                f"{s.min_pairs:,} pairs",
+                math.ceil(s.min_pairs / traffic.turns),
+            )
+        )
+    needs, horizon = core.needs(traffic, s, rows=rows, horizon=args.horizon)
+    out = [PlanRow(n.metric, n.margin, n.units, n.pairs, n.seconds) for n in needs]
+    known = [r for r in out if r.seconds is not None]
+    out_of_reach = [r for r in out if r.seconds is None]
     worst = out_of_reach[0] if out_of_reach else max(known, key=lambda r: r.seconds or 0.0)
     result = Plan(
         rate_rps=rate,
-        sample_rate=args.sample_rate,
+        sample_rate=traffic.sample_rate,
         pairs_per_s=traffic.pairs_per_s,
-        turns=args.turns,
-        unit="session" if args.turns > 1 else "request",
+        turns=traffic.turns,
+        unit="session" if traffic.turns > 1 else "request",
         alpha=s.alpha,
-        needs=rows,
+        needs=out,
         dominant=worst.metric,
         seconds_to_decide=worst.seconds,
+        horizon_units=horizon,
+        source=source,
     )
+    units: float | None = None
     if args.budget:
         result.budget_s = parse_duration(args.budget)
-        rate_m, lat_m = core.margin_for(result.budget_s, traffic, s)
+        units = result.budget_s * traffic.pairs_per_s / traffic.turns
+    elif args.horizon:
+        units = float(args.horizon)
+    if units is not None:
+        rate_m, lat_m = core.margins_within(
+            units, rows, s, discordance=traffic.discordance, turns=round(traffic.turns)
+        )
         result.rate_margin_in_budget = rate_m
-        result.latency_margin_in_budget = lat_m if math.isfinite(lat_m) else None
+        result.latency_margin_in_budget = lat_m
     return result
 
 
@@ -245,20 +324,25 @@ def render_text(plan: Plan) -> str:
     from evaluators.judge.verdict import fmt_duration
 
     unit = plan.unit + "s"
-    lines = [
+    head = (
         f"canary plan: {plan.rate_rps:g} req/s × {plan.sample_rate:g} sampled = "
-        f"{plan.pairs_per_s:.3g} pairs/s; unit of independence: {plan.unit}"
-        + (f" ({plan.turns:g} pairs each)" if plan.turns > 1 else "")
+        if plan.source == "noise model"
+        else f"canary plan ({plan.source}): "
+    )
+    lines = [
+        head
+        + f"{plan.pairs_per_s:.3g} pairs/s; unit of independence: {plan.unit}"
+        + (f" ({plan.turns:.3g} pairs each)" if plan.turns > 1 else "")
         + f"; α = {plan.alpha:g} one-sided",
         "",
-        f"{'test':<28} {'margin':>9} {unit:>9} {'pairs':>9} {'time':>10}",
-        f"{'-' * 28} {'-' * 9} {'-' * 9} {'-' * 9} {'-' * 10}",
+        f"{'test':<34} {'margin':>9} {unit:>9} {'pairs':>9} {'time':>10}",
+        f"{'-' * 34} {'-' * 9} {'-' * 9} {'-' * 9} {'-' * 10}",
     ]
     for r in plan.needs:
         units = "out of reach" if r.units is None else f"{r.units:,}"
         pairs = "" if r.pairs is None else f"{r.pairs:,}"
         secs = "" if r.seconds is None else fmt_duration(r.seconds)
-        lines.append(f"{r.metric:<28} {r.margin:>9} {units:>9} {pairs:>9} {secs:>10}")
+        lines.append(f"{r.metric:<34} {r.margin:>9} {units:>9} {pairs:>9} {secs:>10}")
     lines.append("")
     if plan.seconds_to_decide is None:
         lines.append(f"dominates: {plan.dominant} (not within reach: loosen its margin)")
@@ -267,36 +351,80 @@ def render_text(plan: Plan) -> str:
             f"dominates: {plan.dominant}; a clean candidate can be promoted after about "
             f"{fmt_duration(plan.seconds_to_decide)}"
         )
-    if plan.budget_s is not None:
-        from evaluators.judge.verdict import fmt_duration as fd
-
+    if plan.rate_margin_in_budget is not None or plan.latency_margin_in_budget is not None:
         rate_m = plan.rate_margin_in_budget
         lat_m = plan.latency_margin_in_budget
+        within = (
+            fmt_duration(plan.budget_s)
+            if plan.budget_s is not None
+            else f"{plan.horizon_units:,} {unit}"
+        )
         lines.append(
-            f"within {fd(plan.budget_s)}: a failure-rate margin down to "
+            f"within {within}: a failure-rate margin down to "
             + ("none (too few units)" if rate_m is None else f"+{rate_m * 100:.2g} pp")
             + ", a latency margin down to "
             + ("none" if lat_m is None else f"×{lat_m:.4g}")
         )
+    lines.append(
+        f"horizon: {plan.horizon_units:,} {unit}; register the candidate with "
+        f'verdict {{"horizon_units": {plan.horizon_units}}} so its intervals are tuned to it'
+    )
     lines.append("floors: a rate within δ needs ≥ log(1/α)/(0.8 δ) units even with no")
     lines.append("discordant unit (≈3.7/δ at α = 0.05), more with background failures; add")
     lines.append("the session idle gap for the last sessions to close.")
     return "\n".join(lines) + "\n"
 
 
+async def _measured(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(the candidate's report over its pairs so far, its verdict settings)."""
+    from evaluators.pairs import load as store
+    from evaluators.report.build import evaluate
+    from gateway.cli.commands.report import _settings as report_settings
+    from gateway.cli.commands.report import parse_time
+    from storage.engine import ensure_schema, make_engine
+
+    ns = argparse.Namespace(db=args.db, config=args.config, strict=args.strict)
+    url, settings = report_settings(ns)
+    engine = make_engine(url)
+    try:
+        await ensure_schema(engine, url, auto_upgrade_empty_sqlite=False)
+        cand, _, _ = await store.load_endpoints(engine, args.candidate)
+        try:
+            s = settings.with_overrides(cand.verdict)
+            since = parse_time(args.since) if args.since else None
+            report = await evaluate(engine, args.candidate, since=since, settings=settings)
+        except ValueError as exc:
+            raise UsageError(f"candidate {args.candidate!r}: verdict overrides: {exc}") from exc
+    finally:
+        await engine.dispose()
+    return report, s
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
+
+    from domain.errors import SchemaBehind, StorageError, StorageUnavailable
 
     _check(args)
     if args.budget:
         parse_duration(args.budget)  # fail fast, before a probe of the gateway
     _settings(args)
-    rate = (
-        args.rate
-        if args.rate is not None
-        else asyncio.run(measure_rate(args.gateway, args.probe_s))
-    )
-    result = build_plan(args, rate)
+    measured = None
+    if args.candidate is not None:
+        try:
+            measured = asyncio.run(_measured(args))
+        except LookupError as exc:
+            raise UsageError(f"{exc}; `canary candidates list` shows the names") from exc
+        except SchemaBehind as exc:
+            raise UsageError(str(exc)) from exc
+        except (StorageError, OSError) as exc:
+            raise StorageUnavailable(str(exc)) from exc
+        rate = 1.0
+    elif args.rate is not None:
+        rate = args.rate
+    else:
+        rate = asyncio.run(measure_rate(args.gateway, args.probe_s))
+    result = build_plan(args, rate, measured)
     if args.format == "json":
         sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
     else:

@@ -66,6 +66,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="probability that an answer diverges from the baseline's (0..1)",
     )
     parser.add_argument(
+        "--logprob-shift",
+        type=float,
+        default=None,
+        metavar="NATS",
+        help="lower every prompt token's logprob by NATS when scoring (quantized: 0.1)",
+    )
+    parser.add_argument(
         "--model",
         action="append",
         dest="models",
@@ -83,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["time_scale"] = args.time_scale
     if args.divergence is not None:
         overrides["divergence"] = args.divergence
+    if args.logprob_shift is not None:
+        overrides["logprob_shift"] = args.logprob_shift
     if args.models:
         overrides["served_model_names"] = tuple(args.models)
     if not 0 <= args.port <= 65535:

@@ -19,6 +19,7 @@ from domain import errors as se
 from domain.endpoint import PATTERN_REASONS
 from domain.errors import CanaryError
 from gateway.control.admin import schema as s
+from gateway.control.admin.ui import is_public
 from storage.sql import is_transient
 
 log = logging.getLogger("canary.admin")
@@ -104,7 +105,8 @@ def boundary(enabled: bool, authenticate: Callable[[web.Request], str]) -> Any:
         try:
             if not enabled:
                 raise ApiError(404, "not_found", "admin API is disabled (no admin token set)")
-            if request.match_info.route.name != "openapi":
+            name = request.match_info.route.name
+            if name != "openapi" and not is_public(name):  # the page's files hold no data
                 request[ACTOR] = authenticate(request)
             return await handler(request)
         except web.HTTPException as exc:
@@ -161,6 +163,24 @@ async def decode(request: web.Request, type_: type[T], *, optional: bool = False
     try:
         return msgspec.json.decode(raw, type=type_)
     except msgspec.ValidationError as exc:
-        raise validation_error(exc) from None
+        if "got `float`" not in str(exc):
+            raise validation_error(exc) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from None
+    # JSON has one number type: `3.0` is the integer 3 (JSON Schema's `integer`, which the
+    # OpenAPI document speaks, says so too; schemathesis found `12437.0` refused).
+    try:
+        return msgspec.convert(_integral(msgspec.json.decode(raw)), type_)
+    except msgspec.ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def _integral(value: Any) -> Any:
+    """`value` with every finite float that has no fractional part as an int."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value

@@ -28,6 +28,7 @@ from domain.endpoint import CandidatePatch, Endpoint
 from domain.records import PromotionRecord
 from gateway.config import GatewayConfig, check_http_url, credential_env_refusal
 from gateway.control.admin import schema as s
+from gateway.control.admin import ui
 from gateway.control.admin.auth import INSECURE_ACTOR, TokenChecker, admin_mode, is_loopback
 from gateway.control.admin.boundary import (
     ACTOR,
@@ -377,7 +378,7 @@ def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> w
     async def openapi_json(_request: web.Request) -> web.Response:
         async with building:
             if not openapi:
-                doc = await asyncio.to_thread(openapi_document)
+                doc = await asyncio.to_thread(openapi_document, settings)
                 openapi.append(msgspec.json.encode(doc))
         return web.Response(body=openapi[0], content_type="application/json")
 
@@ -394,4 +395,5 @@ def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> w
     r.add_post("/rollback", rollback)
     r.add_get("/status", status)
     r.add_get("/openapi.json", openapi_json, name="openapi")
+    ui.add_routes(r)  # the live page: static files that call the routes above
     return app

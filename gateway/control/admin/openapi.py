@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from domain.endpoint import NAME_PATTERN, CandidatePatch
+from gateway.config import GatewayConfig, settings_variables
 from gateway.control.admin.schema import (
     CandidateCreate,
     CandidateDetail,
@@ -100,17 +101,48 @@ def _final(op: dict[str, Any]) -> dict[str, Any]:
     return op
 
 
-def openapi_document() -> dict[str, Any]:
-    """The OpenAPI 3.1 description of the admin API (served at `/admin/openapi.json`)."""
+def _narrow_credentials_env(components: dict[str, Any], settings: GatewayConfig) -> None:
+    """`credentials_env` as this gateway's policy accepts it (the prefix, the allow-list, never
+    a variable of the gateway's own settings), so that what the document calls valid the
+    handler does not refuse (found by schemathesis: a schema-valid name answered 422)."""
+    prefix = settings.candidate_credentials_prefix
+    options = [f"{prefix}[A-Z0-9_]{{1,{128 - len(prefix)}}}"] if prefix else []
+    options += sorted(settings.candidate_credentials_allow)
+    # The gateway's own settings variables are refused even when they carry the prefix.
+    refused = sorted(v for v in settings_variables() if prefix and v.startswith(prefix))
+    for body in ("CandidateCreate", "CandidatePatch"):
+        branches = components[body]["properties"]["credentials_env"]["anyOf"]
+        text = next(b for b in branches if b.get("type") == "string")
+        if not options:  # neither a prefix nor an allow-list: no name is accepted
+            branches.remove(text)
+            continue
+        text["pattern"] = "^(?:" + "|".join(options) + ")$"
+        if refused:
+            text["not"] = {"enum": refused}
+
+
+def openapi_document(settings: GatewayConfig | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 description of the admin API (served at `/admin/openapi.json`), with
+    `settings`' credential policy when given."""
     from evaluators.judge.settings import VerdictSettings
     from evaluators.report.model import Report
 
     _, components = msgspec.json.schema_components((*_COMPONENTS, Report), ref_template=_REF)
-    # The names a verdict override may use; their values' rules (ranges, delta <= critical)
-    # are VerdictSettings.validate's and are checked by the handler (422 on failure).
+    # The names a verdict override may use and each value's type (a whole number where the
+    # setting is one: schemathesis found 1.5 for `min_pairs` "valid"); their ranges and
+    # relations (delta <= critical) are VerdictSettings.validate's, checked by the handler
+    # (422 naming `verdict`): JSON Schema cannot relate two values.
+    _, settings_schema = msgspec.json.schema_components((VerdictSettings,), ref_template=_REF)
+    per_key = settings_schema["VerdictSettings"]["properties"]
     for body in ("CandidateCreate", "CandidatePatch"):
         verdict = components[body]["properties"]["verdict"]
-        verdict["propertyNames"] = {"enum": sorted(VerdictSettings.__struct_fields__)}
+        verdict.pop("additionalProperties", None)
+        verdict["properties"] = {
+            name: {"type": per_key[name]["type"]} for name in VerdictSettings.__struct_fields__
+        }
+        verdict["additionalProperties"] = False
+    if settings is not None:
+        _narrow_credentials_env(components, settings)
     report = _json(_ref("Report"), "The report")
     gate_args = (
         "Rollout gate: 200 promote, 412 reject, 425 hold (body: the report). POST accepts "

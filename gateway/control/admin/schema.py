@@ -59,6 +59,16 @@ class Counters(msgspec.Struct, kw_only=True):
     observed_error: int = 0
     timed_out: int = 0
     dropped_on_stop: int = 0  # included in dropped_overflow
+    # Scoring copies asked of this endpoint (domain.accounting.SCORE_IDENTITY_FIELDS):
+    # score_sampled = score_dropped + score_sent + score_pending and
+    # score_sent = score_ok + score_unsupported + score_failed.
+    score_sampled: int = 0
+    score_dropped: int = 0
+    score_sent: int = 0
+    score_pending: int = 0
+    score_ok: int = 0
+    score_unsupported: int = 0
+    score_failed: int = 0
 
 
 class BufferFill(msgspec.Struct, kw_only=True):

@@ -1,0 +1,157 @@
+"""Instructions per proxied request under valgrind's callgrind: the contention-proof comparison.
+
+    .venv/bin/python bench/instructions.py [--requests 1000] [--before-root DIR]
+
+On a shared machine CPU time per request moves with the neighbours (cache misses, fewer requests
+per wake-up); instruction counts do not. Each proxy runs alone under `valgrind --tool=callgrind`
+in front of nginx `return 200`: the bare gateway app (`gateway.server.app.start_gateway`: proxy,
+meter, connection guards; no mirror or storage, whose timers would dominate a slowed-down run),
+the same from `--before-root` (e.g. a `git archive` of an earlier commit), the minimal aiohttp
+pass-through of bench/overhead.py, and with `--guards-off` this tree with the connection guards'
+per-read and per-connection hooks replaced by aiohttp's own (what the guards cost). A client
+warms each up with 200 requests, the counters are zeroed (`callgrind_control -z`), then it sends
+exactly `--requests` requests over 8 keep-alive connections and the counters are dumped:
+instructions / requests. It prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import (  # a sibling script, found through sys.path above
+    JSON_BODY,
+    NGINX_CONF,
+    PASSTHROUGH,
+    ROOT,
+    Procs,
+    free_port,
+    wait_port,
+)
+
+PY = sys.executable
+BARE_GATEWAY = """
+import asyncio, sys, uvloop
+from aiohttp.web_protocol import RequestHandler
+from gateway.config import GatewayConfig
+from gateway.server import connections
+from gateway.server.app import start_gateway
+if sys.argv[3:] == ["guards-off"]:  # aiohttp's own per-read and per-connection code only
+    connections._Handler.data_received = RequestHandler.data_received
+    connections._Handler.connection_lost = RequestHandler.connection_lost
+    connections.GuardedServer.connection_made = connections.Server.connection_made
+    connections.GuardedServer.connection_lost = connections.Server.connection_lost
+async def main():
+    cfg = GatewayConfig(listen="127.0.0.1:" + sys.argv[1], live_url=sys.argv[2])
+    gw = await start_gateway(cfg)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await gw.close()
+uvloop.run(main())
+"""
+
+
+async def _send(url: str, n: int, conns: int = 8) -> None:
+    import aiohttp
+
+    left = n
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conns)) as http:
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with http.get(url) as resp:
+                    await resp.read()
+                    assert resp.status == 200, resp.status
+
+        await asyncio.gather(*(worker() for _ in range(conns)))
+
+
+def measure(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra: str) -> float:
+    port = free_port()
+    out = tmp / f"callgrind.{port}"
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", PY, str(script),
+         str(port), up, *extra],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_port(port, timeout=600)
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        asyncio.run(_send(url, 200))
+        subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
+        asyncio.run(_send(url, requests))
+        subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
+        time.sleep(1)
+        dumps = sorted(tmp.glob(f"callgrind.{port}.{proc.pid}*"), key=lambda p: p.stat().st_mtime)
+        text = dumps[-1].read_text(errors="replace")
+        total = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
+        assert total is not None, "no totals in the callgrind dump"
+        return int(total.group(1)) / requests
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--before-root", type=Path)
+    ap.add_argument(
+        "--guards-off", action="store_true",
+        help="also this tree with the connection guards' per-read and per-connection code off",
+    )  # fmt: skip
+    args = ap.parse_args()
+    for tool in ("valgrind", "callgrind_control", "nginx"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is missing: apt-get install -y valgrind nginx")
+    tmp = Path(tempfile.mkdtemp(prefix="canary-instr-"))
+    procs = Procs()
+    try:
+        up, np_fixed, np_sim, sim = (free_port() for _ in range(4))
+        conf = tmp / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(tmp=tmp, sim=sim, up=up, proxy_fixed=np_fixed,
+                                          proxy_sim=np_sim, body=JSON_BODY))  # fmt: skip
+        procs.start("nginx", "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "err.log"),
+                    "-g", "daemon off;", port=up)  # fmt: skip
+        live = f"http://127.0.0.1:{up}"
+        gw_script, pt_script = tmp / "bare_gateway.py", tmp / "passthrough.py"
+        gw_script.write_text(BARE_GATEWAY)
+        pt_script.write_text(PASSTHROUGH)
+        rows = {"canary-gateway proxy (this tree)": measure(gw_script, ROOT, live, args.requests,
+                                                            tmp)}  # fmt: skip
+        if args.before_root is not None:
+            root = args.before_root.resolve()
+            rows["canary-gateway proxy (before)"] = measure(gw_script, root, live, args.requests,
+                                                            tmp)  # fmt: skip
+        if args.guards_off:
+            rows["canary-gateway proxy (this tree, guards off)"] = measure(
+                gw_script, ROOT, live, args.requests, tmp, "guards-off"
+            )
+        rows["minimal aiohttp pass-through"] = measure(pt_script, ROOT, live, args.requests, tmp)
+    finally:
+        procs.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    base = rows["minimal aiohttp pass-through"]
+    print(f"Machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (instruction "
+          f"counts do not depend on it); {args.requests} requests per proxy\n")  # fmt: skip
+    print("| proxy | instructions / request | vs pass-through |\n|---|---:|---:|")
+    for name, n in rows.items():
+        print(f"| {name} | {n / 1e3:,.1f}K | {n / base:.3f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

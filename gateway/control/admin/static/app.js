@@ -1,0 +1,522 @@
+// The live page of canary-gateway's admin API: a client of the JSON API and nothing more.
+// It reads what the report path computes (GET /admin/candidates, /admin/status, one
+// candidate's /report) and draws it; promote and rollback go through the API, which gates
+// them and writes the audit log. The token lives in this tab's sessionStorage and leaves only
+// as an Authorization header.
+"use strict";
+
+const API = new URL("..", location.href).pathname.replace(/\/$/, ""); // "/admin"
+const TOKEN_KEY = "canary-admin-token";
+const LIST_MS = 5000; // the candidate list (cheap: the registry and the rate controller)
+const LIST_REPORT_MS = 20000; // each candidate's report on the list, one at a time
+const DETAIL_MS = 3000; // the open candidate's report
+const REPORT_COST = 5; // wait at least this many times as long as the last report took
+const MAX_BACKOFF_MS = 60000; // after errors, waits double up to this
+const SVG_NS = "http://www.w3.org/2000/svg";
+const GATING = new Set(["critical", "guardrail", "goal"]);
+const ROLE = { critical: "critical", guardrail: "guardrail", goal: "goal", diagnostic: "diagnostic" };
+
+const state = {
+  view: null, // "list" | "detail"
+  name: null, // the open candidate
+  timer: null,
+  failures: 0,
+  generation: 0, // bumped on every navigation: answers for an older view are dropped
+  reports: new Map(), // name -> {report, at} (the list's last look at each candidate)
+  listTurn: 0,
+  verdicts: new Map(), // name -> last verdict shown (the list and the detail agree)
+  confirmAction: null,
+};
+
+// --- small helpers ----------------------------------------------------------------------------
+
+function $(id) {
+  return document.getElementById(id);
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : String(c ?? ""));
+  return node;
+}
+
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function num(v) {
+  return typeof v === "number" && Number.isFinite(v) ? v : null;
+}
+
+function fmt(v, digits = 3) {
+  const x = num(v);
+  if (x === null) return "–";
+  if (Number.isInteger(x) && Math.abs(x) < 1e6) return x.toLocaleString("en");
+  return Number(x.toPrecision(digits)).toString();
+}
+
+function pct(v) {
+  const x = num(v);
+  return x === null ? "–" : `${(100 * x).toFixed(1)} %`;
+}
+
+function secs(v) {
+  const x = num(v);
+  if (x === null) return "–";
+  return x < 1 ? `${(1000 * x).toFixed(1)} ms` : `${x.toFixed(2)} s`;
+}
+
+function duration(v) {
+  const x = num(v);
+  if (x === null) return "–";
+  if (x < 90) return `≈${Math.round(x)} s`;
+  if (x < 5400) return `≈${Math.round(x / 60)} min`;
+  if (x < 172800) return `≈${(x / 3600).toFixed(1)} h`;
+  return `≈${(x / 86400).toFixed(1)} d`;
+}
+
+function fill(tbody, rows) {
+  tbody.replaceChildren(...rows);
+}
+
+function row(cells, attrs) {
+  return el("tr", attrs, ...cells.map((c) => (c instanceof Node && c.tagName === "TD" ? c : el("td", {}, c))));
+}
+
+// --- the API ----------------------------------------------------------------------------------
+
+class Unauthorized extends Error {}
+
+async function api(method, path, body) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (!token) throw new Unauthorized("no token");
+  const init = {
+    method,
+    headers: { Authorization: `Bearer ${token}`, Accept: "application/json" },
+    cache: "no-store",
+    credentials: "omit",
+    referrerPolicy: "no-referrer",
+  };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const resp = await fetch(API + path, init);
+  const data = resp.headers.get("Content-Type")?.includes("json") ? await resp.json() : null;
+  if (resp.status === 401) throw new Unauthorized(data?.error?.message || "token refused");
+  return { status: resp.status, data };
+}
+
+function apiError(res) {
+  return res.data?.error?.message || `HTTP ${res.status}`;
+}
+
+// --- token ------------------------------------------------------------------------------------
+
+function showLogin(message) {
+  stopPolling();
+  sessionStorage.removeItem(TOKEN_KEY);
+  for (const id of ["list-view", "detail-view"]) $(id).hidden = true;
+  $("forget").hidden = true;
+  $("live").textContent = "";
+  $("updated").textContent = "";
+  $("login").hidden = false;
+  $("login-error").textContent = message || "";
+  $("token").focus();
+}
+
+async function login() {
+  const token = $("token").value.trim();
+  if (!token) return;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  $("token").value = "";
+  try {
+    const res = await api("GET", "/status");
+    if (res.status !== 200) {
+      showLogin(apiError(res));
+      return;
+    }
+  } catch (err) {
+    showLogin(err instanceof Unauthorized ? "The admin API refused this token." : String(err));
+    return;
+  }
+  $("login").hidden = true;
+  $("forget").hidden = false;
+  route();
+}
+
+// --- polling ----------------------------------------------------------------------------------
+
+function stopPolling() {
+  clearTimeout(state.timer);
+  state.timer = null;
+}
+
+function schedule(ms) {
+  stopPolling();
+  if (document.hidden) return; // resumed by visibilitychange
+  state.timer = setTimeout(tick, ms);
+}
+
+async function tick() {
+  const generation = state.generation;
+  const started = performance.now();
+  let next;
+  try {
+    next = state.view === "detail" ? await pollDetail(generation) : await pollList(generation);
+    state.failures = 0;
+    $("updated").textContent = `updated ${new Date().toLocaleTimeString("en-GB")}`;
+  } catch (err) {
+    if (err instanceof Unauthorized) {
+      showLogin("The admin API refused the token (401). Type it again.");
+      return;
+    }
+    state.failures += 1;
+    $("updated").textContent = `update failed: ${err.message || err}; retrying`;
+    next = Math.min(MAX_BACKOFF_MS, DETAIL_MS * 2 ** state.failures);
+  }
+  if (generation !== state.generation) return; // navigated meanwhile: route() rescheduled
+  const took = performance.now() - started;
+  schedule(Math.max(next, REPORT_COST * took));
+}
+
+document.addEventListener("visibilitychange", () => {
+  if (document.hidden) stopPolling();
+  else if (sessionStorage.getItem(TOKEN_KEY) && state.view) schedule(0);
+});
+
+// --- the list ---------------------------------------------------------------------------------
+
+async function pollList(generation) {
+  const [list, status] = await Promise.all([api("GET", "/candidates"), api("GET", "/status")]);
+  if (list.status !== 200) throw new Error(apiError(list));
+  if (generation !== state.generation) return LIST_MS;
+  if (status.status === 200) showStatus(status.data);
+  const candidates = list.data.candidates.filter((c) => c.role !== "retired");
+  renderList(candidates, list.data.rates || {});
+  // One report per tick, the one looked at longest ago, none fresher than LIST_REPORT_MS.
+  const now = Date.now();
+  const stale = candidates
+    .filter((c) => c.state === "active" || !state.reports.has(c.name))
+    .filter((c) => now - (state.reports.get(c.name)?.at || 0) >= LIST_REPORT_MS)
+    .sort((a, b) => (state.reports.get(a.name)?.at || 0) - (state.reports.get(b.name)?.at || 0));
+  if (stale.length) {
+    const name = stale[0].name;
+    const res = await api("GET", `/candidates/${encodeURIComponent(name)}/report`);
+    if (res.status === 200 && generation === state.generation) {
+      state.reports.set(name, { report: res.data, at: Date.now() });
+      renderList(candidates, list.data.rates || {});
+    }
+  }
+  return LIST_MS;
+}
+
+function showStatus(status) {
+  $("live").textContent = `live: ${status.live.name}`;
+  const last = status.last_promotion;
+  $("last-promotion").textContent = last
+    ? `last change: ${last.action} ${last.from_endpoint ?? "–"} → ${last.to_endpoint} by ${last.actor}` +
+      ` at ${new Date(last.at * 1000).toLocaleString("en-GB")}${last.forced ? " (forced)" : ""}`
+    : "no promotion yet";
+}
+
+function verdictBadge(verdict, id) {
+  const attrs = { class: `verdict ${verdict || ""}`, "data-verdict": verdict || "" };
+  if (id) attrs.id = id;
+  return el("span", attrs, verdict || "…");
+}
+
+function renderList(candidates, rates) {
+  $("list-empty").hidden = candidates.length > 0;
+  const rows = candidates.map((c) => {
+    const r = state.reports.get(c.name)?.report;
+    const acc = r?.accounting || {};
+    const rate = rates[c.name] || {};
+    const dropped = (acc.dropped_overflow || 0) + (acc.dropped_oversize || 0);
+    const link = el("a", { href: `#/c/${encodeURIComponent(c.name)}` }, c.name);
+    return row(
+      [
+        link,
+        c.kind || "–",
+        c.state,
+        el("td", {}, verdictBadge(r?.verdict)),
+        r ? fmt(r.pairs.n) : "…",
+        r ? pct(r.pairs.coverage) : "…",
+        r ? `${fmt(acc.sampled)} / ${fmt((acc.observed_ok || 0) + (acc.observed_error || 0))} / ${fmt(dropped)} / ${fmt(acc.shed_overload)}` : "…",
+        rate.effective_sample_rate != null
+          ? `${pct(rate.effective_sample_rate)} (max ${pct(c.sample_rate)})`
+          : pct(c.sample_rate),
+        `${c.target_rps != null ? fmt(c.target_rps) : "–"} / ${fmt(rate.realized_copies_per_second)}`,
+      ],
+      { "data-candidate": c.name },
+    );
+  });
+  fill($("candidates").tBodies[0], rows);
+}
+
+// --- one candidate ----------------------------------------------------------------------------
+
+async function pollDetail(generation) {
+  const name = state.name;
+  const res = await api("GET", `/candidates/${encodeURIComponent(name)}/report`);
+  if (generation !== state.generation) return DETAIL_MS;
+  if (res.status === 404) {
+    $("d-summary").textContent = `${name}: ${apiError(res)}`;
+    return LIST_MS;
+  }
+  if (res.status !== 200) throw new Error(apiError(res));
+  state.reports.set(name, { report: res.data, at: Date.now() });
+  renderDetail(res.data);
+  return DETAIL_MS;
+}
+
+function renderDetail(r) {
+  $("d-name").textContent = r.candidate;
+  $("d-verdict").replaceWith(verdictBadge(r.verdict, "d-verdict"));
+  const p = r.pairs;
+  const head = r.reasons.find((x) => x.metric === "verdict");
+  $("d-summary").textContent =
+    `${head ? head.reason : r.verdict} · kind ${r.kind || "–"} · ${fmt(p.n)} pairs ` +
+    `(${fmt(p.used_latency)} usable, ${fmt(p.sessions)} sessions) against ${p.reference}` +
+    ` · coverage ${pct(p.coverage)} · report built ${new Date(r.generated_at * 1000).toLocaleTimeString("en-GB")}`;
+  fill(
+    $("d-gates").tBodies[0],
+    r.reasons
+      .filter((x) => x.metric !== "verdict")
+      .map((x) => row([x.metric, el("td", { class: `status-${x.status}` }, x.status), x.reason])),
+  );
+  const metrics = Object.values(r.metrics);
+  const gating = metrics.filter((m) => GATING.has(m.role));
+  $("d-plots").replaceChildren(...gating.map(plotCard));
+  const undecided = gating.filter((m) => m.status === "undecided" && m.more_pairs);
+  $("d-todecide-none").hidden = undecided.length > 0;
+  fill(
+    $("d-todecide").tBodies[0],
+    undecided.map((m) => row([m.label, fmt(m.more_pairs), duration(m.eta_s)])),
+  );
+  fill(
+    $("d-metrics").tBodies[0],
+    metrics.map((m) =>
+      row([
+        m.label,
+        ROLE[m.role] || m.role,
+        m.status === "insufficient" ? "–" : fmt(m.estimate),
+        num(m.ci_low) === null ? "–" : `[${fmt(m.ci_low)}, ${fmt(m.ci_high)}]`,
+        m.margin == null ? "–" : fmt(m.margin),
+        fmt(m.n),
+        el("td", { class: `status-${m.status}` }, m.status),
+      ]),
+    ),
+  );
+  fill(
+    $("d-turns").tBodies[0],
+    r.ttft_by_turn.map((t) =>
+      row([
+        t.turn,
+        fmt(t.n),
+        secs(t.median_candidate_s),
+        secs(t.median_reference_s),
+        fmt(t.ratio),
+        num(t.ci_low) === null ? "–" : `[${fmt(t.ci_low)}, ${fmt(t.ci_high)}]`,
+        pct(t.cached_fraction_candidate),
+      ]),
+    ),
+  );
+  fill(
+    $("d-accounting").tBodies[0],
+    Object.entries(r.accounting).map(([k, v]) => row([k, fmt(v)])),
+  );
+  $("d-caveats").replaceChildren(...r.caveats.map((c) => el("li", {}, c)));
+}
+
+// The horizontal references of a metric's plot: its margins, its goal and no change (as the
+// HTML report draws them).
+function referenceLines(m) {
+  const out = [["no change", m.scale === "ratio" ? 1 : 0]];
+  if (num(m.goal) !== null) out.push(["goal", m.goal]);
+  for (const [label, value] of [["margin", m.margin], ["critical", m.critical_margin]]) {
+    if (num(value) === null) continue;
+    if (m.harm === "higher" || m.harm === "both") out.push([label, value]);
+    if (m.harm === "lower" || m.harm === "both")
+      out.push([`${label} (low)`, m.scale === "ratio" ? 1 / value : -value]);
+  }
+  return out;
+}
+
+function plotCard(m) {
+  const card = el("div", { class: "plot", "data-metric": m.name });
+  card.append(trajectoryChart(`${m.label}: interval against pairs`, m.trajectory || [], referenceLines(m)));
+  card.append(el("p", { class: `status-${m.status}` }, m.reason || m.status));
+  return card;
+}
+
+const W = 560;
+const H = 260;
+const PAD = { l: 56, r: 16, t: 28, b: 40 };
+const LINE_COLORS = ["#2b8a3e", "#862e9c", "#e67700", "#1c7ed6"];
+
+function ticks(lo, hi) {
+  const span = Math.max(hi - lo, 1e-12);
+  const base = 10 ** Math.floor(Math.log10(span / 5));
+  const step = [1, 2, 5, 10].map((m) => base * m).find((s) => span / s <= 6);
+  const out = [];
+  for (let t = Math.ceil(lo / step) * step; t <= hi + 1e-12; t += step) out.push(t);
+  return out;
+}
+
+function trajectoryChart(title, points, lines) {
+  const root = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title });
+  const pts = points
+    .filter((p) => num(p[1]) !== null && num(p[2]) !== null)
+    .map((p) => [num(p[0]) || 0, p[1], p[2]]);
+  root.append(svg("text", { x: W / 2, y: 16, "text-anchor": "middle", class: "t" }, pts.length < 2 ? `${title} (too few looks)` : title));
+  if (pts.length < 2) return root;
+  const values = pts.flatMap((p) => [p[1], p[2]]).concat(lines.map((l) => l[1]));
+  const last = pts[pts.length - 1];
+  const ref = lines.map((l) => l[1]).concat([last[1], last[2]]);
+  const spread = Math.max(...ref) - Math.min(...ref) || Math.abs(ref[0]) || 1;
+  const yLo = Math.max(Math.min(...values), Math.min(...ref) - 3 * spread);
+  const yHi = Math.min(Math.max(...values), Math.max(...ref) + 3 * spread);
+  const [xLo, xHi] = [pts[0][0], last[0]];
+  const sx = (v) => PAD.l + ((xHi > xLo ? (v - xLo) / (xHi - xLo) : 0.5) * (W - PAD.l - PAD.r));
+  const sy = (v) => H - PAD.b - (yHi > yLo ? (Math.min(Math.max(v, yLo), yHi) - yLo) / (yHi - yLo) : 0.5) * (H - PAD.t - PAD.b);
+  root.append(
+    svg("line", { x1: PAD.l, y1: H - PAD.b, x2: W - PAD.r, y2: H - PAD.b, class: "a" }),
+    svg("line", { x1: PAD.l, y1: PAD.t, x2: PAD.l, y2: H - PAD.b, class: "a" }),
+    svg("text", { x: (PAD.l + W - PAD.r) / 2, y: H - 6, "text-anchor": "middle" }, "pairs"),
+    svg("text", { x: 12, y: (PAD.t + H - PAD.b) / 2, "text-anchor": "middle", transform: `rotate(-90 12 ${(PAD.t + H - PAD.b) / 2})` }, "always-valid interval"),
+  );
+  for (const t of ticks(xLo, xHi)) {
+    root.append(svg("text", { x: sx(t).toFixed(1), y: H - PAD.b + 14, "text-anchor": "middle" }, fmt(t)));
+  }
+  for (const t of ticks(yLo, yHi)) {
+    root.append(svg("text", { x: PAD.l - 4, y: (sy(t) + 4).toFixed(1), "text-anchor": "end" }, fmt(t)));
+  }
+  const band = pts.map(([x, , hi]) => `${sx(x).toFixed(1)},${sy(hi).toFixed(1)}`)
+    .concat(pts.slice().reverse().map(([x, lo]) => `${sx(x).toFixed(1)},${sy(lo).toFixed(1)}`));
+  root.append(svg("polygon", { points: band.join(" "), class: "band" }));
+  root.append(svg("line", { x1: sx(last[0]), y1: sy(last[1]), x2: sx(last[0]), y2: sy(last[2]), class: "now" }));
+  lines.forEach(([label, value], i) => {
+    if (value < yLo || value > yHi) return;
+    const y = sy(value);
+    const color = LINE_COLORS[i % LINE_COLORS.length];
+    root.append(
+      svg("line", { x1: PAD.l, y1: y.toFixed(1), x2: W - PAD.r, y2: y.toFixed(1), stroke: color, "stroke-dasharray": "5 3" }),
+      svg("text", { x: W - PAD.r - 2, y: (y - 3).toFixed(1), "text-anchor": "end" }, label),
+    );
+  });
+  return root;
+}
+
+// --- promote and rollback ---------------------------------------------------------------------
+
+function openConfirm({ title, text, force, action }) {
+  $("c-title").textContent = title;
+  $("c-text").textContent = text;
+  $("c-force-row").hidden = !force;
+  $("c-force").checked = false;
+  $("c-reason").value = "";
+  $("c-error").textContent = "";
+  state.confirmAction = action;
+  $("confirm").showModal();
+}
+
+async function confirmed() {
+  const reason = $("c-reason").value.trim();
+  const force = !$("c-force-row").hidden && $("c-force").checked;
+  const res = await state.confirmAction({ reason, force });
+  if (res.ok) $("confirm").close();
+  else $("c-error").textContent = res.message;
+}
+
+function promoteDialog() {
+  const name = state.name;
+  const r = state.reports.get(name)?.report;
+  const verdict = r?.verdict || "unknown";
+  const allowed = verdict === "promote";
+  openConfirm({
+    title: `Promote ${name}?`,
+    text: allowed
+      ? `The verdict is promote. ${name} becomes the live endpoint for all production traffic; the current live endpoint is kept for rollback.`
+      : `The verdict is ${verdict}, not promote: the API refuses unless you force it, with a reason for the audit log.`,
+    force: !allowed,
+    action: async ({ reason, force }) => {
+      if (force && !reason) return { ok: false, message: "A forced promote needs a reason." };
+      const res = await api("POST", `/candidates/${encodeURIComponent(name)}/promote`, { reason, force });
+      if (res.status !== 200) return { ok: false, message: apiError(res) };
+      location.hash = "#/";
+      $("list-message").textContent = `${name} is live (promotion #${res.data.promotion.id}, verdict ${res.data.promotion.verdict ?? "none"}).`;
+      return { ok: true };
+    },
+  });
+}
+
+function rollbackDialog() {
+  openConfirm({
+    title: "Roll back?",
+    text: "The previous live endpoint becomes live again for all production traffic.",
+    force: false,
+    action: async ({ reason }) => {
+      const res = await api("POST", "/rollback", { reason });
+      if (res.status !== 200) return { ok: false, message: apiError(res) };
+      $("list-message").textContent = `Rolled back: ${res.data.live.name} is live (promotion #${res.data.promotion.id}).`;
+      schedule(0);
+      return { ok: true };
+    },
+  });
+}
+
+// --- navigation -------------------------------------------------------------------------------
+
+function route() {
+  if (!sessionStorage.getItem(TOKEN_KEY)) {
+    showLogin("");
+    return;
+  }
+  state.generation += 1;
+  const match = location.hash.match(/^#\/c\/(.+)$/);
+  state.view = match ? "detail" : "list";
+  state.name = match ? decodeURIComponent(match[1]) : null;
+  $("list-view").hidden = state.view !== "list";
+  $("detail-view").hidden = state.view !== "detail";
+  if (state.view === "detail") {
+    $("d-message").textContent = "";
+    const cached = state.reports.get(state.name)?.report;
+    if (cached) renderDetail(cached);
+    else $("d-name").textContent = state.name;
+  }
+  schedule(0);
+}
+
+function guard(fn) {
+  return (...args) =>
+    fn(...args).catch((err) => {
+      if (err instanceof Unauthorized) showLogin("The admin API refused the token (401). Type it again.");
+      else $("c-error").textContent = String(err.message || err);
+    });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login-go").addEventListener("click", guard(login));
+  $("token").addEventListener("keydown", (e) => {
+    if (e.key === "Enter") guard(login)();
+  });
+  $("forget").addEventListener("click", () => showLogin("Token forgotten."));
+  $("promote").addEventListener("click", promoteDialog);
+  $("rollback").addEventListener("click", rollbackDialog);
+  $("c-cancel").addEventListener("click", () => $("confirm").close());
+  $("c-ok").addEventListener("click", guard(confirmed));
+  window.addEventListener("hashchange", route);
+  if (sessionStorage.getItem(TOKEN_KEY)) {
+    $("login").hidden = true;
+    $("forget").hidden = false;
+  }
+  route();
+});

@@ -1,0 +1,75 @@
+"""The live page of the admin application: `/admin/ui/`, a static HTML/JS/CSS client of the
+admin JSON API.
+
+The page holds no data of its own: the browser reads `GET /admin/candidates`, `/admin/status`
+and one candidate's `GET /admin/candidates/{name}/report` (exactly what the report path
+computes), draws the intervals in SVG, and promotes or rolls back through the same endpoints
+`canary promote` uses, so the API gates and audits every change. Wherever the admin app runs,
+the page goes with it.
+
+The three files are served without authentication (they reveal nothing: no names, no
+numbers); every API call the page makes carries the operator's bearer token, typed into the
+page, kept in the tab's sessionStorage and sent only as an `Authorization` header, never in a
+URL. A strict Content-Security-Policy forbids every asset from elsewhere and any inline script.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from aiohttp import web
+
+# Route names the admin boundary serves without a token (see `is_public`).
+ROUTE_PREFIX = "ui"
+_FILES = {  # served name -> content type
+    "index.html": "text/html",
+    "app.js": "text/javascript",
+    "app.css": "text/css",
+}
+# Nothing from elsewhere, no inline script or style, no framing, no forms posted anywhere.
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache",
+}
+
+
+def is_public(route_name: str | None) -> bool:
+    """True for the page's own files (served without a token; they hold no data)."""
+    return bool(route_name) and str(route_name).startswith(ROUTE_PREFIX)
+
+
+def _load() -> dict[str, bytes]:
+    static = resources.files("gateway.control.admin").joinpath("static")
+    return {name: static.joinpath(name).read_bytes() for name in _FILES}
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    """Add `/ui`, `/ui/` and `/ui/{file}` to the admin sub-app's router (read once, kept in
+    memory: three small files)."""
+    files = _load()
+
+    def serve(name: str) -> web.Response:
+        return web.Response(body=files[name], content_type=_FILES[name], headers=HEADERS)
+
+    async def index(_request: web.Request) -> web.Response:
+        return serve("index.html")
+
+    async def asset(request: web.Request) -> web.Response:
+        name = request.match_info["file"]
+        if name not in files or name == "index.html":
+            raise web.HTTPNotFound()
+        return serve(name)
+
+    async def to_slash(request: web.Request) -> web.Response:
+        raise web.HTTPFound(request.path + "/")
+
+    router.add_get("/ui", to_slash, name="ui_redirect")
+    router.add_get("/ui/", index, name="ui_index")
+    router.add_get("/ui/{file}", asset, name="ui_asset")

@@ -1,0 +1,120 @@
+"""Deciding as fast as the evidence allows: sequences tuned to the horizon, plans that agree.
+
+* The latency sequence tuned to a horizon N is at most 1.6x as wide as a fixed-sample interval
+  at N, whatever the noise, and keeps its error bound at every look for any horizon.
+* On the independent world (`tests.evaluators.world.PLANNED`: simulator-like noise, and real
+  engines' noise — per-arm log SD 0.8, Student-t tails, three-turn sessions), a plan made the
+  operator's way (`canary plan --candidate` on a 100-session pilot) states sessions by which the
+  verdict, looking every 20 pairs, decides right; and they are not more than 1.5x the sessions
+  it needed. A/A rows neither promote nor reject.
+* Broken on purpose: the latency sequences tuned in absolute units as before (for ~9,000 units
+  at real engines' noise) make the real-noise bi-kv row miss its plan.
+
+CI runs few runs per row (a bound of 5 % then allows one bad run of RUNS, which only catches
+gross breakage); `bench/horizon.py` runs many (bench/RESULTS.md, "Decide as fast as the
+evidence allows").
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import evaluators.judge.metric as metric_module
+from evaluators.judge.settings import VerdictSettings
+from evaluators.stats.sequential import MeanStat
+from tests.evaluators import world
+
+ALPHA = 0.05
+RUNS = 3
+
+
+@pytest.mark.parametrize("sd", [0.14, 0.5, 1.1])
+@pytest.mark.parametrize("horizon", [100, 400, 2000])
+def test_width_at_the_horizon_is_within_1_6x_of_fixed_sample(sd: float, horizon: int) -> None:
+    """Half-width at N of the sequence tuned to N over z(1-α) σ̂ / √N, mean over 100 runs."""
+    rng = np.random.default_rng(horizon)
+    x = rng.normal(0.0, sd, (100, horizon))
+    st = MeanStat(x, np.array([horizon]), horizon=horizon, sigma_floor=0.01, alpha=ALPHA)
+    lo, hi = st.bounds(ALPHA)
+    fixed = stats.norm.isf(ALPHA) * np.sqrt(st.var[:, 0] / horizon)
+    ratio = float(np.mean((hi - lo)[:, 0] / 2 / fixed))
+    print(f"sd {sd} N {horizon}: {ratio:.3f}")
+    assert 1.0 < ratio <= 1.6
+
+
+@pytest.mark.parametrize("horizon", [30, 100, 1000])
+@pytest.mark.parametrize("dist", ["normal", "t3", "skewed"])
+def test_any_horizon_keeps_the_error_bound_under_peeking(horizon: int, dist: str) -> None:
+    """Looking every 10 units from 30 to 1,000 under the null, each side's bound is crossed in
+    at most α of 1,000 runs, for a horizon below, inside and past the looks."""
+    rng = np.random.default_rng(horizon + len(dist))
+    shape = (1000, 1000)
+    if dist == "normal":
+        x = rng.normal(0.0, 1.1, shape)
+    elif dist == "t3":
+        x = 0.8 * rng.standard_t(3, shape)
+    else:
+        x = rng.lognormal(0.0, 0.5, shape) - math.exp(0.125)
+    st = MeanStat(x, np.arange(30, 1001, 10), horizon=horizon, sigma_floor=0.01, alpha=ALPHA)
+    for side in ("below", "above"):
+        crossed = float(np.mean(np.any(st.p(0.0, side) <= ALPHA, axis=1)))
+        print(f"{dist} N={horizon} {side}: {crossed:.3f}")
+        assert crossed <= ALPHA
+
+
+def _planned(case: world.PlannedCase, seed0: int) -> tuple[int, list[world.Outcome]]:
+    n, h = world.plan_sessions(case)
+    return n, [world.run_planned(case, n, h, seed=seed0 + i) for i in range(RUNS)]
+
+
+PROMOTE = [c for c in world.PLANNED if c.expect == "promote"]
+OTHER = [c for c in world.PLANNED if c.expect != "promote"]
+
+
+def agreement_misses(case: world.PlannedCase, seed0: int = 300) -> list[str]:
+    """What the plan-vs-verdict rule finds wrong in RUNS runs of `case` (empty: they agree):
+    each run promotes within the plan's sessions (one miss of RUNS allowed), and the plan is
+    not more than 1.5x the median sessions the verdict needed."""
+    n, outs = _planned(case, seed0)
+    needed = [min(o.units, o.sessions) if o.decision == "promote" else math.inf for o in outs]
+    print(f"{case.label}: plan {n}, needed {needed}")
+    misses = []
+    if sum(u <= n for u in needed) < RUNS - 1:
+        misses.append(f"promoted within the plan's {n} sessions in fewer than {RUNS - 1} runs")
+    if n > 1.5 * statistics.median(needed):
+        misses.append(f"plan {n} > 1.5x the median {statistics.median(needed)}")
+    return misses
+
+
+@pytest.mark.parametrize("case", PROMOTE, ids=[c.label[:48] for c in PROMOTE])
+def test_plan_and_verdict_agree(case: world.PlannedCase) -> None:
+    """The plan's sessions suffice and are not 1.5x more than needed."""
+    assert agreement_misses(case) == []
+
+
+@pytest.mark.parametrize("case", OTHER, ids=[c.label[:48] for c in OTHER])
+def test_planted_harm_and_aa_are_decided_right(case: world.PlannedCase) -> None:
+    """Harm is rejected within the plan's sessions; A/A neither promotes nor rejects."""
+    n, outs = _planned(case, 400)
+    print(case.label, n, [(o.decision, o.units) for o in outs])
+    assert sum(world.right(case, o) for o in outs) >= RUNS - (1 if case.expect != "aa" else 0)
+
+
+def test_a_mixture_tuned_in_absolute_units_fails_the_agreement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mutation: the latency sequences tuned as before this change (a fixed scale in log
+    units: τ = 0.03 tunes them for ~9,000 units at a noise of 1.1) — the real-noise bi-kv row
+    no longer promotes within its plan's sessions, and the rule above says so."""
+
+    def old(v: np.ndarray, looks: np.ndarray | None, s: VerdictSettings) -> MeanStat:
+        return MeanStat(v, looks, horizon=9000, sigma_floor=s.latency_sigma_floor, alpha=s.alpha)
+
+    monkeypatch.setattr(metric_module, "mean_stat", old)
+    case = next(c for c in PROMOTE if c.label.startswith("bi-kv, later turns 20 % faster, real"))
+    assert agreement_misses(case) != []
