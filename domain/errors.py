@@ -27,6 +27,8 @@ imports every module and fails on an exception class outside it). Code raises th
     │   ├── UpstreamResetError      proxy 502 upstream_reset, or the connection cut
     │   └── UpstreamTimeoutError    proxy 504 upstream_timeout, or the connection cut
     ├── ApiError                    (gateway.control.admin.boundary) an admin answer: its status
+    ├── ReportsUnavailable          (gateway.control.reports) admin 503 reports_unavailable: the
+    │                               host's report process is down, its queue full, or too slow
     ├── AdminAPIError               (gateway.cli.client) the admin API refused: exit 2 (4xx) or 1
     ├── AdminUnreachable            (gateway.cli.client) no answer from the admin API: exit 1
     ├── GatewayUnreadable           (gateway.cli.commands.plan) /metrics unreadable: exit 1

@@ -117,6 +117,16 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     score_concurrency: PosInt = 1
     score_max_pending: PosInt = 256
 
+    # --- report process (one per host: every report, gate and promotion's report runs there,
+    # never in a worker; see gateway/control/reports.py)
+    # "idle": SCHED_IDLE where allowed, else nice (a saturated host delays reports, never
+    # production); "nice": nice only; "normal": production's priority.
+    report_priority: Literal["idle", "nice", "normal"] = "idle"
+    report_nice: Annotated[int, Meta(ge=0, le=19)] = 10
+    report_concurrency: PosInt = 1  # reports computed at once (each holds its pairs in memory)
+    report_queue_max: PosInt = 16  # reports waiting for a slot; beyond: 503, counted
+    report_timeout_s: PosFloat = 900.0  # a worker waits this long for the report process
+
     # --- storage
     db_url: str = "sqlite+aiosqlite:///./canary.db"
     store_text: bool = True

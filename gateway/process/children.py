@@ -1,10 +1,12 @@
-"""The host's mirror process as a child of `canary serve`: spawned, waited for, restarted, stopped.
+"""The host's mirror and report processes as children of `canary serve`: spawned, waited for,
+restarted, stopped.
 
 `PlaneProcess` is used by the supervisor (`gateway.process.workers`, `--workers N`) and by a
 single worker that starts its own (`gateway.process.runtime`); both import it from here, so the
 two wiring modules never import each other back. The process itself runs
 `gateway.mirror.plane.serve_plane` at a lower CPU priority and dies with its parent
-(PR_SET_PDEATHSIG).
+(PR_SET_PDEATHSIG). `ReportProcess` is the same life cycle for the host's report process
+(`gateway.control.reports.serve_reports`): control-plane work off production's processes.
 """
 
 from __future__ import annotations
@@ -70,15 +72,47 @@ def _plane_main(
     run_loop(main(), config.event_loop)
 
 
+def _report_main(
+    config: GatewayConfig,
+    socket_path: str,
+    parent_pid: int,
+    conn: multiprocessing.connection.Connection,
+) -> None:
+    """The host's report process: every report, gate and promotion's report is built here."""
+    die_with_parent(parent_pid)
+    from gateway.control.reports import serve_reports
+    from gateway.logs import setup_logging
+    from gateway.mirror.plane import lower_priority
+
+    priority = lower_priority(config.report_priority, config.report_nice)
+    setup_logging(config.log_format, config.log_level)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        logging.getLogger("canary.reports").info(
+            "report process started", extra={"fields": {"pid": os.getpid(), "priority": priority}}
+        )
+        await serve_reports(config, socket_path, lambda: conn.send("ready"), stop)
+
+    run_loop(main())
+
+
 class PlaneProcess:
     """The host's mirror process: started, waited for, restarted when it dies, stopped last.
+    (`ReportProcess` is the same life cycle for the host's report process.)
 
     Blocking methods (`start`, `stop`): call them from a thread when on an event loop."""
 
+    role = "mirror"
+    _target = staticmethod(_plane_main)
+
     def __init__(self, config: GatewayConfig) -> None:
         self._config = config
-        self._dir = tempfile.mkdtemp(prefix="canary-mirror-")
-        self.socket_path = os.path.join(self._dir, "mirror.sock")
+        self._dir = tempfile.mkdtemp(prefix=f"canary-{self.role}-")
+        self.socket_path = os.path.join(self._dir, f"{self.role}.sock")
         self._proc: BaseProcess | None = None
         self._ready: multiprocessing.connection.Connection | None = None
         self._restarts: deque[float] = deque()
@@ -103,9 +137,9 @@ class PlaneProcess:
         ctx = multiprocessing.get_context("spawn")
         self._ready, child_end = ctx.Pipe(duplex=False)
         proc = ctx.Process(
-            target=_plane_main,
+            target=self._target,
             args=(self._config, self.socket_path, os.getpid(), child_end),
-            name="canary-mirror",
+            name=f"canary-{self.role}",
         )
         proc.start()
         self._proc = proc
@@ -123,7 +157,7 @@ class PlaneProcess:
         if not parent_end.poll():
             proc.kill()
             proc.join()
-            raise RuntimeError(f"the mirror process did not start (exit code {proc.exitcode})")
+            raise RuntimeError(f"the {self.role} process did not start (exit code {proc.exitcode})")
         parent_end.recv()
 
     def restart(self, spawn_only: bool = False) -> bool:
@@ -135,13 +169,15 @@ class PlaneProcess:
         exitcode = self._proc.exitcode if self._proc is not None else None
         if len(self._restarts) >= MAX_RESTARTS:
             log.error(
-                "the mirror process keeps dying; mirroring stopped, production unaffected",
+                f"the {self.role} process keeps dying; left down, production unaffected",
                 extra={"fields": {"exitcode": exitcode, "restarts": self.restarts}},
             )
             return False
         self._restarts.append(now)
         self.restarts += 1
-        log.warning("mirror process died; restarting", extra={"fields": {"exitcode": exitcode}})
+        log.warning(
+            f"{self.role} process died; restarting", extra={"fields": {"exitcode": exitcode}}
+        )
         if spawn_only:
             self.spawn()
         else:
@@ -159,3 +195,13 @@ class PlaneProcess:
                 proc.kill()
                 proc.join()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class ReportProcess(PlaneProcess):
+    """The host's report process (`gateway.control.reports`): reports, the rollout gate and the
+    report a promotion takes run here at `report_priority`, never in a worker. Same life cycle
+    as the mirror process: spawned by the wiring, dies with its parent, restarted when it dies
+    (5 times a minute at most, then left down: reports answer 503, production goes on)."""
+
+    role = "report"
+    _target = staticmethod(_report_main)

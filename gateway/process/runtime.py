@@ -43,9 +43,10 @@ from evaluators.judge.settings import VerdictSettings
 from gateway.config import GatewayConfig, parse_admin_tokens
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry, Snapshot
+from gateway.control.reports import RemoteReports
 from gateway.mirror.handoff import Handoff
 from gateway.process import simulator
-from gateway.process.children import PlaneProcess, replica_name
+from gateway.process.children import PlaneProcess, ReportProcess, replica_name
 from gateway.server.app import (
     READY_CHECKS,
     AppCustomizer,
@@ -76,6 +77,8 @@ class Components:
     metrics: MetricsRegistry
     gateway: RunningGateway | None = None
     plane: PlaneProcess | None = None  # the mirror process, when this worker started it
+    reports: RemoteReports | None = None  # the client of the host's report process
+    report_process: ReportProcess | None = None  # the report process, when this worker started it
 
     @property
     def url(self) -> str:
@@ -132,6 +135,11 @@ MIRROR_RESTARTS: Final = Family(
     "counter",
     "Times this process restarted the mirror.",
 )
+REPORT_RESTARTS: Final = Family(
+    "canary_report_process_restarts_total",
+    "counter",
+    "Times this process restarted the report process.",
+)
 
 
 def _registry_lines(registry: Registry) -> list[Sample]:
@@ -187,6 +195,7 @@ def _customize(parts: Components) -> list[AppCustomizer]:
     config = parts.config
 
     def add_admin(app: web.Application) -> None:
+        assert parts.reports is not None
         ctx = AdminContext(
             engine=parts.engine,
             registry=parts.registry,
@@ -198,6 +207,7 @@ def _customize(parts: Components) -> list[AppCustomizer]:
             listen_host=config.listen_host,
             rates=parts.mirror.host_rates,
             replica=parts.replica,
+            reports=parts.reports,
         )
         mount_admin(app, build_admin_app(ctx, config))
 
@@ -230,13 +240,14 @@ async def running(
     *,
     simulator_url: str | None = None,
     plane_socket: str | None = None,
+    report_socket: str | None = None,
 ) -> AsyncIterator[Components]:
     """Start a complete gateway on `config.listen`; stop it, in order, on exit.
 
     `simulator_url`: the built-in simulator a `--workers` supervisor started for all workers
     (`gateway.process.simulator` decides when there is one; without it, it starts one here).
     `plane_socket`: the host's mirror process the supervisor started; without it this process
-    starts (and owns) one."""
+    starts (and owns) one. `report_socket`: likewise, the host's report process."""
     engine = make_engine(config.db_url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(engine.dispose)
@@ -260,6 +271,19 @@ async def running(
                 raise UsageError(str(exc)) from exc
             stack.push_async_callback(asyncio.to_thread, plane.stop, 2 * config.drain_timeout_s)
             plane_socket = plane.socket_path
+        report_process: ReportProcess | None = None
+        if report_socket is None:
+            report_process = ReportProcess(config)
+            try:
+                report_process.spawn()  # the main thread, as the mirror process
+                await asyncio.to_thread(report_process.wait_ready)
+            except RuntimeError as exc:
+                await asyncio.to_thread(report_process.stop, 1.0)
+                raise UsageError(str(exc)) from exc
+            stack.push_async_callback(asyncio.to_thread, report_process.stop, 5.0)
+            report_socket = report_process.socket_path
+        reports = RemoteReports(report_socket, config.report_timeout_s)
+        stack.push_async_callback(reports.close)
         handoff = Handoff(config, live, plane_socket, replica)
 
         def on_change(snapshot: Snapshot) -> None:
@@ -268,7 +292,18 @@ async def running(
         registry = Registry(
             engine, live, poll_interval_s=config.registry_poll_interval_s, on_change=on_change
         )
-        parts = Components(config, replica, engine, live, registry, handoff, metrics, plane=plane)
+        parts = Components(
+            config,
+            replica,
+            engine,
+            live,
+            registry,
+            handoff,
+            metrics,
+            plane=plane,
+            reports=reports,
+            report_process=report_process,
+        )
         try:
             await registry.start(
                 seed_live=seed, seed_candidates=[c.to_endpoint() for c in config.candidates]
@@ -282,12 +317,16 @@ async def running(
         stack.push_async_callback(flusher.flush)  # after the channel drained: final totals
         flusher.start()
         stack.push_async_callback(flusher.close)
-        if plane is not None:
-            watch = asyncio.get_running_loop().create_task(_watch_plane(plane), name="plane-watch")
-            stack.push_async_callback(_cancel, watch)
+        for child in (plane, report_process):
+            if child is not None:
+                watch = asyncio.get_running_loop().create_task(
+                    _watch_plane(child), name=f"{child.role}-watch"
+                )
+                stack.push_async_callback(_cancel, watch)
         metrics.add_collector(handoff.prometheus_lines)
         metrics.add_collector(lambda: _plane_lines(parts))
         metrics.add_collector(lambda: _registry_lines(registry))
+        metrics.add_collector(reports.samples)
         parts.gateway = await start_gateway(
             config,
             live=live,
@@ -300,7 +339,8 @@ async def running(
 
 
 async def _watch_plane(plane: PlaneProcess) -> None:
-    """Restart this worker's own mirror process when it dies (the supervisor does it for N)."""
+    """Restart this worker's own mirror (or report) process when it dies (the supervisor does
+    it for N workers)."""
     while True:
         await asyncio.sleep(1.0)
         if plane.alive:
@@ -319,7 +359,8 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 def _plane_lines(parts: Components) -> list[Sample]:
     restarts = parts.plane.restarts if parts.plane is not None else 0
-    return [MIRROR_RESTARTS.sample(restarts)]
+    reporter = parts.report_process.restarts if parts.report_process is not None else 0
+    return [MIRROR_RESTARTS.sample(restarts), REPORT_RESTARTS.sample(reporter)]
 
 
 async def serve_until_stopped(
@@ -327,6 +368,7 @@ async def serve_until_stopped(
     *,
     simulator_url: str | None = None,
     plane_socket: str | None = None,
+    report_socket: str | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """What each `canary serve` process runs: the complete gateway until SIGTERM/SIGINT."""
@@ -335,7 +377,12 @@ async def serve_until_stopped(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with running(config, simulator_url=simulator_url, plane_socket=plane_socket) as parts:
+        async with running(
+            config,
+            simulator_url=simulator_url,
+            plane_socket=plane_socket,
+            report_socket=report_socket,
+        ) as parts:
             log.info(
                 "canary-gateway listening",
                 extra={

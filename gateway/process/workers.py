@@ -33,7 +33,7 @@ from gateway.config import GatewayConfig, split_host_port
 from gateway.lifecycle import die_with_parent, run_loop
 from gateway.logs import setup_logging
 from gateway.process import simulator
-from gateway.process.children import MAX_RESTARTS, RESTART_WINDOW_S, PlaneProcess
+from gateway.process.children import MAX_RESTARTS, RESTART_WINDOW_S, PlaneProcess, ReportProcess
 from gateway.process.runtime import prepare_storage, serve_until_stopped
 
 log = logging.getLogger("canary.supervisor")
@@ -53,11 +53,17 @@ def _worker_main(
     parent_pid: int,
     simulator_url: str | None,
     plane_socket: str | None,
+    report_socket: str | None,
 ) -> None:
     die_with_parent(parent_pid)
     setup_logging(config.log_format, config.log_level)
     run_loop(
-        serve_until_stopped(config, simulator_url=simulator_url, plane_socket=plane_socket),
+        serve_until_stopped(
+            config,
+            simulator_url=simulator_url,
+            plane_socket=plane_socket,
+            report_socket=report_socket,
+        ),
         config.event_loop,
     )
 
@@ -76,7 +82,8 @@ def _supervise(config: GatewayConfig) -> int:
     children: list[BaseProcess] = []
     reserved: socket.socket | None = None
     plane: PlaneProcess | None = None
-    plane_ok = True
+    reporter: ReportProcess | None = None
+    plane_ok = reporter_ok = True
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -99,6 +106,9 @@ def _supervise(config: GatewayConfig) -> int:
         plane = PlaneProcess(config)
         plane.start()
         log.info("started the mirror process", extra={"fields": {"pid": plane.pid}})
+        reporter = ReportProcess(config)
+        reporter.start()
+        log.info("started the report process", extra={"fields": {"pid": reporter.pid}})
         host, port = split_host_port(config.listen)
         if port == 0:
             reserved = _reserve_port(host)
@@ -108,7 +118,14 @@ def _supervise(config: GatewayConfig) -> int:
         def spawn(index: int) -> BaseProcess:
             proc = ctx.Process(
                 target=_worker_main,
-                args=(config, index, os.getpid(), simulator_url, plane.socket_path),
+                args=(
+                    config,
+                    index,
+                    os.getpid(),
+                    simulator_url,
+                    plane.socket_path,
+                    reporter.socket_path,
+                ),
                 name=f"canary-worker-{index}",
             )
             proc.start()
@@ -124,11 +141,15 @@ def _supervise(config: GatewayConfig) -> int:
             sentinels = [c.sentinel for c in children]
             if plane_ok and plane.sentinel is not None:
                 sentinels.append(plane.sentinel)
+            if reporter_ok and reporter.sentinel is not None:
+                sentinels.append(reporter.sentinel)
             multiprocessing.connection.wait(sentinels, timeout=1.0)
             if stopping:
                 break
             if plane_ok and not plane.alive:
                 plane_ok = plane.restart()  # workers reconnect on their own
+            if reporter_ok and not reporter.alive:
+                reporter_ok = reporter.restart()  # workers' next report connects anew
             for i, child in enumerate(children):
                 if child.is_alive():
                     continue
@@ -155,6 +176,8 @@ def _supervise(config: GatewayConfig) -> int:
         _join_all(children, config)
         if plane is not None:
             plane.stop(2 * config.drain_timeout_s + 5.0)
+        if reporter is not None:
+            reporter.stop(5.0)
         stack.close()
         if reserved is not None:
             reserved.close()

@@ -114,6 +114,7 @@ def test_insecure_refused_on_public_listener(host: str | None) -> None:
         writer_stats=dict,
         verdict_settings=VerdictSettings(),
         listen_host=host,
+        reports=None,  # type: ignore[arg-type]
     )
     with pytest.raises(ConfigError, match="loopback"):
         build_admin_app(ctx)

@@ -22,6 +22,7 @@ from evaluators.judge.settings import VerdictSettings
 from gateway.config import GatewayConfig
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry
+from gateway.control.reports import LocalReports
 from gateway.process.runtime import Components, running
 from gateway.server.hooks import LiveTarget
 from storage.engine import make_engine, upgrade
@@ -103,6 +104,7 @@ async def admin_server(
             writer_stats=lambda: writer,
             verdict_settings=VerdictSettings(),
             listen_host=listen_host,
+            reports=LocalReports(engine, VerdictSettings()),
         )
         app = web.Application()
         app.add_subapp("/admin", build_admin_app(ctx))

@@ -40,6 +40,7 @@ from gateway.control.admin.boundary import (
 )
 from gateway.control.admin.guard import AuthGuard
 from gateway.control.promotion import PromotionRefused, Promotions
+from gateway.control.reports import ReportDoc, Reports, ReportsUnavailable
 from gateway.server.app import ADMIN_COLLECTORS, ADMIN_READY_CHECKS, ReadyCheck
 from gateway.server.metrics import Collector
 from storage import queries as q
@@ -47,11 +48,9 @@ from storage.engine import DatabaseFileGuard
 
 if TYPE_CHECKING:
     from evaluators.judge.settings import VerdictSettings
-    from evaluators.report.model import Report
 
 log = logging.getLogger("canary.admin")
 
-MAX_CONCURRENT_REPORTS = 2  # evaluations are CPU-heavy; keep them from starving the proxy
 _GATE_STATUS = {"promote": 200, "reject": 412, "hold": 425}
 
 
@@ -78,10 +77,13 @@ class AdminContext:
 
     `tokens` is `config.parse_admin_tokens(config.admin_token)` (token -> label); `listen_host`
     is the gateway's listener host, checked when `insecure` is set and no token is configured.
+    `reports` computes reports: in a gateway, the client of the host's report process
+    (`gateway.control.reports.RemoteReports`), so no report runs in a worker.
     """
 
     engine: AsyncEngine
     registry: RegistryLike
+    reports: Reports
     tokens: Mapping[str, str]
     insecure: bool
     counters: Callable[[], Mapping[str, Mapping[str, int]]]
@@ -94,7 +96,7 @@ class AdminContext:
     promotions: Promotions = field(init=False)
 
     def __post_init__(self) -> None:
-        uses = Promotions(self.engine, self.verdict_settings, MAX_CONCURRENT_REPORTS)
+        uses = Promotions(self.engine, self.reports)
         object.__setattr__(self, "promotions", uses)
 
 
@@ -212,14 +214,14 @@ def _final_look(request: web.Request) -> bool:
     raise ApiError(422, "invalid_request", "final must be true or false", field="final")
 
 
-async def _evaluate(ctx: AdminContext, ep: Endpoint, *, final: bool = False) -> Report:
-    return await ctx.promotions.report(ep, final=final)
-
-
-def _report_json(report: Report) -> bytes:
-    from evaluators.report.model import report_to_json
-
-    return report_to_json(report)
+async def _evaluate(ctx: AdminContext, ep: Endpoint, *, final: bool = False) -> ReportDoc:
+    """The report, computed by the host's report process (never on this worker's loop)."""
+    try:
+        return await ctx.promotions.report(ep.name, final=final)
+    except ReportsUnavailable as exc:
+        raise ApiError(503, "reports_unavailable", str(exc)) from exc
+    except ValueError as exc:
+        raise ApiError(422, "validation_error", f"verdict: {exc}", field="verdict") from exc
 
 
 async def get_report(request: web.Request) -> web.Response:
@@ -227,7 +229,7 @@ async def get_report(request: web.Request) -> web.Response:
     final = _final_look(request)
     ep = await q.get_endpoint(ctx.engine, request.match_info["name"])
     report = await _evaluate(ctx, ep, final=final)
-    return web.Response(body=_report_json(report), content_type="application/json")
+    return web.Response(body=report.body, content_type="application/json")
 
 
 async def gate(request: web.Request) -> web.Response:
@@ -240,7 +242,7 @@ async def gate(request: web.Request) -> web.Response:
     ep = await q.get_endpoint(ctx.engine, request.match_info["name"])
     report = await _evaluate(ctx, ep, final=final)
     status = _GATE_STATUS.get(report.verdict, 425)
-    return web.Response(body=_report_json(report), status=status, content_type="application/json")
+    return web.Response(body=report.body, status=status, content_type="application/json")
 
 
 async def _promotion_result(ctx: AdminContext, rec: PromotionRecord) -> web.Response:
@@ -260,6 +262,8 @@ async def promote(request: web.Request) -> web.Response:
         )
     except PromotionRefused as exc:
         raise ApiError(409, "promotion_refused", str(exc), detail=exc.detail) from exc
+    except ReportsUnavailable as exc:
+        raise ApiError(503, "reports_unavailable", str(exc)) from exc
     except se.PromotionConflict as exc:
         if exc.reason == "already_live":
             raise ApiError(409, "conflict", str(exc)) from exc

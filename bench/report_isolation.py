@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Benchmark: production latency while reports over a million pairs are computed back to back.
+
+`canary serve` (one worker, its mirror process and its report process, as deployed) runs on
+the database `bench/report.py` builds (1,000,000 stored pairs by default), in front of a fast
+stand-in live engine. An open-loop client sends production traffic at `--rate` requests/s and
+measures each answer, in alternating windows:
+
+- **quiet**: no report is asked for;
+- **reports**: `--reports` reports of the million-pair candidate are requested back to back
+  through the admin API (each awaited to its end), while the same traffic runs.
+
+Windows alternate over `--rounds`, so drift in a shared host's background load falls on both
+alike; the table gives production p50 / p99 of each and their ratio (target: within 5 %), the
+report's wall time as the operator saw it, and the machine's load average.
+
+    .venv/bin/python bench/report.py --pairs 1000000 --db /work/tmp-bench/report-1m.db
+    .venv/bin/python bench/report_isolation.py --db /work/tmp-bench/report-1m.db
+
+The database's live endpoint is pointed at the stand-in engine, its candidates' sampling is
+set to 0 and their creation to 0 (so the admin API's report covers every stored pair).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+
+import isolation as iso  # noqa: E402  (bench/isolation.py: the live engine and the load)
+
+from tests.upstreams import free_port  # noqa: E402
+
+
+def _prepare(db: Path, live: str) -> None:
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("UPDATE endpoints SET url = ? WHERE role = 'live'", (live,))
+        # No copies (the reports' cost is measured, not the mirror's), and a report window
+        # that starts before the stored pairs (bench/report.py stores them before it
+        # registers the candidates; the admin API's report starts at the creation).
+        con.execute("UPDATE endpoints SET sample_rate = 0, created_at = 0 WHERE role = 'candidate'")
+    con.close()
+
+
+def _serve(db: Path, live: str, port: int, priority: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
+    env |= {"CANARY_REPORT_PRIORITY": priority, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "gateway.cli.main", "serve", "--listen", f"127.0.0.1:{port}"]
+    argv += ["--db", f"sqlite+aiosqlite:///{db}", "--live", live, "--insecure-admin"]
+    log = open(db.with_suffix(".serve.log"), "wb")  # noqa: SIM115 - the child owns it
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+async def _ready(url: str, gw: subprocess.Popen[bytes]) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(1200):
+            try:
+                async with http.get(url + "/readyz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                if gw.poll() is not None:
+                    raise RuntimeError("canary serve exited: see DB.serve.log") from None
+            await asyncio.sleep(0.1)
+    raise RuntimeError("canary serve did not become ready")
+
+
+async def _reports(url: str, name: str, count: int, took: list[float]) -> None:
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        for _ in range(count):
+            t = time.perf_counter()
+            async with http.get(f"{url}/admin/candidates/{name}/report") as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"report: {resp.status} {body[:300]!r}")
+            took.append(time.perf_counter() - t)
+
+
+async def _during(url: str, rate: float, task: asyncio.Task[None]) -> list[iso.Sample]:
+    """Production traffic in 5-second windows until `task` (the reports) ends."""
+    out = []
+    while not task.done():
+        out.append(await iso.open_loop(url, rate, 5.0, 0.0))
+    await task
+    return out
+
+
+async def bench(args: argparse.Namespace) -> None:
+    loads = [os.getloadavg()]
+    with iso.live_engine(args.tokens, args.gap) as live_proc:
+        _prepare(args.db, live_proc.url)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        gw = _serve(args.db, live_proc.url, port, args.priority)
+        try:
+            await _ready(url, gw)
+            await iso.open_loop(url, args.rate, 5.0, 0.0)  # warm-up, not counted
+            quiet: list[iso.Sample] = []
+            busy: list[iso.Sample] = []
+            took: list[float] = []
+            for r in range(args.rounds):
+                quiet.append(await iso.open_loop(url, args.rate, args.quiet_s, 0.0))
+                loads.append(os.getloadavg())
+                task = asyncio.create_task(_reports(url, args.name, args.reports, took))
+                busy += await _during(url, args.rate, task)
+                loads.append(os.getloadavg())
+                last = ", ".join(f"{t:.1f}" for t in took[-args.reports :])
+                print(f"round {r + 1}: reports took {last} s", file=sys.stderr, flush=True)
+            quiet.append(await iso.open_loop(url, args.rate, args.quiet_s, 0.0))
+            loads.append(os.getloadavg())
+        finally:
+            gw.send_signal(signal.SIGTERM)
+            try:
+                gw.wait(60)
+            except subprocess.TimeoutExpired:
+                gw.kill()
+                gw.wait()
+    q, b = iso.pool("no reports", quiet), iso.pool("reports back to back", busy)
+    print(f"production at {args.rate:g} req/s through `canary serve` (1 worker), "
+          f"report priority {args.priority}, {args.db}")  # fmt: skip
+    print("| windows | requests | errors | p50 ms | p99 ms |")
+    print("|---|---:|---:|---:|---:|")
+    for s in (q, b):
+        print(f"| {s.label} | {s.n} | {s.errors} | {s.p50_ms:.2f} | {s.p99_ms:.2f} |")
+    print(f"ratio with reports / without: p50 {b.p50_ms / q.p50_ms:.3f}, "
+          f"p99 {b.p99_ms / q.p99_ms:.3f}")  # fmt: skip
+    print(f"reports: {len(took)}, wall {', '.join(f'{t:.1f}' for t in took)} s")
+    one = [f"{x[0]:.1f}" for x in loads]
+    print(f"machine load average (1 min) over the run: {', '.join(one)} on {os.cpu_count()} CPUs")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--db", type=Path, default=Path("/work/tmp-bench/report-1m.db"))
+    p.add_argument("--name", default="cand")
+    p.add_argument("--rate", type=float, default=100.0)
+    p.add_argument("--reports", type=int, default=2, help="reports back to back per round")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--quiet-s", type=float, default=30.0)
+    p.add_argument("--priority", default="idle", choices=("idle", "nice", "normal"))
+    p.add_argument("--tokens", type=int, default=8)
+    p.add_argument("--gap", type=float, default=0.001)
+    args = p.parse_args()
+    asyncio.run(bench(args))
+
+
+if __name__ == "__main__":
+    main()

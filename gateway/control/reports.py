@@ -1,0 +1,338 @@
+"""Reports off production's process: the host's report process, and the workers' client of it.
+
+Every report a running gateway computes — `GET /admin/candidates/{name}/report`, the rollout
+gate, the report a promotion takes — is built by `LocalReports` in the host's *report process*
+(started by the wiring, `gateway.process.children.ReportProcess`, at a low CPU priority,
+restarted when it dies), never in a worker. A worker's admin handler asks it over a Unix socket
+(`RemoteReports`): one small HTTP request, and the report's JSON bytes relayed as they are. The
+worker never loads pairs, never imports the statistics stack and never decodes a report; what
+it spends on a report is what it spends on proxying a small answer.
+
+`LocalReports` is the one path to a report inside a gateway: `evaluators.report.build.evaluate`
+with this gateway's verdict settings, bounded (`report_concurrency` at once, `report_queue_max`
+waiting, beyond that refused and counted) and single-flight (identical requests arriving while
+one is computed share its result).
+
+Wire (HTTP/1.1 over the Unix socket, never exposed on a TCP port):
+
+    GET /report/{name}?final=0|1  -> 200 report JSON, header X-Canary-Verdict
+                                     404 {"error": ...} unknown candidate
+                                     422 {"error": ...} a bad verdict override
+                                     503 {"error": ...} queue full (counted)
+    GET /stats                     -> 200 {"computed": n, "refused": n, "failed": n, ...}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from domain import errors as de
+from domain.exposition import Family, Sample
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from evaluators.judge.settings import VerdictSettings
+
+log = logging.getLogger("canary.reports")
+
+VERDICT_HEADER = "X-Canary-Verdict"
+OUTCOMES = ("ok", "not_found", "invalid", "unavailable")
+REPORTS: Final = Family(
+    "canary_reports_total",
+    "counter",
+    "Reports this worker asked of the host's report process, by outcome.",
+    ("outcome",),
+)
+
+
+class ReportsUnavailable(de.CanaryError):
+    """The report process is down, restarting, too busy (its queue is full) or too slow.
+    The admin API answers 503 with this message; production is not concerned."""
+
+
+class _Reason(msgspec.Struct):
+    metric: str
+    verdict: str | None = None
+    reason: str = ""
+
+
+class _Head(msgspec.Struct):
+    verdict: str
+    reasons: list[_Reason] = msgspec.field(default_factory=list)
+
+
+class ReportDoc(msgspec.Struct, frozen=True):
+    """A computed report as its consumers need it: the verdict and the report's JSON bytes
+    (`evaluators.report.model.report_to_json`), relayed and stored without decoding it."""
+
+    verdict: str
+    body: bytes
+
+    def reasons(self) -> list[dict[str, Any]]:
+        """The report's reasons (decoded from the JSON on demand: a refused promotion)."""
+        head = msgspec.json.decode(self.body, type=_Head)
+        return [msgspec.to_builtins(r) for r in head.reasons]
+
+    def summary(self) -> str:
+        """The verdict line's reason."""
+        head = msgspec.json.decode(self.body, type=_Head)
+        return next((r.reason for r in head.reasons if r.metric == "verdict"), "")
+
+
+class Reports(Protocol):
+    """What the admin API and the promotion use cases ask for a report."""
+
+    async def report(self, name: str, *, final: bool = False) -> ReportDoc: ...
+
+
+async def load_report_stack() -> None:
+    """Import the report builder (and with it scipy) in a thread the first time a report is
+    asked for: the import takes most of a second, which this process's loop must not wait for."""
+    if "evaluators.report.build" not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, "evaluators.report.build")
+
+
+class LocalReports:
+    """Reports computed in this process: bounded, single-flight, counted."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        settings: VerdictSettings,
+        *,
+        concurrency: int = 1,
+        queue_max: int = 16,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+        self._queue_max = queue_max
+        self._waiting = 0
+        self._inflight: dict[tuple[str, bool], asyncio.Future[ReportDoc]] = {}
+        self.stats: dict[str, float] = {
+            "computed": 0,
+            "shared": 0,
+            "refused": 0,
+            "failed": 0,
+            "running": 0,
+            "waiting": 0,
+            "last_seconds": 0.0,
+        }
+
+    async def report(self, name: str, *, final: bool = False) -> ReportDoc:
+        """The candidate's report over all its pairs (`final`: a planned look).
+
+        EndpointNotFound for an unknown name, ValueError for a bad verdict override,
+        ReportsUnavailable when `queue_max` reports already wait."""
+        key = (name, final)
+        shared = self._inflight.get(key)
+        if shared is not None:  # the same look is being computed: its answer is this one's
+            self.stats["shared"] += 1
+            return await asyncio.shield(shared)
+        if self._waiting >= self._queue_max + self._concurrency:
+            self.stats["refused"] += 1
+            raise ReportsUnavailable(
+                f"{self._waiting} reports are being computed or wait (report_concurrency "
+                f"{self._concurrency}, report_queue_max {self._queue_max}); retry later"
+            )
+        future: asyncio.Future[ReportDoc] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        self._waiting += 1
+        try:
+            doc = await self._compute(name, final)
+        except BaseException as exc:
+            if not isinstance(exc, de.EndpointNotFound | ValueError | asyncio.CancelledError):
+                self.stats["failed"] += 1
+            future.set_exception(exc)
+            future.exception()  # retrieved: sharers re-raise it, nobody logs it as lost
+            raise
+        else:
+            future.set_result(doc)
+            return doc
+        finally:
+            self._waiting -= 1
+            del self._inflight[key]
+
+    async def _compute(self, name: str, final: bool) -> ReportDoc:
+        await load_report_stack()
+        from evaluators.report.build import evaluate
+        from evaluators.report.model import report_to_json
+
+        async with self._slots:
+            self.stats["running"] += 1
+            started = time.perf_counter()
+            try:
+                try:  # the candidate's `verdict` overrides apply on top (ValueError: a bad one)
+                    report = await evaluate(
+                        self.engine, name, settings=self.settings, planned_look=final
+                    )
+                except LookupError as exc:  # unknown, or removed while we were evaluating it
+                    raise de.EndpointNotFound(name) from exc
+                body = await asyncio.to_thread(report_to_json, report)
+            finally:
+                self.stats["running"] -= 1
+                self.stats["last_seconds"] = time.perf_counter() - started
+        self.stats["computed"] += 1
+        return ReportDoc(report.verdict, body)
+
+    def snapshot(self) -> dict[str, float]:
+        return self.stats | {"waiting": float(self._waiting)}
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def report_app(reports: LocalReports) -> web.Application:
+    """The report process's HTTP application (served on its Unix socket only)."""
+
+    async def get_report(request: web.Request) -> web.Response:
+        final = request.query.get("final", "0") in ("1", "true")
+        try:
+            doc = await reports.report(request.match_info["name"], final=final)
+        except de.EndpointNotFound as exc:
+            return _error(404, str(exc))
+        except ValueError as exc:
+            return _error(422, f"verdict overrides: {exc}")
+        except ReportsUnavailable as exc:
+            return _error(503, str(exc))
+        except de.StorageError as exc:
+            return _error(503, f"storage: {exc}")
+        except Exception as exc:  # reported to the worker as a 500, logged here
+            log.exception("report of %s failed", request.match_info["name"])
+            return _error(500, f"report failed: {type(exc).__name__}")
+        return web.Response(
+            body=doc.body, content_type="application/json", headers={VERDICT_HEADER: doc.verdict}
+        )
+
+    async def stats(_request: web.Request) -> web.Response:
+        return web.json_response(reports.snapshot())
+
+    app = web.Application()
+    app.router.add_get("/report/{name}", get_report)
+    app.router.add_get("/stats", stats)
+    return app
+
+
+async def serve_reports(
+    config: Any,
+    socket_path: str,
+    ready: Callable[[], None],
+    stop: asyncio.Event,
+) -> None:
+    """What the report process runs: its own storage engine and the report application on
+    `socket_path`, until `stop` is set. `config` is the gateway's `GatewayConfig`."""
+    from evaluators.judge.settings import VerdictSettings
+    from storage.engine import make_engine
+
+    engine = make_engine(config.db_url)
+    reports = LocalReports(
+        engine,
+        VerdictSettings().with_overrides(config.verdict),
+        concurrency=config.report_concurrency,
+        queue_max=config.report_queue_max,
+    )
+    runner = web.AppRunner(report_app(reports), access_log=None, handle_signals=False)
+    await runner.setup()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(socket_path)
+    site = web.UnixSite(runner, socket_path)
+    await site.start()
+    try:
+        ready()
+        # Import the statistics stack now, in a thread: the first report need not wait for it.
+        await load_report_stack()
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        await engine.dispose()
+
+
+class RemoteReports:
+    """A worker's client of the host's report process (one keep-alive Unix-socket session).
+
+    The report's bytes are relayed untouched; the worker never builds or decodes a report."""
+
+    def __init__(self, socket_path: str, timeout_s: float) -> None:
+        self._path = socket_path
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self.counts = dict.fromkeys(OUTCOMES, 0)
+
+    def samples(self) -> list[Sample]:
+        """`canary_reports_total` by outcome (a refusal of the report process is `unavailable`)."""
+        return [REPORTS.sample(self.counts[o], o) for o in OUTCOMES]
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=self._path, limit=64),
+                timeout=self._timeout,
+                auto_decompress=False,
+            )
+        return self._session
+
+    async def report(self, name: str, *, final: bool = False) -> ReportDoc:
+        outcome = "unavailable"
+        try:
+            doc = await self._ask(name, final)
+            outcome = "ok"
+            return doc
+        except de.EndpointNotFound:
+            outcome = "not_found"
+            raise
+        except ValueError:
+            outcome = "invalid"
+            raise
+        finally:
+            self.counts[outcome] += 1
+
+    async def _ask(self, name: str, final: bool) -> ReportDoc:
+        url = f"http://reports/report/{name}"
+        params = {"final": "1" if final else "0"}
+        try:
+            async with self._client().get(url, params=params) as resp:
+                body = await resp.read()
+                status = resp.status
+                verdict = resp.headers.get(VERDICT_HEADER, "")
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ReportsUnavailable(
+                f"the report process is not reachable ({type(exc).__name__}); retry shortly"
+            ) from exc
+        except TimeoutError as exc:
+            raise ReportsUnavailable(
+                f"the report took longer than report_timeout_s ({self._timeout.total:g} s)"
+            ) from exc
+        if status == 200:
+            return ReportDoc(verdict, body)
+        message = _message(body)
+        if status == 404:
+            raise de.EndpointNotFound(name, message)
+        if status == 422:
+            raise ValueError(message)
+        raise ReportsUnavailable(message)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def _message(body: bytes) -> str:
+    try:
+        return str(msgspec.json.decode(body)["error"])
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")

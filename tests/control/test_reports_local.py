@@ -1,0 +1,58 @@
+"""The report process's core (`LocalReports`): one computation per identical look, a bounded
+queue that refuses past its bound (counted), unknown names and bad overrides told apart."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from domain.endpoint import Endpoint
+from domain.errors import EndpointNotFound
+from evaluators.judge.settings import VerdictSettings
+from gateway.control.reports import LocalReports, ReportsUnavailable
+from storage import queries
+
+
+async def _register(engine: AsyncEngine, *names: str) -> None:
+    await queries.create_endpoint(engine, Endpoint(name="live", url="http://l", role="live"))
+    for name in names:
+        await queries.create_endpoint(engine, Endpoint(name=name, url=f"http://{name}"))
+
+
+async def test_identical_looks_share_one_report_and_the_queue_is_bounded(
+    db_engine: AsyncEngine,
+) -> None:
+    await _register(db_engine, "a", "b", "c")
+    reports = LocalReports(db_engine, VerdictSettings(), concurrency=1, queue_max=1)
+    results = await asyncio.gather(
+        reports.report("a"),
+        reports.report("a"),  # the same look, asked while the first is computed: shared
+        reports.report("b"),  # waits for the one slot (queue_max 1)
+        reports.report("c"),  # one computing, one waiting: refused
+        return_exceptions=True,
+    )
+    first, again, b, c = results
+    assert not isinstance(first, BaseException) and not isinstance(b, BaseException)
+    assert again is first  # the very same document
+    assert first.verdict == "hold" and b'"candidate":"a"' in first.body
+    assert isinstance(c, ReportsUnavailable) and "report_queue_max" in str(c)
+    assert reports.stats["computed"] == 2 and reports.stats["shared"] == 1
+    assert reports.stats["refused"] == 1
+    # Once the queue drained, the next look is computed afresh.
+    assert (await reports.report("c")).verdict == "hold"
+    assert reports.stats["computed"] == 3
+
+
+async def test_unknown_candidate_and_bad_override(db_engine: AsyncEngine) -> None:
+    await _register(db_engine)
+    await queries.create_endpoint(
+        db_engine, Endpoint(name="odd", url="http://o", verdict={"nonsense": 1.0})
+    )
+    reports = LocalReports(db_engine, VerdictSettings())
+    with pytest.raises(EndpointNotFound):
+        await reports.report("ghost")
+    with pytest.raises(ValueError, match="nonsense"):
+        await reports.report("odd")
+    assert reports.stats["failed"] == 0  # an operator's mistake is not a failure of the process
