@@ -50,10 +50,6 @@ def selected(exchange_id: str, share: float) -> bool:
     return share > 0 and xxhash.xxh3_64_intdigest(_SALT + exchange_id.encode()) < share * 2**64
 
 
-class _Unsupported(Exception):
-    pass
-
-
 class _Job:
     __slots__ = (
         "answer",
@@ -211,7 +207,7 @@ class Scorer:
         try:
             async with gate:
                 outcome = await self._ask(lane, job.route, request, answer)
-        except _Unsupported:
+        except scoring.ScoringUnsupported:
             outcome = "unsupported"
         except (aiohttp.ClientError, TimeoutError, scoring.ScoringError, OSError):
             outcome = "failed"
@@ -274,7 +270,7 @@ class Scorer:
 async def _checked(lane: Lane, path: str, body: bytes) -> bytes:
     status, answer = await lane.post_json(path, body)
     if status in _UNSUPPORTED:
-        raise _Unsupported(f"{path}: {status}")
+        raise scoring.ScoringUnsupported(f"{path}: {status}")
     if status != 200:
         raise scoring.ScoringError(f"{path}: {status}")
     return answer

@@ -27,10 +27,13 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
+from domain.errors import CanaryError
+
 __all__ = [
     "LOGPROB_FLOOR",
     "Scored",
     "ScoringError",
+    "ScoringUnsupported",
     "full_request",
     "parse_ids",
     "parse_scores",
@@ -46,8 +49,13 @@ _decode = msgspec.json.Decoder(dict[str, Any]).decode
 _encode = msgspec.json.Encoder().encode
 
 
-class ScoringError(Exception):
+class ScoringError(CanaryError):
     """A scoring answer that cannot be read (the pair is counted `score_failed`)."""
+
+
+class ScoringUnsupported(ScoringError):
+    """The engine refused the scoring parameters (400/404/405/422/501): the arm is counted
+    `score_unsupported` and the metric is ungated, never an error of the pair."""
 
 
 class Scored(NamedTuple):
