@@ -50,9 +50,9 @@ class Traffic:
     # (engine nondeterminism: 1 % per arm gives about 2 %)
     disagreement: float = 0.0
     goal_ratio: float = 0.8  # the improvement the goal is expected to show (later-turn TTFT)
-    # share of pairs scored with prompt logprobs (score_rate; 0.1 for quantized by default):
-    # logprob_divergence counts only those
-    score_rate: float = 0.1
+    # share of pairs scored with prompt logprobs (score_rate; 0 unless the candidate scores —
+    # `canary plan --score-rate`, 0.1 for quantized): logprob_divergence counts only those
+    score_rate: float = 0.0
     # sd of one scored pair's top-1 disagreement difference (3.8 pp: bfloat16 vs float32 on
     # the real-engine suite)
     score_sd: float = 0.04
