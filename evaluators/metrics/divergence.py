@@ -42,7 +42,7 @@ def spec_for(ctx: EvalContext) -> MetricSpec:
     critical = ctx.candidate.kind in SCORE_CRITICAL
     return MetricSpec(
         name="logprob_divergence",
-        label="top-1 disagreement (scored)",
+        label="top-1 disagreement",
         role="critical" if critical else "guardrail",
         harm="higher",
         scale="difference",
