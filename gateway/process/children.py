@@ -22,6 +22,7 @@ import socket
 import tempfile
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from multiprocessing.process import BaseProcess
 
 from gateway.config import GatewayConfig
@@ -42,6 +43,27 @@ def replica_name(config: GatewayConfig, role: str = "") -> str:
     return f"{base[:40]}{tag}-{int(time.time() * 1000):x}"
 
 
+def _run_until_signal(
+    config: GatewayConfig,
+    logger: str,
+    message: str,
+    fields: dict[str, object],
+    serve: Callable[[asyncio.Event], Awaitable[None]],
+) -> None:
+    """Run a child process's `serve(stop)` on the configured event loop until SIGTERM/SIGINT
+    sets `stop`, after logging that it started."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        logging.getLogger(logger).info(message, extra={"fields": fields})
+        await serve(stop)
+
+    run_loop(main(), config.event_loop)
+
+
 def _plane_main(
     config: GatewayConfig,
     socket_path: str,
@@ -58,18 +80,15 @@ def _plane_main(
     setup_logging(config.log_format, config.log_level)
     replica = replica_name(config, role="mirror")
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        logging.getLogger("canary.mirror.plane").info(
-            "mirror process started",
-            extra={"fields": {"pid": os.getpid(), "priority": priority, "replica": replica}},
-        )
-        await serve_plane(config, socket_path, replica, priority, lambda: conn.send("ready"), stop)
-
-    run_loop(main(), config.event_loop)
+    _run_until_signal(
+        config,
+        "canary.mirror.plane",
+        "mirror process started",
+        {"pid": os.getpid(), "priority": priority, "replica": replica},
+        lambda stop: serve_plane(
+            config, socket_path, replica, priority, lambda: conn.send("ready"), stop
+        ),
+    )
 
 
 def _report_main(
@@ -87,17 +106,13 @@ def _report_main(
     priority = lower_priority(config.report_priority, config.report_nice)
     setup_logging(config.log_format, config.log_level)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        logging.getLogger("canary.reports").info(
-            "report process started", extra={"fields": {"pid": os.getpid(), "priority": priority}}
-        )
-        await serve_reports(config, socket_path, lambda: conn.send("ready"), stop)
-
-    run_loop(main())
+    _run_until_signal(
+        config,
+        "canary.reports",
+        "report process started",
+        {"pid": os.getpid(), "priority": priority},
+        lambda stop: serve_reports(config, socket_path, lambda: conn.send("ready"), stop),
+    )
 
 
 class PlaneProcess:
