@@ -23,6 +23,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -253,3 +254,33 @@ class CapacityResultRow(Base):
     usd_per_1m_tokens: Mapped[float | None] = mapped_column(Float)
     reference_usd_per_1m_tokens: Mapped[float | None] = mapped_column(Float)
     result_json: Mapped[str] = mapped_column(Text, default="{}")
+
+
+# --- report segments (revision 0007) ------------------------------------------------------------
+
+
+class ReportSegmentRow(Base):
+    """A candidate's pairs received in [starts_at, ends_at), already reduced to the report's
+    columns (`evaluators.pairs.segments`): a report reads these instead of joining and
+    converting the rows again. Valid while `exchanges` still counts the exchanges in that span
+    and no observation newer than `watermark` (observations.id) belongs to one of them; every
+    report checks both, recomputes what changed, and a stale row is replaced, never trusted."""
+
+    __tablename__ = "report_segments"
+    __table_args__ = (UniqueConstraint("candidate", "control", "params", "starts_at", "ends_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    candidate: Mapped[str] = mapped_column(String(63))
+    control: Mapped[str] = mapped_column(String(63), default="")  # "" when none
+    # The column format and the inputs the columns depend on (text limits).
+    params: Mapped[str] = mapped_column(String(64))
+    starts_at: Mapped[float] = mapped_column(Float)
+    ends_at: Mapped[float] = mapped_column(Float)
+    exchanges: Mapped[int] = mapped_column(Integer)  # all exchanges in the span when computed
+    watermark: Mapped[int] = mapped_column(BigInteger)  # observations.id checked up to
+    # Its observations with id > watermark - RECHECK_IDS when checked (see storage.segments).
+    recent: Mapped[int] = mapped_column(Integer)
+    rows: Mapped[int] = mapped_column(Integer)  # the candidate's pairs in the span
+    sample_size: Mapped[int] = mapped_column(Integer)  # similarity computed for ranks below
+    computed_at: Mapped[float] = mapped_column(Float)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

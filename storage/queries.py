@@ -161,6 +161,13 @@ async def delete_endpoint(engine: AsyncEngine, name: str) -> None:
                     reason="is_live",
                 )
             await conn.execute(delete(ENDPOINTS).where(ENDPOINTS.c.name == name))
+            # Its report segments go with it: a new endpoint of that name starts afresh.
+            segments = Base.metadata.tables["report_segments"]
+            await conn.execute(
+                delete(segments).where(
+                    (segments.c.candidate == name) | (segments.c.control == name)
+                )
+            )
 
 
 async def _seed_needed(

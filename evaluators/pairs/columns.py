@@ -40,7 +40,8 @@ PAIR_FIELDS = (
     "json_requested",
     "tools_requested",
     "model",
-    "sampled",  # in the text-similarity sample (see `sample_suffixes`)
+    "replica",  # the gateway host's mirror process that stored the exchange
+    "id_suffix",  # the exchange id's last two hex digits: its place in the similarity sample
 )
 # The per-pair quantities (float columns, as declared in domain.observation), then the fields
 # the loader turns into codes and text features.
@@ -90,8 +91,24 @@ def sample_suffixes(fraction: float) -> tuple[str, ...] | None:
     return _SUFFIXES[: max(1, math.ceil(256 * fraction))]
 
 
-def in_sample(exchange_id: str, suffixes: tuple[str, ...] | None) -> bool:
-    return suffixes is None or exchange_id[-2:] in suffixes
+# `PairSet.sample_rank` of an id whose tail is not two hex digits: in the sample only when the
+# sample is every exchange.
+UNRANKED = len(_SUFFIXES)
+
+
+def sample_size(suffixes: tuple[str, ...] | None) -> int:
+    """How many ranks the suffixes select: a pair is in the sample when its rank is below."""
+    return UNRANKED + 1 if suffixes is None else len(suffixes)
+
+
+def suffix_rank(suffix: str | None) -> int:
+    """An id tail's rank in the sample order (`_SUFFIXES`), UNRANKED when it is not hex."""
+    if suffix is None or len(suffix) != 2:
+        return UNRANKED
+    try:
+        return int(suffix, 16)
+    except ValueError:
+        return UNRANKED
 
 
 def sample_fraction(suffixes: tuple[str, ...] | None) -> float:
@@ -116,6 +133,35 @@ def _session_id(key: str | None) -> int:
     return value or 1
 
 
+def _code(codes: dict[str, int], name: str | None) -> int:
+    name = name or ""  # no model / no replica named: one code
+    code = codes.get(name)
+    if code is None:
+        code = codes[name] = len(codes)
+    return code
+
+
+def _names(codes: dict[str, int]) -> list[str]:
+    return sorted(codes, key=codes.__getitem__)
+
+
+def mark_split(ps: PairSet) -> None:
+    """Set `ps.split`: the pairs of sessions whose exchanges more than one gateway replica
+    stored (a balancer not keyed on the session), among the pairs of the set."""
+    n = ps.n
+    session, replica = ps.session[:n], ps.replica[:n]
+    keyed = session != 0
+    ps.split[:n] = False
+    if not np.any(keyed):
+        return
+    # Distinct (session, replica) combinations; a session in more than one is split.
+    combos = np.unique(np.stack([session[keyed], replica[keyed].astype(np.uint64)]), axis=1)
+    sessions, count = np.unique(combos[0], return_counts=True)
+    split = sessions[count > 1]
+    if len(split):
+        ps.split[:n] = keyed & np.isin(session, split)
+
+
 class PairSetBuilder:
     """Accumulates rows of ROW_WIDTH fields (see the module docstring)."""
 
@@ -124,16 +170,18 @@ class PairSetBuilder:
         capacity: int,
         *,
         has_control: bool,
-        similarity_fraction: float = 1.0,
+        suffixes: tuple[str, ...] | None = None,
         max_chars: int = 4000,
         lost_before: float = math.inf,
     ) -> None:
         self._set = PairSet.empty(max(capacity, 16))
         self._set.has_control = has_control
-        self._set.similarity_fraction = min(1.0, similarity_fraction)
+        self._set.similarity_fraction = sample_fraction(suffixes)
+        self._sample_size = sample_size(suffixes)
         self._max_chars = max_chars
         self._lost_before = lost_before
-        self._models: dict[str | None, int] = {}
+        self._models: dict[str, int] = {}
+        self._replicas: dict[str, int] = {}
 
     @property
     def n(self) -> int:
@@ -162,7 +210,9 @@ class PairSetBuilder:
         ps.json_requested[sl] = np.asarray(get["json_requested"], dtype=bool)
         ps.tools_requested[sl] = np.asarray(get["tools_requested"], dtype=bool)
         ps.model[sl] = np.fromiter(map(self._model_code, get["model"]), np.int16, k)
-        sampled = np.asarray(get["sampled"], dtype=bool)
+        ps.replica[sl] = np.fromiter(map(self._replica_code, get["replica"]), np.int16, k)
+        ps.sample_rank[sl] = np.fromiter(map(suffix_rank, get["id_suffix"]), np.uint16, k)
+        sampled = ps.sample_rank[sl] < self._sample_size
         arm_cols: list[dict[str, tuple[Any, ...]]] = []
         for a, arm in enumerate(ARMS):
             offset = len(PAIR_FIELDS) + a * len(ARM_FIELDS)
@@ -183,14 +233,15 @@ class PairSetBuilder:
     def finish(self) -> PairSet:
         """The PairSet, trimmed to the rows added (no copy when the capacity was exact)."""
         ps = self._set if self._set.capacity == self._set.n else self._set.resized(self._set.n)
-        ps.models = [m or "" for m, _ in sorted(self._models.items(), key=lambda kv: kv[1])]
+        ps.models = _names(self._models)
+        ps.replicas = _names(self._replicas)
         return ps
 
     def _model_code(self, model: str | None) -> int:
-        code = self._models.get(model)
-        if code is None:
-            code = self._models[model] = len(self._models)
-        return code
+        return _code(self._models, model)
+
+    def _replica_code(self, replica: str | None) -> int:
+        return _code(self._replicas, replica)
 
     def _fill_arm(
         self, arm: ArmColumns, sl: slice, f: dict[str, tuple[Any, ...]], json_requested: B
@@ -283,12 +334,10 @@ def _hash_match(prod: ArmObs, other: ArmObs | None) -> int | None:
     return int(prod.output_hash == other.output_hash)
 
 
-def pair_row(
-    pair: Pair, suffixes: tuple[str, ...] | None = None, *, has_control: bool = False
-) -> tuple[Any, ...]:
+def pair_row(pair: Pair, *, has_control: bool = False) -> tuple[Any, ...]:
     """The row layout of one Pair (what the database query yields for one exchange)."""
-    head = tuple(getattr(pair, name) for name in PAIR_FIELDS[:-1])
-    head += (in_sample(pair.exchange_id, suffixes),)
+    head = tuple(getattr(pair, name) for name in PAIR_FIELDS[:-2])
+    head += (pair.replica, pair.exchange_id[-2:])
     unused = PRODUCTION_UNUSED_WITH_CONTROL if has_control else ()
     arms = _arm_row(pair.production, unused) + _arm_row(pair.candidate)
     arms += _arm_row(pair.control)
@@ -311,12 +360,11 @@ def pairset_from_pairs(
     pairs = list(pairs)
     if has_control is None:
         has_control = any(p.control is not None for p in pairs)
-    rows = [pair_row(p, suffixes, has_control=has_control) for p in pairs]
+    rows = [pair_row(p, has_control=has_control) for p in pairs]
     builder = PairSetBuilder(
-        len(rows),
-        has_control=has_control,
-        similarity_fraction=sample_fraction(suffixes),
-        max_chars=max_chars,
+        len(rows), has_control=has_control, suffixes=suffixes, max_chars=max_chars
     )
     builder.add(rows)
-    return builder.finish()
+    ps = builder.finish()
+    mark_split(ps)
+    return ps

@@ -27,17 +27,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from domain.accounting import ACCOUNTING_KEYS
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
+from evaluators.pairs import segments
 from evaluators.pairs.columns import (
     ARM_FIELDS,
     PAIR_FIELDS,
     PRODUCTION_UNUSED_WITH_CONTROL,
     PairSetBuilder,
-    sample_fraction,
+    mark_split,
+    sample_size,
     sample_suffixes,
-    session_ids,
 )
-from evaluators.pairs.types import PairSet
+from evaluators.pairs.segments import Assembly
+from evaluators.pairs.types import PairSet, ProgressFactory
 from storage import queries
+from storage import segments as seg_store
 from storage.models import ExchangeRow, MirrorCounterRow, ObservationRow
 
 
@@ -154,11 +157,8 @@ def _query(
     e, c, cond = _candidate_rows(candidate, since, until)
     p = ObservationRow.__table__.alias("p")
     k = ObservationRow.__table__.alias("k") if control else None
-    if suffixes is None:
-        sampled: ColumnElement[bool] = literal(True)
-    else:
-        suffix = func.substr(e.c.id, func.length(e.c.id) - 1, 2)
-        sampled = suffix.in_(suffixes)
+    suffix = func.substr(e.c.id, func.length(e.c.id) - 1, 2)
+    sampled: ColumnElement[bool] = literal(True) if suffixes is None else suffix.in_(suffixes)
 
     def match(a: Any) -> Any:
         if a is None:
@@ -169,15 +169,16 @@ def _query(
     def needs_text(a: Any) -> ColumnElement[bool]:
         if a is None:
             return literal(False)
-        differs = and_(
-            a.c.id.is_not(None),
-            or_(
-                a.c.output_hash.is_(None),
-                p.c.output_hash.is_(None),
-                a.c.output_hash != p.c.output_hash,
+        unknown = or_(a.c.output_hash.is_(None), p.c.output_hash.is_(None))
+        differs = or_(unknown, a.c.output_hash != p.c.output_hash)
+        # Unknown hashes always fetch the texts: exact match never depends on the sample.
+        return or_(
+            e.c.json_requested.is_(True),
+            and_(
+                a.c.id.is_not(None),
+                or_(unknown, and_(differs, or_(e.c.temperature == 0, sampled))),
             ),
         )
-        return or_(e.c.json_requested.is_(True), and_(differs, or_(e.c.temperature == 0, sampled)))
 
     need_c, need_k = needs_text(c), needs_text(k)
 
@@ -194,7 +195,7 @@ def _query(
             cols.append(col)
         return cols
 
-    head = [e.c[name] for name in PAIR_FIELDS[:-1]] + [sampled]
+    head = [e.c[name] for name in PAIR_FIELDS[:-1]] + [suffix]
     p_unused = PRODUCTION_UNUSED_WITH_CONTROL if k is not None else ()
     arms = arm(p, or_(need_c, need_k), p_unused) + arm(c, need_c) + arm(k, need_k)
     joined = e.join(p, and_(p.c.exchange_id == e.c.id, p.c.arm == "production")).outerjoin(
@@ -217,11 +218,11 @@ async def load_pairs(
     since: float | None = None,
     until: float | None = None,
     batch_size: int = 5000,
-    progress: Callable[[int], None] | None = None,
+    progress: ProgressFactory | None = None,
     control: str | bool | None = True,
     similarity_max_pairs: int = 10_000,
     max_chars: int = 4000,
-    expected_rows: int | None = None,
+    segmented: bool = True,
 ) -> PairSet:
     """Aligned pairs of `candidate` received in [since, until), in arrival order.
 
@@ -230,66 +231,235 @@ async def load_pairs(
 
     `since` defaults to the candidate's creation (earlier exchanges were never mirrored to it),
     `until` to now. `control`: True finds the control (kind "control"), a name uses that one,
-    False/None uses none. `progress` is called with the number of rows of each batch.
+    False/None uses none. `progress`, given the number of exchanges to go through, returns a
+    callback for each part read and a function that closes the display.
     Exchanges without a candidate observation younger than the candidate's timeout are
-    "pending", older ones "lost". `expected_rows` (from `count_pairs`) saves a second count.
-    LookupError when the candidate does not exist.
+    "pending", older ones "lost". LookupError when the candidate does not exist.
+
+    `segmented` (the default) reads the window's closed spans from their stored columns and
+    stores the spans it had to build (`evaluators.pairs.segments`); False builds the whole
+    window from the rows in one pass. Both give the same PairSet.
     """
     cand, _live, found = await load_endpoints(engine, candidate)
     control_name = (found.name if found else None) if control is True else (control or None)
     if since is None:
         since = cand.created_at or None
-    now = time.time()
-    lost_before = (until if until is not None else now) - cand.timeout_s
-    total = expected_rows
-    if total is None:
-        total = await count_pairs(engine, candidate, since=since, until=until)
-    suffixes = sample_suffixes(similarity_max_pairs / max(1, total))
-    builder = PairSetBuilder(
-        total,
-        has_control=control_name is not None,
-        similarity_fraction=sample_fraction(suffixes),
-        max_chars=max_chars,
-        lost_before=lost_before,
+    end = until if until is not None else time.time()
+    lost_before = end - cand.timeout_s
+    window = _Window(
+        engine, candidate, control_name, max_chars, similarity_max_pairs, lost_before, batch_size
     )
-    stmt = _query(candidate, control_name, since, until, suffixes)
-    async with engine.connect() as conn:
-        batches = _batches(conn, stmt, batch_size)
-        # The next batch is fetched while this one is converted: the driver's thread (aiosqlite)
-        # or socket (asyncpg) works while numpy does. At most one batch waits: memory stays flat.
-        # Converting runs in a worker thread so a report read inside a running gateway (admin
-        # API) never holds its event loop for a whole batch.
-        async with asyncio.TaskGroup() as tasks:
-            ahead = tasks.create_task(anext(batches, None))
-            while part := await ahead:
+    if segmented:
+        return await window.by_segments(since or 0.0, end, until, progress)
+    total = await count_pairs(engine, candidate, since=since, until=until)
+    on_part, close = progress(total) if progress is not None else (None, _nothing)
+    try:
+        suffixes = sample_suffixes(similarity_max_pairs / max(1, total))
+        ps = await window.build(since, until, suffixes, total, on_part)
+    finally:
+        close()
+    mark_split(ps)
+    return ps
+
+
+def _nothing() -> None:
+    pass
+
+
+class _Window:
+    """One candidate's pairs in a window: built from the rows, or assembled from segments."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        candidate: str,
+        control: str | None,
+        max_chars: int,
+        similarity_max_pairs: int,
+        lost_before: float,
+        batch_size: int,
+    ) -> None:
+        self.engine = engine
+        self.candidate = candidate
+        self.control = control
+        self.max_chars = max_chars
+        self.similarity_max_pairs = similarity_max_pairs
+        self.lost_before = lost_before
+        self.batch_size = batch_size
+
+    async def build(
+        self,
+        since: float | None,
+        until: float | None,
+        suffixes: tuple[str, ...] | None,
+        total: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> PairSet:
+        """The PairSet of [since, until) built from the rows (split sessions not marked)."""
+        builder = PairSetBuilder(
+            total,
+            has_control=self.control is not None,
+            suffixes=suffixes,
+            max_chars=self.max_chars,
+            lost_before=self.lost_before,
+        )
+        stmt = _query(self.candidate, self.control, since, until, suffixes)
+        async with self.engine.connect() as conn:
+            batches = _batches(conn, stmt, self.batch_size)
+            # The next batch is fetched while this one is converted: the driver's thread
+            # (aiosqlite) or socket (asyncpg) works while numpy does. At most one batch waits:
+            # memory stays flat. Converting runs in a worker thread so a report read inside a
+            # running process never holds its event loop for a whole batch.
+            async with asyncio.TaskGroup() as tasks:
                 ahead = tasks.create_task(anext(batches, None))
-                await asyncio.to_thread(builder.add, part)
-                if progress is not None:
-                    progress(len(part))
-    pairs = builder.finish()
-    split = await split_sessions(engine, candidate, since=since, until=until)
-    if split:
-        sessions = pairs.session[: pairs.n]
-        pairs.split[: pairs.n] = (sessions != 0) & np.isin(sessions, session_ids(split))
-    return pairs
+                while part := await ahead:
+                    ahead = tasks.create_task(anext(batches, None))
+                    await asyncio.to_thread(builder.add, part)
+                    if progress is not None:
+                        progress(len(part))
+        return builder.finish()
+
+    async def by_segments(
+        self, since: float, end: float, until: float | None, progress: ProgressFactory | None
+    ) -> PairSet:
+        """The window's PairSet from stored segments, building and storing the missing or
+        stale ones first. The grid stops at `end` (the window's end, or now); the open span
+        after the last grid line is built from the rows, up to `until` (None: whatever is
+        stored, as a replica whose clock runs ahead may store exchanges "after" now)."""
+        engine, key = self.engine, self._key()
+        head, first, last = segments.plan(since, end)
+        watermark = await seg_store.max_observation_id(engine)
+        spans: list[tuple[tuple[float, float], int]] = []
+        if head is not None:
+            spans.append((head, await seg_store.exchange_count(engine, *head)))
+        counts = await seg_store.exchange_counts(engine, segments.GRID_S, first, last)
+        spans += [(segments.cell_span(cell), counts[cell]) for cell in sorted(counts)]
+        spans = [(span, n) for span, n in spans if n]
+        open_n = await seg_store.exchange_count(engine, last, until)
+        on_part, close = (
+            progress(sum(n for _, n in spans) + open_n) if progress else (None, _nothing)
+        )
+        try:
+            stored = await self._stored(key, since, last)
+            reuse = [m for span, n in spans if (m := stored.get(span)) and m.exchanges == n]
+            floor = min([m.watermark for m in reuse], default=watermark)
+            above = max(0, min(floor, watermark) - seg_store.RECHECK_IDS)
+            recent = await self._recent(above, since, last)
+            valid = {
+                (m.starts_at, m.ends_at)
+                for m in reuse
+                if recent(m.starts_at, m.ends_at, m.watermark) == m.recent
+            }
+            await seg_store.advance(
+                engine,
+                [
+                    (m.id, watermark, recent(m.starts_at, m.ends_at, watermark))
+                    for m in reuse
+                    if (m.starts_at, m.ends_at) in valid
+                ],
+            )
+            for span, n in spans:
+                if span not in valid:
+                    await self._store(key, span, n, watermark, recent(*span, watermark))
+                if on_part is not None:
+                    on_part(n)
+            metas = await self._stored(key, since, last)
+            open_rows = await count_pairs(engine, self.candidate, since=last, until=until)
+            total = sum(metas[span].rows for span, _ in spans if span in metas) + open_rows
+            suffixes = sample_suffixes(self.similarity_max_pairs / max(1, total))
+            whole = Assembly(total, has_control=self.control is not None)
+            await self._assemble(whole, spans, metas, suffixes)
+            if open_rows:
+                whole.add_set(await self.build(last, until, suffixes, open_rows))
+            if on_part is not None:
+                on_part(open_n)
+        finally:
+            close()
+        return whole.finish(suffixes=suffixes, lost_before=self.lost_before)
+
+    def _key(self) -> tuple[str, str, str]:
+        return self.candidate, self.control or "", segments.params(self.max_chars)
+
+    async def _stored(
+        self, key: tuple[str, str, str], since: float, until: float
+    ) -> dict[tuple[float, float], seg_store.SegmentMeta]:
+        metas = await seg_store.stored(self.engine, *key, since, until)
+        return {(m.starts_at, m.ends_at): m for m in metas}
+
+    async def _recent(
+        self, above: int, since: float, until: float
+    ) -> Callable[[float, float, int], int]:
+        """A counter of the observations (production, candidate, control) with id > above:
+        recent(a, b, w) is how many of them belong to exchanges in [a, b) and have an id
+        above w - RECHECK_IDS."""
+        arms = [self.candidate] + ([self.control] if self.control else [])
+        ids, times = await seg_store.observed_since(self.engine, above, arms, since, until)
+        order = np.argsort(times, kind="stable")
+        ids, times = ids[order], times[order]
+
+        def recent(a: float, b: float, w: int) -> int:
+            lo, hi = np.searchsorted(times, [a, b], side="left")
+            return int(np.count_nonzero(ids[lo:hi] > w - seg_store.RECHECK_IDS))
+
+        return recent
+
+    async def _store(
+        self,
+        key: tuple[str, str, str],
+        span: tuple[float, float],
+        exchanges: int,
+        watermark: int,
+        recent: int,
+    ) -> None:
+        """Build one span from the rows and store it. Its similarity sample is the one its own
+        number of pairs takes: never smaller than a window holding it takes."""
+        rows = await count_pairs(self.engine, self.candidate, since=span[0], until=span[1])
+        suffixes = sample_suffixes(self.similarity_max_pairs / max(1, rows))
+        part = await self.build(*span, suffixes, rows)
+        data = await asyncio.to_thread(segments.encode, part)
+        candidate, control, params = key
+        await seg_store.put(
+            self.engine,
+            candidate=candidate,
+            control=control,
+            params=params,
+            starts_at=span[0],
+            ends_at=span[1],
+            exchanges=exchanges,
+            watermark=watermark,
+            recent=recent,
+            rows=part.n,
+            sample_size=sample_size(suffixes),
+            data=data,
+        )
+
+    async def _assemble(
+        self,
+        whole: Assembly,
+        spans: list[tuple[tuple[float, float], int]],
+        metas: dict[tuple[float, float], seg_store.SegmentMeta],
+        suffixes: tuple[str, ...] | None,
+    ) -> None:
+        """Append the spans' columns in order, reading their bytes a few spans at a time. A
+        span with no stored segment, or one whose similarity sample is smaller than the
+        window's (a larger `similarity_max_pairs` since), is built from the rows."""
+        need = sample_size(suffixes)
+        order = [metas.get(span) for span, _ in spans]
+        for lo in range(0, len(order), _READ_SPANS):
+            chunk = order[lo : lo + _READ_SPANS]
+            ids = [m.id for m in chunk if m is not None and m.sample_size >= need]
+            data = await seg_store.blobs(self.engine, ids) if ids else {}
+            for (span, _), meta in zip(spans[lo : lo + _READ_SPANS], chunk, strict=True):
+                blob = data.pop(meta.id, None) if meta is not None else None
+                if blob is not None and meta is not None:
+                    await asyncio.to_thread(whole.add_bytes, blob, meta.rows)
+                    continue
+                rows = await count_pairs(self.engine, self.candidate, since=span[0], until=span[1])
+                whole.add_set(await self.build(*span, suffixes, rows))
 
 
-async def split_sessions(
-    engine: AsyncEngine, candidate: str, *, since: float | None = None, until: float | None = None
-) -> list[str]:
-    """The session keys among the candidate's pairs in the window whose exchanges more than one
-    gateway replica stored: split sessions (a balancer not keyed on the session)."""
-    e, c, cond = _candidate_rows(candidate, since, until)
-    joined = e.outerjoin(c, and_(c.c.exchange_id == e.c.id, c.c.endpoint == candidate))
-    stmt = (
-        select(e.c.session_key)
-        .select_from(joined)
-        .where(*cond, e.c.session_key.is_not(None))
-        .group_by(e.c.session_key)
-        .having(func.count(func.distinct(e.c.replica)) > 1)
-    )
-    async with engine.connect() as conn:
-        return [str(key) for key in (await conn.scalars(stmt)).all()]
+# Segments read per query while assembling: bounded memory (a few MB per span at 100 pairs/s).
+_READ_SPANS = 16
 
 
 async def _batches(

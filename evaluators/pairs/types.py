@@ -9,6 +9,7 @@ equality) are computed while loading, by `evaluators.pairs.columns`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -24,6 +25,10 @@ F64 = NDArray[np.float64]
 I8 = NDArray[np.int8]
 I16 = NDArray[np.int16]
 B = NDArray[np.bool_]
+
+# Given how many rows (or exchanges) a load will go through, returns a callback for each part read
+# (or None) and a function that closes the display: the CLI's progress bar plugs in here.
+ProgressFactory = Callable[[int], tuple[Callable[[int], None] | None, Callable[[], None]]]
 
 # Failure classes, coded in ArmColumns.error (0 = answered OK).
 TIMEOUT = ERROR_KINDS.index(ErrorKind.TIMEOUT)
@@ -63,6 +68,7 @@ class Pair(msgspec.Struct, kw_only=True):
     json_requested: bool = False
     tools_requested: bool = False
     model: str | None = None
+    replica: str = ""  # the gateway replica (host's mirror process) that stored the exchange
 
 
 def _zeros(n: int, dtype: type[np.generic] | type[bool]) -> NDArray[Any]:
@@ -160,12 +166,17 @@ class PairSet:
     # left out of the by-turn analysis (evaluators.pairs.load marks them).
     split: B
     model: I16  # index into `models`
+    replica: I16  # index into `replicas`: the replica that stored the exchange
+    # The exchange id's tail as a rank 0-255 (256: not hex): the pair is in the text-similarity
+    # sample when its rank is below the sample's size (evaluators.pairs.columns.sample_size).
+    sample_rank: NDArray[np.uint16]
     production: ArmColumns
     candidate: ArmColumns
     control: ArmColumns
     vs_candidate: Comparison
     vs_control: Comparison
     models: list[str] = field(default_factory=list)
+    replicas: list[str] = field(default_factory=list)
     has_control: bool = False
     lost: int = 0
     pending: int = 0
@@ -184,6 +195,8 @@ class PairSet:
             session=_zeros(n, np.uint64),
             split=_zeros(n, bool),
             model=_zeros(n, np.int16),
+            replica=_zeros(n, np.int16),
+            sample_rank=_zeros(n, np.uint16),
             production=ArmColumns.empty(n),
             candidate=ArmColumns.empty(n),
             control=ArmColumns.empty(n),

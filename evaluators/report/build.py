@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,12 +20,10 @@ from evaluators.judge.settings import VerdictSettings
 from evaluators.judge.verdict import Reason, judge, summary
 from evaluators.metrics import cost, latency, throughput
 from evaluators.metrics.registry import run_all
-from evaluators.pairs.types import PairSet
+from evaluators.pairs.types import PairSet, ProgressFactory
 from evaluators.report.model import SCHEMA_VERSION, PairsSummary, Report
 
-# Given the number of rows about to load, returns a per-batch progress callback (or None) and a
-# function that closes the display: the CLI's progress bar plugs in here.
-ProgressFactory = Callable[[int], tuple[Callable[[int], None] | None, Callable[[], None]]]
+__all__ = ["ProgressFactory", "build_report", "coverage_of", "evaluate"]
 
 
 def coverage_of(accounting: dict[str, int], pairs: PairSet) -> float | None:
@@ -242,37 +239,31 @@ async def evaluate(
     settings: VerdictSettings,
     planned_look: bool = False,
     progress: ProgressFactory | None = None,
+    segmented: bool = True,
 ) -> Report:
     """Load the candidate's pairs and accounting from storage and build its report.
 
     The candidate's `verdict` apply on top of `settings` (a ValueError names a bad
     one). `since` defaults to the candidate's creation. LookupError when no endpoint has that name.
+    `segmented` False builds the pairs from the rows in one pass instead of reading the stored
+    segments (the same report; tests compare the two).
     """
     from evaluators.pairs import load as store
 
     cand, live, control = await store.load_endpoints(engine, candidate_name)
-    settings.with_overrides(cand.verdict)  # raises ValueError on a bad override
+    effective = settings.with_overrides(cand.verdict)  # raises ValueError on a bad override
     start = since if since is not None else (cand.created_at or None)
-    on_batch: Callable[[int], None] | None = None
-    close: Callable[[], None] = lambda: None  # noqa: E731 - the no-op default
-    expected: int | None = None
-    if progress is not None:
-        expected = await store.count_pairs(engine, candidate_name, since=start, until=until)
-        on_batch, close = progress(expected)
-    try:
-        ps = await store.load_pairs(
-            engine,
-            candidate_name,
-            since=start,
-            until=until,
-            progress=on_batch,
-            control=control.name if control else False,
-            similarity_max_pairs=settings.similarity_max_pairs,
-            max_chars=settings.similarity_max_chars,
-            expected_rows=expected,
-        )
-    finally:
-        close()
+    ps = await store.load_pairs(
+        engine,
+        candidate_name,
+        since=start,
+        until=until,
+        progress=progress,
+        control=control.name if control else False,
+        similarity_max_pairs=effective.similarity_max_pairs,
+        max_chars=effective.similarity_max_chars,
+        segmented=segmented,
+    )
     accounting = await store.load_accounting(engine, candidate_name)
     # Units close against the clock: a live look must not use sessions still under way. "Now"
     # is never before the newest pair: a replica's clock may run ahead of this one's.

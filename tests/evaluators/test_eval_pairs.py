@@ -4,6 +4,7 @@ pending copies, batching, the control and the copy accounting."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import fields
 
 import msgspec
@@ -119,14 +120,23 @@ async def test_stored_pairs_load_like_the_same_pairs_in_memory(db_engine: AsyncE
 
 
 async def test_batches_do_not_change_the_result(db_engine: AsyncEngine) -> None:
-    """Reading in batches of 7 rows gives the same PairSet, and progress counts every row."""
+    """Reading the rows in batches of 7 gives the same PairSet as reading stored segments, and
+    progress is told the total first, then counts every row."""
     await register(db_engine)
     pairs = synthetic.pairs(SCENARIO, 100, seed=4, start=time.time() - 3600)
     await store(db_engine, pairs)
     seen: list[int] = []
-    small = await load_pairs(db_engine, "cand", since=0.0, batch_size=7, progress=seen.append)
+    totals: list[int] = []
+
+    def progress(total: int) -> tuple[Callable[[int], None], Callable[[], None]]:
+        totals.append(total)
+        return seen.append, lambda: None
+
+    small = await load_pairs(
+        db_engine, "cand", since=0.0, batch_size=7, progress=progress, segmented=False
+    )
     assert_same(small, await load_pairs(db_engine, "cand", since=0.0))
-    assert sum(seen) == 100 and max(seen) == 7
+    assert totals == [100] and sum(seen) == 100 and max(seen) == 7
     assert await count_pairs(db_engine, "cand", since=0.0) == 100
 
 

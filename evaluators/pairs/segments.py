@@ -1,0 +1,211 @@
+"""A PairSet in spans of arrival time, stored as bytes: how a report over millions of pairs reads
+columns instead of joining and converting millions of rows.
+
+The pairs of a window are cut on a fixed grid of GRID_S seconds of arrival time (plus the
+partial span from the window's start to the first grid line, and the open span at its end,
+which is always read from the rows). Each closed span's pairs are built exactly as the full
+load builds them (`evaluators.pairs.columns.PairSetBuilder`, the same query restricted to the
+span) and stored as the PairSet's columns, raw (`encode`). A report concatenates the spans in
+order and then does what depends on the whole window, never on one span:
+
+- the similarity sample: its size depends on the window's number of pairs. A span is built
+  with the sample its own number of pairs would take, which is never smaller than any window
+  holding it would take, and the assembled set drops the similarity of the pairs ranked past
+  the window's sample size (`PairSet.sample_rank`);
+- lost versus pending copies (against the candidate's current timeout);
+- split sessions (a session is split by its turns in any span);
+- the model and replica codes (renumbered in order of first appearance, as one load would).
+
+So the assembled PairSet is equal, column for column, to the one a single load over the window
+builds; tests/evaluators/test_report_segments.py compares them.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterator
+from dataclasses import fields
+from typing import Any
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from evaluators.pairs.columns import mark_split, sample_fraction, sample_size
+from evaluators.pairs.types import ArmColumns, Comparison, PairSet
+
+# Grid of the spans, in seconds of arrival time. A power of two, so a grid line is an exact
+# float and `floor(t / GRID_S)` (what the database counts by) agrees with `t >= k * GRID_S`
+# (what the span's query selects by). About a minute: at 100 pairs/s a span holds 6,400 pairs
+# (1.4 MB of columns), the open span read from the rows at every report stays small, and a
+# million pairs are ~160 spans.
+GRID_S = 64.0
+# The stored format; a change of layout or of how a column is computed bumps it.
+FORMAT = 1
+
+
+def params(max_chars: int) -> str:
+    """The inputs a span's columns depend on besides the rows (stored segments match on it)."""
+    return f"v{FORMAT}:chars={max_chars}"
+
+
+def plan(since: float, until: float) -> tuple[tuple[float, float] | None, float, float]:
+    """(head, first grid line, last grid line) of the window [since, until): the head span
+    [since, first line) when the window does not start on a grid line and reaches that line
+    (None otherwise), and the grid lines between which whole cells lie. The open span is
+    [last line, until) (empty when until is on a line)."""
+    first = math.ceil(since / GRID_S) * GRID_S
+    last = math.floor(until / GRID_S) * GRID_S
+    if first > last:  # the window lies inside one cell: everything is the open span
+        return None, since, since
+    head = (since, first) if first > since else None
+    return head, first, last
+
+
+def cell_span(cell: int) -> tuple[float, float]:
+    return cell * GRID_S, (cell + 1) * GRID_S
+
+
+def cell_of(t: float) -> int:
+    return math.floor(t / GRID_S)
+
+
+def _columns(
+    obj: PairSet | ArmColumns | Comparison, prefix: str = ""
+) -> Iterator[tuple[str, NDArray[Any], Any, str]]:
+    """Every array column (path, array, owner, attribute or key), in declaration order."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, np.ndarray):
+            yield prefix + f.name, value, obj, f.name
+        elif isinstance(value, dict):
+            for key, column in value.items():
+                yield f"{prefix}{f.name}.{key}", column, value, key
+        elif isinstance(value, ArmColumns | Comparison):
+            yield from _columns(value, f"{prefix}{f.name}.")
+
+
+class _Header(msgspec.Struct, frozen=True):
+    format: int
+    n: int
+    has_control: bool
+    models: list[str]
+    replicas: list[str]
+    columns: list[tuple[str, str]]  # (path, numpy dtype)
+
+
+def encode(ps: PairSet) -> bytes:
+    """The PairSet's first `ps.n` rows as bytes: a JSON header, then each column raw."""
+    n = ps.n
+    cols = list(_columns(ps))
+    header = _Header(
+        FORMAT,
+        n,
+        ps.has_control,
+        list(ps.models),
+        list(ps.replicas),
+        [(path, array.dtype.str) for path, array, _, _ in cols],
+    )
+    head = msgspec.json.encode(header)
+    parts = [struct.pack("<I", len(head)), head]
+    parts += [np.ascontiguousarray(array[:n]).tobytes() for _, array, _, _ in cols]
+    return b"".join(parts)
+
+
+class Decoded(msgspec.Struct):
+    n: int
+    models: list[str]
+    replicas: list[str]
+
+
+def decode_into(dst: PairSet, start: int, data: bytes) -> Decoded:
+    """Copy an encoded span's columns into dst's rows [start, start + n)."""
+    (size,) = struct.unpack_from("<I", data)
+    header = msgspec.json.decode(data[4 : 4 + size], type=_Header)
+    if header.format != FORMAT:
+        raise ValueError(f"report segment format {header.format}, expected {FORMAT}")
+    n, offset = header.n, 4 + size
+    targets = {path: array for path, array, _, _ in _columns(dst)}
+    if [p for p, _ in header.columns] != list(targets):
+        raise ValueError("report segment columns differ from the PairSet's")
+    for path, dtype in header.columns:
+        array = targets[path]
+        if np.dtype(dtype) != array.dtype:
+            raise ValueError(f"report segment column {path} is {dtype}, not {array.dtype}")
+        width = n * array.dtype.itemsize
+        array[start : start + n] = np.frombuffer(data, array.dtype, n, offset)
+        offset += width
+    return Decoded(n, header.models, header.replicas)
+
+
+def copy_into(dst: PairSet, start: int, src: PairSet) -> Decoded:
+    """Copy src's rows into dst's rows [start, start + src.n)."""
+    n = src.n
+    for (_, array, _, _), (_, source, _, _) in zip(_columns(dst), _columns(src), strict=True):
+        array[start : start + n] = source[:n]
+    return Decoded(n, list(src.models), list(src.replicas))
+
+
+class Assembly:
+    """Concatenates spans (in arrival order) into one preallocated PairSet."""
+
+    def __init__(self, total: int, *, has_control: bool) -> None:
+        self.ps = PairSet.empty(total)
+        self.ps.has_control = has_control
+        self._models: dict[str, int] = {}
+        self._replicas: dict[str, int] = {}
+
+    def add_bytes(self, data: bytes, rows: int) -> int:
+        self._room(rows)
+        return self._renumber(decode_into(self.ps, self.ps.n, data))
+
+    def add_set(self, src: PairSet) -> int:
+        self._room(src.n)
+        return self._renumber(copy_into(self.ps, self.ps.n, src))
+
+    def _room(self, rows: int) -> None:
+        """Rows can arrive between counting and reading the open span: grow to fit them."""
+        if self.ps.n + rows > self.ps.capacity:
+            n = self.ps.n
+            self.ps = self.ps.resized(max(n + rows, self.ps.capacity + self.ps.capacity // 8))
+            self.ps.n = n
+
+    def _renumber(self, got: Decoded) -> int:
+        """Codes local to the span become the window's (first appearance first)."""
+        sl = slice(self.ps.n, self.ps.n + got.n)
+        for column, names, codes in (
+            (self.ps.model, got.models, self._models),
+            (self.ps.replica, got.replicas, self._replicas),
+        ):
+            if not names:
+                continue
+            used = np.zeros(len(names), dtype=bool)
+            used[np.unique(column[sl])] = True
+            remap = np.zeros(len(names), dtype=np.int16)
+            for local, name in enumerate(names):
+                if used[local]:  # a code is only assigned to a name that appears
+                    remap[local] = codes.setdefault(name, len(codes))
+            column[sl] = remap[column[sl]]
+        self.ps.n += got.n
+        return got.n
+
+    def finish(self, *, suffixes: tuple[str, ...] | None, lost_before: float) -> PairSet:
+        """The window's PairSet: the similarity sample cut to the window's size, lost and
+        pending copies counted against `lost_before`, split sessions marked."""
+        ps = self.ps
+        n = ps.n
+        if n != ps.capacity:
+            ps = ps.resized(n)
+        outside = ps.sample_rank[:n] >= sample_size(suffixes)
+        ps.vs_candidate.similarity[:n][outside] = np.nan
+        ps.vs_control.similarity[:n][outside] = np.nan
+        ps.similarity_fraction = sample_fraction(suffixes)
+        missing = ~ps.candidate.present[:n]
+        late = ps.received_at[:n] >= lost_before
+        ps.lost = int(np.count_nonzero(missing & ~late))
+        ps.pending = int(np.count_nonzero(missing & late))
+        ps.models = sorted(self._models, key=self._models.__getitem__)
+        ps.replicas = sorted(self._replicas, key=self._replicas.__getitem__)
+        mark_split(ps)
+        return ps
