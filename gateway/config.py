@@ -126,6 +126,11 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     report_concurrency: PosInt = 1  # reports computed at once (each holds its pairs in memory)
     report_queue_max: PosInt = 16  # reports waiting for a slot; beyond: 503, counted
     report_timeout_s: PosFloat = 900.0  # a worker waits this long for the report process
+    # Every this many seconds the report process brings each active candidate's stored report
+    # segments up to date (evaluators.pairs.segments), so a report reads columns instead of
+    # rows; 0 = only when a report is asked for. A minute keeps the rows a report must still
+    # build to about two minutes of traffic.
+    report_refresh_interval_s: NonNegFloat = 60.0
 
     # --- storage
     db_url: str = "sqlite+aiosqlite:///./canary.db"

@@ -134,24 +134,24 @@ async def observed_since(
     engine: AsyncEngine, watermark: int, endpoints: Sequence[str], since: float, until: float
 ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
     """(observation id, its exchange's received_at) of the observations of `endpoints` (and of
-    production) with id > watermark whose exchange arrived in [since, until)."""
+    production) with id > watermark whose exchange arrived in [since, until).
+
+    The arrival window is applied here, not in SQL: the query must walk observations by id
+    (the few newer than the watermark) and look each exchange up by key, never scan the
+    exchanges by arrival time (which a planner may prefer when the window is in the query)."""
     o, e = OBSERVATIONS.c, EXCHANGES.c
     stmt = (
         select(o.id, e.received_at)
         .select_from(OBSERVATIONS.join(EXCHANGES, e.id == o.exchange_id))
-        .where(
-            o.id > watermark,
-            or_(o.arm == "production", o.endpoint.in_(list(endpoints))),
-            e.received_at >= since,
-            e.received_at < until,
-        )
+        .where(o.id > watermark, or_(o.arm == "production", o.endpoint.in_(list(endpoints))))
     )
     with translated("reading observations newer than the report segments"):
         async with engine.connect() as conn:
             rows = (await conn.execute(stmt)).all()
     ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
     times = np.fromiter((r[1] for r in rows), np.float64, len(rows))
-    return ids, times
+    keep = (times >= since) & (times < until)
+    return ids[keep], times[keep]
 
 
 async def blobs(engine: AsyncEngine, ids: Sequence[int]) -> dict[int, bytes]:

@@ -29,7 +29,7 @@ from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs.types import PairSet
-from evaluators.stats.sequential import BoundedStat, MeanStat, pairs_needed
+from evaluators.stats.sequential import PLOT_XTOL, BoundedStat, MeanStat, pairs_needed
 from evaluators.stats.units import Units, build_units
 
 Role = Literal["critical", "guardrail", "goal", "diagnostic"]
@@ -364,7 +364,7 @@ def _trajectory(
         return []
     looks = np.unique(np.linspace(1, k, min(TRAJECTORY_LOOKS, k)).round().astype(np.int64))
     stat = make(looks)
-    lo, hi = stat.bounds(a)
+    lo, hi = stat.bounds(a, PLOT_XTOL)
     pairs = np.cumsum(sizes)[looks - 1]
     return [
         [float(p), _fnum(spec.to_natural(float(low))), _fnum(spec.to_natural(float(high)))]

@@ -150,16 +150,18 @@ def mark_split(ps: PairSet) -> None:
     stored (a balancer not keyed on the session), among the pairs of the set."""
     n = ps.n
     session, replica = ps.session[:n], ps.replica[:n]
-    keyed = session != 0
     ps.split[:n] = False
-    if not np.any(keyed):
+    keyed = np.flatnonzero(session != 0)
+    if len(keyed) == 0:
         return
-    # Distinct (session, replica) combinations; a session in more than one is split.
-    combos = np.unique(np.stack([session[keyed], replica[keyed].astype(np.uint64)]), axis=1)
-    sessions, count = np.unique(combos[0], return_counts=True)
-    split = sessions[count > 1]
-    if len(split):
-        ps.split[:n] = keyed & np.isin(session, split)
+    # Sort the keyed pairs by session; a session is split when its replicas' min and max differ.
+    order = keyed[np.argsort(session[keyed], kind="stable")]
+    s, r = session[order], replica[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    mixed = np.minimum.reduceat(r, starts) != np.maximum.reduceat(r, starts)
+    if np.any(mixed):
+        group = np.cumsum(np.r_[True, s[1:] != s[:-1]]) - 1
+        ps.split[order] = mixed[group]
 
 
 class PairSetBuilder:

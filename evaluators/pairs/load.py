@@ -266,6 +266,34 @@ def _nothing() -> None:
     pass
 
 
+async def refresh_segments(
+    engine: AsyncEngine,
+    candidate: str,
+    *,
+    similarity_max_pairs: int = 10_000,
+    max_chars: int = 4000,
+) -> int:
+    """Bring the candidate's stored segments up to date (its default window: from its
+    creation to now, with its control) without assembling a report; returns how many spans
+    were built. The report process runs this in the background so a report finds them ready.
+    LookupError when the candidate does not exist."""
+    cand, _live, found = await load_endpoints(engine, candidate)
+    now = time.time()
+    window = _Window(
+        engine,
+        candidate,
+        found.name if found else None,
+        max_chars,
+        similarity_max_pairs,
+        now - cand.timeout_s,
+        5000,
+    )
+    since = cand.created_at or 0.0
+    head, first, last = segments.plan(since, now)
+    await window.refresh(await window._spans(head, first, last), since, last)
+    return window.built
+
+
 class _Window:
     """One candidate's pairs in a window: built from the rows, or assembled from segments."""
 
@@ -286,6 +314,7 @@ class _Window:
         self.similarity_max_pairs = similarity_max_pairs
         self.lost_before = lost_before
         self.batch_size = batch_size
+        self.built = 0  # segments the last refresh built (the others were reused)
 
     async def build(
         self,
@@ -326,45 +355,15 @@ class _Window:
         stale ones first. The grid stops at `end` (the window's end, or now); the open span
         after the last grid line is built from the rows, up to `until` (None: whatever is
         stored, as a replica whose clock runs ahead may store exchanges "after" now)."""
-        engine, key = self.engine, self._key()
         head, first, last = segments.plan(since, end)
-        watermark = await seg_store.max_observation_id(engine)
-        spans: list[tuple[tuple[float, float], int]] = []
-        if head is not None:
-            spans.append((head, await seg_store.exchange_count(engine, *head)))
-        counts = await seg_store.exchange_counts(engine, segments.GRID_S, first, last)
-        spans += [(segments.cell_span(cell), counts[cell]) for cell in sorted(counts)]
-        spans = [(span, n) for span, n in spans if n]
-        open_n = await seg_store.exchange_count(engine, last, until)
+        spans = await self._spans(head, first, last)
+        open_n = await seg_store.exchange_count(self.engine, last, until)
         on_part, close = (
             progress(sum(n for _, n in spans) + open_n) if progress else (None, _nothing)
         )
         try:
-            stored = await self._stored(key, since, last)
-            reuse = [m for span, n in spans if (m := stored.get(span)) and m.exchanges == n]
-            floor = min([m.watermark for m in reuse], default=watermark)
-            above = max(0, min(floor, watermark) - seg_store.RECHECK_IDS)
-            recent = await self._recent(above, since, last)
-            valid = {
-                (m.starts_at, m.ends_at)
-                for m in reuse
-                if recent(m.starts_at, m.ends_at, m.watermark) == m.recent
-            }
-            await seg_store.advance(
-                engine,
-                [
-                    (m.id, watermark, recent(m.starts_at, m.ends_at, watermark))
-                    for m in reuse
-                    if (m.starts_at, m.ends_at) in valid
-                ],
-            )
-            for span, n in spans:
-                if span not in valid:
-                    await self._store(key, span, n, watermark, recent(*span, watermark))
-                if on_part is not None:
-                    on_part(n)
-            metas = await self._stored(key, since, last)
-            open_rows = await count_pairs(engine, self.candidate, since=last, until=until)
+            metas = await self.refresh(spans, since, last, on_part)
+            open_rows = await count_pairs(self.engine, self.candidate, since=last, until=until)
             total = sum(metas[span].rows for span, _ in spans if span in metas) + open_rows
             suffixes = sample_suffixes(self.similarity_max_pairs / max(1, total))
             whole = Assembly(total, has_control=self.control is not None)
@@ -376,6 +375,60 @@ class _Window:
         finally:
             close()
         return whole.finish(suffixes=suffixes, lost_before=self.lost_before)
+
+    async def _spans(
+        self, head: tuple[float, float] | None, first: float, last: float
+    ) -> list[tuple[tuple[float, float], int]]:
+        """The closed spans holding exchanges, in order, with how many exchanges each holds."""
+        spans: list[tuple[tuple[float, float], int]] = []
+        if head is not None:
+            spans.append((head, await seg_store.exchange_count(self.engine, *head)))
+        counts = await seg_store.exchange_counts(self.engine, segments.GRID_S, first, last)
+        spans += [(segments.cell_span(cell), counts[cell]) for cell in sorted(counts)]
+        return [(span, n) for span, n in spans if n]
+
+    async def refresh(
+        self,
+        spans: list[tuple[tuple[float, float], int]],
+        since: float,
+        last: float,
+        on_part: Callable[[int], None] | None = None,
+    ) -> dict[tuple[float, float], seg_store.SegmentMeta]:
+        """Check the stored segments of these spans, rebuild the missing and stale ones, and
+        return the stored segments (by span) as they now are."""
+        engine, key = self.engine, self._key()
+        watermark = await seg_store.max_observation_id(engine)
+        stored = await self._stored(key, since, last)
+        reuse = [m for span, n in spans if (m := stored.get(span)) and m.exchanges == n]
+        floor = min([m.watermark for m in reuse], default=watermark)
+        above = max(0, min(floor, watermark) - seg_store.RECHECK_IDS)
+        recent = await self._recent(above, since, last)
+        valid = {
+            (m.starts_at, m.ends_at)
+            for m in reuse
+            if recent(m.starts_at, m.ends_at, m.watermark) == m.recent
+        }
+        await seg_store.advance(
+            engine,
+            [
+                (m.id, watermark, recent(m.starts_at, m.ends_at, watermark))
+                for m in reuse
+                if (m.starts_at, m.ends_at) in valid
+            ],
+        )
+        before = 0  # the window's pairs before the span
+        built = 0
+        for span, n in spans:
+            if span in valid:
+                before += stored[span].rows
+            else:
+                rec = recent(*span, watermark)
+                before += await self._store(key, span, n, watermark, rec, before)
+                built += 1
+            if on_part is not None:
+                on_part(n)
+        self.built = built
+        return await self._stored(key, since, last) if built else stored
 
     def _key(self) -> tuple[str, str, str]:
         return self.candidate, self.control or "", segments.params(self.max_chars)
@@ -410,12 +463,14 @@ class _Window:
         exchanges: int,
         watermark: int,
         recent: int,
-    ) -> None:
-        """Build one span from the rows and store it. Its similarity sample is the one its own
-        number of pairs takes: never smaller than a window holding it takes."""
-        rows = await count_pairs(self.engine, self.candidate, since=span[0], until=span[1])
-        suffixes = sample_suffixes(self.similarity_max_pairs / max(1, rows))
-        part = await self.build(*span, suffixes, rows)
+        before: int,
+    ) -> int:
+        """Build one span from the rows and store it; returns its number of pairs. Its
+        similarity sample is the one a window of the `before` pairs preceding it would take:
+        never smaller than a window from the same start through this span takes (a window
+        starting later that needs more is built from the rows, see `_assemble`)."""
+        suffixes = sample_suffixes(self.similarity_max_pairs / max(1, before))
+        part = await self.build(*span, suffixes, exchanges)
         data = await asyncio.to_thread(segments.encode, part)
         candidate, control, params = key
         await seg_store.put(
@@ -432,6 +487,7 @@ class _Window:
             sample_size=sample_size(suffixes),
             data=data,
         )
+        return part.n
 
     async def _assemble(
         self,

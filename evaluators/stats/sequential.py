@@ -145,8 +145,9 @@ class MeanStat:
         s = c / (self._mu + np.sqrt(self._mu**2 + self._s2 * c))
         return s * np.sqrt(self.var) / self.t
 
-    def bounds(self, alpha: float) -> tuple[F, F]:
-        """(lower, upper): each a one-sided always-valid bound at level alpha."""
+    def bounds(self, alpha: float, xtol: float = 0.0) -> tuple[F, F]:
+        """(lower, upper): each a one-sided always-valid bound at level alpha (closed form:
+        `xtol` is for the interface shared with BoundedStat)."""
         h = self._halfwidth(alpha)
         return self.mean - h - self._shift("above", alpha), self.mean + h + self._shift(
             "below", alpha
@@ -166,6 +167,13 @@ def _cluster_var(x: F, groups: NDArray[np.int64], looks: NDArray[np.int64], mean
         sums = np.bincount(groups[:t], weights=dev)
         out[j] = float(np.sum(sums * sums)) / max(t - 1, 1)
     return out
+
+
+# Root-finding tolerance of the bounds that gate (on the [-1, 1] scale of a bounded statistic).
+ROOT_XTOL = 1e-7
+# ... and of the plotted interval-against-pairs trajectory: a hundredth of a percentage point,
+# far below a pixel, at about half the evaluations of the wealth.
+PLOT_XTOL = 1e-4
 
 
 class BoundedStat:
@@ -216,21 +224,22 @@ class BoundedStat:
         """Always-valid p-value: 1 / wealth (Ville's inequality), capped at 1."""
         return np.exp(-np.maximum(self.log_wealth(m, side), 0.0))
 
-    def bounds(self, alpha: float) -> tuple[F, F]:
-        """(lower, upper) at each look for a 1-D statistic: the CS inverted by root finding."""
+    def bounds(self, alpha: float, xtol: float = ROOT_XTOL) -> tuple[F, F]:
+        """(lower, upper) at each look for a 1-D statistic: the CS inverted by root finding
+        to within `xtol` (on the statistic's [-1, 1] scale)."""
         if self._d.ndim != 1:
             raise ValueError("bounds() is for one run; use p() for many")
         target = np.log(1.0 / alpha)
         lows, highs = [], []
         for j in range(len(self._looks)):
             mean = float(self.mean[j])
-            lows.append(_root(self, j, mean, -1.0, "above", target))
-            highs.append(_root(self, j, mean, 1.0, "below", target))
+            lows.append(_root(self, j, mean, -1.0, "above", target, xtol))
+            highs.append(_root(self, j, mean, 1.0, "below", target, xtol))
         return np.array(lows), np.array(highs)
 
 
 def _root(
-    stat: BoundedStat, look: int, start: float, end: float, side: Side, target: float
+    stat: BoundedStat, look: int, start: float, end: float, side: Side, target: float, xtol: float
 ) -> float:
     """The m between start and end where the wealth against m reaches exp(target)."""
     if not np.isfinite(start):
@@ -246,7 +255,7 @@ def _root(
         return end
     if f(start) >= 0:
         return start
-    return float(optimize.brentq(f, start, edge, xtol=1e-7))
+    return float(optimize.brentq(f, start, edge, xtol=xtol))
 
 
 def holm(p: F, alpha: float) -> NDArray[np.bool_]:

@@ -11,7 +11,9 @@ it spends on a report is what it spends on proxying a small answer.
 `LocalReports` is the one path to a report inside a gateway: `evaluators.report.build.evaluate`
 with this gateway's verdict settings, bounded (`report_concurrency` at once, `report_queue_max`
 waiting, beyond that refused and counted) and single-flight (identical requests arriving while
-one is computed share its result).
+one is computed share its result). Between reports it keeps each active candidate's stored
+report segments current (`report_refresh_interval_s`), so a report reads the candidate's
+closed spans as columns and builds only the last minute or two from the rows.
 
 Wire (HTTP/1.1 over the Unix socket, never exposed on a TCP port):
 
@@ -131,6 +133,10 @@ class LocalReports:
             "running": 0,
             "waiting": 0,
             "last_seconds": 0.0,
+            "refreshes": 0,
+            "refresh_failed": 0,
+            "segments_built": 0,
+            "last_refresh_seconds": 0.0,
         }
 
     async def report(self, name: str, *, final: bool = False) -> ReportDoc:
@@ -188,6 +194,47 @@ class LocalReports:
                 self.stats["last_seconds"] = time.perf_counter() - started
         self.stats["computed"] += 1
         return ReportDoc(report.verdict, body)
+
+    async def refresh(self) -> None:
+        """Bring every active candidate's report segments up to date, one candidate at a time
+        and only while no report waits for the slot (a report always goes first)."""
+        await load_report_stack()
+        from evaluators.pairs.load import refresh_segments
+        from storage import queries
+
+        _, endpoints = await queries.load_endpoints(self.engine)
+        started = time.perf_counter()
+        for ep in endpoints:
+            if ep.role != "candidate" or ep.state != "active":
+                continue
+            if self._waiting:
+                break  # reports are waiting: they come first; the next round resumes
+            settings = self.settings.with_overrides(ep.verdict)
+            async with self._slots:
+                try:
+                    built = await refresh_segments(
+                        self.engine,
+                        ep.name,
+                        similarity_max_pairs=settings.similarity_max_pairs,
+                        max_chars=settings.similarity_max_chars,
+                    )
+                except LookupError:  # removed meanwhile
+                    continue
+            self.stats["segments_built"] += built
+        self.stats["refreshes"] += 1
+        self.stats["last_refresh_seconds"] = time.perf_counter() - started
+
+    async def refresh_every(self, interval_s: float, stop: asyncio.Event) -> None:
+        """`refresh` every `interval_s` until `stop`; a failure is counted and logged, and the
+        next round tries again."""
+        while not stop.is_set():
+            try:
+                await self.refresh()
+            except Exception:
+                self.stats["refresh_failed"] += 1
+                log.exception("refreshing report segments failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
 
     def snapshot(self) -> dict[str, float]:
         return self.stats | {"waiting": float(self._waiting)}
@@ -256,7 +303,10 @@ async def serve_reports(
         ready()
         # Import the statistics stack now, in a thread: the first report need not wait for it.
         await load_report_stack()
-        await stop.wait()
+        if config.report_refresh_interval_s > 0:
+            await reports.refresh_every(config.report_refresh_interval_s, stop)
+        else:
+            await stop.wait()
     finally:
         await runner.cleanup()
         await engine.dispose()

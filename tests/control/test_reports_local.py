@@ -4,6 +4,7 @@ queue that refuses past its bound (counted), unknown names and bad overrides tol
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -56,3 +57,49 @@ async def test_unknown_candidate_and_bad_override(db_engine: AsyncEngine) -> Non
     with pytest.raises(ValueError, match="nonsense"):
         await reports.report("odd")
     assert reports.stats["failed"] == 0  # an operator's mistake is not a failure of the process
+
+
+async def test_background_refresh_keeps_segments_current(db_engine: AsyncEngine) -> None:
+    """The report process's refresh builds each active candidate's closed spans once, builds
+    nothing when nothing changed, rebuilds the span a late copy lands in, and skips a paused
+    candidate."""
+    from sqlalchemy import func, insert, select, update
+
+    from storage.models import EndpointRow, ObservationRow, ReportSegmentRow
+    from tests.evaluators.test_eval_pairs import register
+    from tests.evaluators.test_report_segments import _observation, _traffic, _write
+
+    await register(db_engine)  # live, cand, ctrl (control), other
+    await queries.update_endpoint(db_engine, "other", {"state": "paused"})
+    now = time.time()
+    async with db_engine.begin() as conn:  # registered an hour ago, before the traffic
+        await conn.execute(update(EndpointRow).values(created_at=now - 3600))
+    pairs = _traffic(now)
+    late = pairs[len(pairs) // 3]
+    await _write(
+        db_engine,
+        pairs,
+        [
+            (p, ep)
+            for p in pairs
+            for ep in ("live", "cand", "ctrl")
+            if p is not late or ep == "live"
+        ],
+    )
+    reports = LocalReports(db_engine, VerdictSettings())
+    await reports.refresh()
+    first = reports.stats["segments_built"]
+    seg = ReportSegmentRow.__table__.c
+    async with db_engine.connect() as conn:
+        rows = await conn.execute(select(seg.candidate, func.count()).group_by(seg.candidate))
+        per_candidate = dict(rows.all())
+    assert set(per_candidate) == {"cand", "ctrl"} and first == sum(per_candidate.values()) > 8
+    await reports.refresh()
+    assert reports.stats["segments_built"] == first  # nothing changed, nothing built
+    row = _observation(late, "cand")
+    assert row is not None
+    async with db_engine.begin() as conn:
+        await conn.execute(insert(ObservationRow), [row])
+    await reports.refresh()
+    assert reports.stats["segments_built"] == first + 1  # cand's span of the late copy
+    assert reports.stats["refreshes"] == 3 and reports.stats["refresh_failed"] == 0
