@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
-"""Benchmark: `canary report` over a million stored pairs (a benchmark, not a test).
+"""Benchmark: a report over millions of stored pairs (a benchmark, not a test).
 
-Builds (once, cached by --db path) a SQLite database with the real schema holding N exchanges,
-each observed by production, a candidate and a control, then times
-`evaluators.pairs.load.load_pairs`
-and `build_report` separately and prints a table: pairs/s, wall time, peak RSS, and the RSS
-sampled while the rows stream in (it must stay flat: the rows go straight into preallocated
-compact columns; nothing per pair is kept as a Python object).
+Builds (once, cached) a database with the real schema holding N exchanges, each observed by
+production, a candidate and a control, on SQLite (a file) or PostgreSQL (a database of its own),
+then times the report in three ways, each in a fresh child process (so each peak RSS is its own):
+
+- `rows`: the pairs built from the rows in one pass (`load_pairs(segmented=False)`), the way
+  every report was built before report segments;
+- `cold`: from segments, none stored yet: every closed span is built from the rows and stored
+  (what the report process's background refresh does once, then a minute at a time);
+- `warm`: from segments kept current (twice, the second is shown): what a report, the gate, a
+  promotion or the live page costs in a running gateway.
+
+Each prints the load and the build + render times (wall and CPU), pairs/s and peak RSS.
 
 The data are realistic for the report's cost: half the requests at temperature 0 (2 % of
 answers differ, so their texts are fetched), half at temperature 0.7 (every answer differs:
-texts fetched, similarity on a 20,000-pair subsample), 5 % asking for JSON, multi-turn
-sessions, 0.5 % candidate failures, 1 % lost copies; texts of ~300 characters.
+texts fetched, similarity on a subsample), 5 % asking for JSON, multi-turn sessions, 0.5 %
+candidate failures, 1 % lost copies; texts of ~300 characters; 100 pairs a second.
 
-    .venv/bin/python bench/report.py                     # 1,000,000 pairs, DB cached in $TMPDIR
-    .venv/bin/python bench/report.py --pairs 100000 --db /tmp/small.db
+    .venv/bin/python bench/report.py                     # 1,000,000 pairs, SQLite in $TMPDIR
+    .venv/bin/python bench/report.py --pairs 10000000 --db /work/tmp-bench/report-10m.db
+    .venv/bin/python bench/report.py --db-url postgresql+asyncpg://postgres@127.0.0.1/bench_1m
 """
 
 from __future__ import annotations
@@ -30,9 +37,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from sqlalchemy import delete
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -43,21 +53,13 @@ from evaluators.report.build import build_report
 from evaluators.report.render import render
 from storage import queries
 from storage.engine import make_engine, upgrade
+from storage.models import ReportSegmentRow
 
 WORDS = np.array(
     "the model returns a short answer about caching tokens and latency in batches while "
     "the scheduler keeps the queue warm for every request of the session".split()
 )
 CHUNK = 50_000
-
-
-def rss_mb() -> float:
-    """Resident anonymous memory (the heap: what this process allocated, not cached files)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def peak_mb() -> float:
@@ -141,14 +143,12 @@ EX_SQL = (
 )
 
 
-def build_database(path: Path, n: int, seed: int = 7) -> None:
-    """Create the schema with the migrations, then bulk-insert n exchanges with their arms."""
-    url = f"sqlite+aiosqlite:///{path}"
-    asyncio.run(_register(url))
+Rows = list[tuple[object, ...]]
+
+
+def _chunks(n: int, seed: int) -> Iterator[tuple[Rows, Rows]]:
+    """(exchange rows, observation rows) in chunks of CHUNK exchanges."""
     rng = np.random.default_rng(seed)
-    con = sqlite3.connect(path)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA synchronous=OFF")
     start = time.time() - n * 0.01 - 3600
     for lo in range(0, n, CHUNK):
         k = min(CHUNK, n - lo)
@@ -160,7 +160,7 @@ def build_database(path: Path, n: int, seed: int = 7) -> None:
         session = [f"{(i // 5) * 2654435761 % 2**64:032x}" for i in range(lo, lo + k)]
         targets = ",cand,ctrl,"
         ex = [
-            (ids[i], t[i], "/v1/chat/completions", "m", True,
+            (ids[i], float(t[i]), "/v1/chat/completions", "m", True,
              0.0 if temp0[i] else 0.7, session[i], int(turn[i]), "h", bool(json_req[i]), False,
              "r", targets)
             for i in range(k)
@@ -183,13 +183,43 @@ def build_database(path: Path, n: int, seed: int = 7) -> None:
             if name == "cand":
                 arm_rows = [r for r, gone in zip(arm_rows, lost, strict=True) if not gone]
             rows += arm_rows
-        with con:
-            con.executemany(EX_SQL, ex)
-            con.executemany(OBS_SQL, rows)
+        yield ex, rows
         print(f"\r  built {lo + k:,}/{n:,} pairs", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    con.execute("ANALYZE")
-    con.close()
+
+
+def build_database(url: str, n: int, seed: int = 7) -> None:
+    """Create the schema with the migrations, then bulk-insert n exchanges with their arms."""
+    asyncio.run(_register(url))
+    if url.startswith("sqlite"):
+        con = sqlite3.connect(url.split("///", 1)[1])
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=OFF")
+        for ex, rows in _chunks(n, seed):
+            with con:
+                con.executemany(EX_SQL, ex)
+                con.executemany(OBS_SQL, rows)
+        con.execute("ANALYZE")
+        con.close()
+    else:
+        asyncio.run(_copy_postgres(url, n, seed))
+
+
+async def _copy_postgres(url: str, n: int, seed: int) -> None:
+    """COPY the chunks into PostgreSQL (asyncpg's binary COPY), then ANALYZE."""
+    import asyncpg
+
+    con = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        ex_cols = EX_SQL.split("(", 1)[1].split(")", 1)[0].replace(" ", "").split(",")
+        obs_cols = OBS_SQL.split("(", 1)[1].split(")", 1)[0].replace(" ", "").split(",")
+        for ex, rows in _chunks(n, seed):
+            async with con.transaction():
+                await con.copy_records_to_table("exchanges", records=ex, columns=ex_cols)
+                await con.copy_records_to_table("observations", records=rows, columns=obs_cols)
+        await con.execute("ANALYZE")
+    finally:
+        await con.close()
 
 
 async def _register(url: str) -> None:
@@ -209,43 +239,46 @@ async def _register(url: str) -> None:
         await engine.dispose()
 
 
-async def run(path: Path, batch_size: int) -> dict[str, float]:
-    url = f"sqlite+aiosqlite:///{path}"
+async def run(url: str, phase: str, batch_size: int) -> dict[str, float | str]:
+    """One phase (rows, cold, warm) in this process: load the pairs, build and render."""
+    await upgrade(url)  # a database built before report segments gains their table
     engine = make_engine(url)
-    samples: list[tuple[int, float]] = []
-    loaded = 0
-
-    def progress(k: int) -> None:
-        nonlocal loaded
-        loaded += k
-        samples.append((loaded, rss_mb()))
-
     try:
-        gc.collect()
-        rss0 = rss_mb()
-        c0 = time.process_time()
-        t0 = time.perf_counter()
+        if phase == "cold":
+            async with engine.begin() as conn:
+                await conn.execute(delete(ReportSegmentRow.__table__))
         cand, live, control = await store.load_endpoints(engine, "cand")
-        ps = await store.load_pairs(
-            engine, "cand", since=0.0, batch_size=batch_size, progress=progress, control="ctrl"
-        )
-        accounting = await store.load_accounting(engine, "cand")
-        t1, c1 = time.perf_counter(), time.process_time()
-        report = build_report(
-            ps,
-            candidate=cand,
-            live=live,
-            control=control,
-            accounting=accounting,
-            settings=VerdictSettings(),
-        )
-        text = render(report, "text")
-        t2, c2 = time.perf_counter(), time.process_time()
+        rounds = 2 if phase == "warm" else 1
+        for _ in range(rounds):
+            gc.collect()
+            c0, t0 = time.process_time(), time.perf_counter()
+            ps = await store.load_pairs(
+                engine,
+                "cand",
+                since=0.0,
+                batch_size=batch_size,
+                control="ctrl",
+                segmented=phase != "rows",
+            )
+            accounting = await store.load_accounting(engine, "cand")
+            t1, c1 = time.perf_counter(), time.process_time()
+            report = build_report(
+                ps,
+                candidate=cand,
+                live=live,
+                control=control,
+                accounting=accounting,
+                settings=VerdictSettings(),
+            )
+            text = render(report, "text")
+            t2, c2 = time.perf_counter(), time.process_time()
+            del ps
     finally:
         await engine.dispose()
-    tail = [rss for done, rss in samples if done >= 0.1 * loaded]
     return {
-        "pairs": float(ps.n),
+        "pairs": float(report.pairs.n + report.pairs.lost + report.pairs.pending),
+        "verdict": report.verdict,
+        "lines": float(len(text.splitlines())),
         "load_s": t1 - t0,
         "report_s": t2 - t1,
         "total_s": t2 - t0,
@@ -253,53 +286,103 @@ async def run(path: Path, batch_size: int) -> dict[str, float]:
         "report_cpu_s": c2 - c1,
         "total_cpu_s": c2 - c0,
         "load_avg": os.getloadavg()[0],
-        "rss_before_mb": rss0,
-        "rss_stream_min_mb": min(tail),
-        "rss_stream_max_mb": max(tail),
         "peak_rss_mb": peak_mb(),
-        "pairset_mb": ps.nbytes / 2**20,
-        "verdict_lines": float(len(text.splitlines())),
     }
+
+
+def _phase(url: str, phase: str, batch_size: int) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--phase", phase, "--db-url", url]
+    out = subprocess.run(
+        [*cmd, "--batch-size", str(batch_size)], check=True, capture_output=True, text=True
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _built(url: str, marker: Path | None, pairs: int) -> bool:
+    if marker is not None:
+        return marker.exists() and marker.read_text().strip() == str(pairs)
+    import asyncpg
+
+    async def count() -> int | None:
+        try:
+            con = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+        except asyncpg.InvalidCatalogNameError:
+            return None
+        try:
+            return int(await con.fetchval("SELECT count(*) FROM exchanges"))
+        except asyncpg.UndefinedTableError:
+            return None
+        finally:
+            await con.close()
+
+    return asyncio.run(count()) == pairs
+
+
+def _create_postgres(url: str) -> None:
+    """Drop and create the database the URL names (on the same server)."""
+    import asyncpg
+
+    base, name = url.replace("postgresql+asyncpg://", "postgresql://").rsplit("/", 1)
+
+    async def go() -> None:
+        con = await asyncpg.connect(base + "/postgres")
+        try:
+            await con.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            await con.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await con.close()
+
+    asyncio.run(go())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=1_000_000)
     parser.add_argument(
-        "--db", type=Path, default=Path(tempfile.gettempdir()) / "canary-bench" / "report.db"
-    )
+        "--db", type=Path, default=Path(tempfile.gettempdir()) / "canary-bench" / "report.db",
+        help="the SQLite file (built once per --pairs)",
+    )  # fmt: skip
+    parser.add_argument("--db-url", help="a PostgreSQL database URL instead of --db")
     parser.add_argument("--batch-size", type=int, default=5000)
+    parser.add_argument("--phases", default="rows,cold,warm", help="which phases to time")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the database")
     parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.build_only:  # in a child process, so its memory does not count in the report's
-        build_database(args.db, args.pairs)
+    url = args.db_url or f"sqlite+aiosqlite:///{args.db}"
+    if args.phase:  # a child: one phase, its result as the last line of JSON
+        print(json.dumps(asyncio.run(run(url, args.phase, args.batch_size))))
         return 0
-    marker = args.db.with_suffix(".pairs")
-    built = marker.read_text().strip() if marker.exists() and args.db.exists() else ""
-    if args.rebuild or built != str(args.pairs):
-        for p in (args.db, Path(f"{args.db}-wal"), Path(f"{args.db}-shm")):
-            p.unlink(missing_ok=True)
-        args.db.parent.mkdir(parents=True, exist_ok=True)
+    if args.build_only:  # in a child process, so its memory does not count in the report's
+        build_database(url, args.pairs)
+        return 0
+    marker = None if args.db_url else args.db.with_suffix(".pairs")
+    if args.rebuild or not _built(url, marker, args.pairs):
+        if marker is None:
+            _create_postgres(url)
+        else:
+            for p in (args.db, Path(f"{args.db}-wal"), Path(f"{args.db}-shm")):
+                p.unlink(missing_ok=True)
+            args.db.parent.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
         cmd = [sys.executable, __file__, "--build-only", "--pairs", str(args.pairs)]
-        subprocess.run([*cmd, "--db", str(args.db)], check=True)
-        marker.write_text(str(args.pairs))
+        subprocess.run([*cmd, "--db-url", url], check=True)
+        if marker is not None:
+            marker.write_text(str(args.pairs))
         print(f"built {args.pairs:,} pairs in {time.perf_counter() - t:.0f} s", file=sys.stderr)
-    r = asyncio.run(run(args.db, args.batch_size))
-    n = r["pairs"]
-    print(f"canary report over {int(n):,} stored pairs (SQLite, {args.db})")
-    print(f"  machine load average {r['load_avg']:.1f} on {os.cpu_count()} CPUs")
-    print("                    wall        CPU    pairs/s (wall)")
-    for label, key in (("load pairs", "load"), ("build + render", "report"), ("total", "total")):
-        wall, cpu = r[f"{key}_s"], r[f"{key}_cpu_s"]
-        print(f"  {label:<15} {wall:6.1f} s  {cpu:6.1f} s  {n / wall:>12,.0f}")
-    print(f"  PairSet         {r['pairset_mb']:7.1f} MiB")
-    print(
-        f"  anonymous RSS   {r['rss_before_mb']:7.0f} MiB before, "
-        f"{r['rss_stream_min_mb']:.0f}-{r['rss_stream_max_mb']:.0f} MiB while streaming "
-        f"(10-100 % of rows); peak RSS {r['peak_rss_mb']:.0f} MiB"
-    )
+    where = "PostgreSQL" if args.db_url else f"SQLite, {args.db}"
+    print(f"report over {args.pairs:,} stored pairs ({where})")
+    print(f"  machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at start")
+    print("  phase   step             wall        CPU    pairs/s (wall)   peak RSS  verdict")
+    for phase in args.phases.split(","):
+        r = _phase(url, phase, args.batch_size)
+        n = r["pairs"]
+        steps = (("load pairs", "load"), ("build + render", "report"), ("total", "total"))
+        for label, key in steps:
+            wall, cpu = r[f"{key}_s"], r[f"{key}_cpu_s"]
+            tail = f"   {r['peak_rss_mb']:6.0f} MiB  {r['verdict']}" if key == "total" else ""
+            print(f"  {phase:<7} {label:<15} {wall:6.2f} s  {cpu:6.2f} s  {n / wall:>12,.0f}{tail}")
+        print(f"          (load average {r['load_avg']:.1f} after this phase)")
     return 0
 
 
