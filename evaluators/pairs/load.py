@@ -16,8 +16,9 @@ grouped query; its turns could reach the candidate out of order or at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from domain.accounting import ACCOUNTING_KEYS
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
+from domain.errors import StorageError
 from evaluators.pairs import segments
 from evaluators.pairs.columns import (
     ARM_FIELDS,
@@ -42,6 +44,8 @@ from evaluators.pairs.types import PairSet, ProgressFactory
 from storage import queries
 from storage import segments as seg_store
 from storage.models import ExchangeRow, MirrorCounterRow, ObservationRow
+
+log = logging.getLogger("canary.report")
 
 
 async def load_endpoints(
@@ -315,6 +319,7 @@ class _Window:
         self.lost_before = lost_before
         self.batch_size = batch_size
         self.built = 0  # segments the last refresh built (the others were reused)
+        self.read_only = False  # set when the store refused to keep a segment
 
     async def build(
         self,
@@ -364,10 +369,18 @@ class _Window:
         try:
             metas = await self.refresh(spans, since, last, on_part)
             open_rows = await count_pairs(self.engine, self.candidate, since=last, until=until)
-            total = sum(metas[span].rows for span, _ in spans if span in metas) + open_rows
+            # Spans with no stored segment (a store that refuses writes, a lost race) are
+            # counted from the rows: the similarity sample depends on the window's total.
+            rows = {
+                span: metas[span].rows
+                if span in metas
+                else await count_pairs(self.engine, self.candidate, since=span[0], until=span[1])
+                for span, _ in spans
+            }
+            total = sum(rows.values()) + open_rows
             suffixes = sample_suffixes(self.similarity_max_pairs / max(1, total))
             whole = Assembly(total, has_control=self.control is not None)
-            await self._assemble(whole, spans, metas, suffixes)
+            await self._assemble(whole, spans, metas, rows, suffixes)
             if open_rows:
                 whole.add_set(await self.build(last, until, suffixes, open_rows))
             if on_part is not None:
@@ -408,19 +421,19 @@ class _Window:
             for m in reuse
             if recent(m.starts_at, m.ends_at, m.watermark) == m.recent
         }
-        await seg_store.advance(
-            engine,
-            [
-                (m.id, watermark, recent(m.starts_at, m.ends_at, watermark))
-                for m in reuse
-                if (m.starts_at, m.ends_at) in valid
-            ],
-        )
+        checked = [
+            (m.id, watermark, recent(m.starts_at, m.ends_at, watermark))
+            for m in reuse
+            if (m.starts_at, m.ends_at) in valid
+        ]
+        await self._writing(seg_store.advance(engine, checked))
         before = 0  # the window's pairs before the span
         built = 0
         for span, n in spans:
             if span in valid:
                 before += stored[span].rows
+            elif self.read_only:  # the assembly builds it from the rows
+                continue
             else:
                 rec = recent(*span, watermark)
                 before += await self._store(key, span, n, watermark, rec, before)
@@ -473,7 +486,7 @@ class _Window:
         part = await self.build(*span, suffixes, exchanges)
         data = await asyncio.to_thread(segments.encode, part)
         candidate, control, params = key
-        await seg_store.put(
+        stored = seg_store.put(
             self.engine,
             candidate=candidate,
             control=control,
@@ -487,13 +500,27 @@ class _Window:
             sample_size=sample_size(suffixes),
             data=data,
         )
+        await self._writing(stored)
         return part.n
+
+    async def _writing(self, write: Coroutine[Any, Any, Any]) -> None:
+        """Run a write of segments; a store that refuses writes (a read-only role, a full disk)
+        leaves the report to build its spans from the rows, logged once per report."""
+        if self.read_only:
+            write.close()
+            return
+        try:
+            await write
+        except StorageError as exc:
+            self.read_only = True
+            log.warning("report segments not stored (%s): spans are built from the rows", exc)
 
     async def _assemble(
         self,
         whole: Assembly,
         spans: list[tuple[tuple[float, float], int]],
         metas: dict[tuple[float, float], seg_store.SegmentMeta],
+        rows: dict[tuple[float, float], int],
         suffixes: tuple[str, ...] | None,
     ) -> None:
         """Append the spans' columns in order, reading their bytes a few spans at a time. A
@@ -510,8 +537,7 @@ class _Window:
                 if blob is not None and meta is not None:
                     await asyncio.to_thread(whole.add_bytes, blob, meta.rows)
                     continue
-                rows = await count_pairs(self.engine, self.candidate, since=span[0], until=span[1])
-                whole.add_set(await self.build(*span, suffixes, rows))
+                whole.add_set(await self.build(*span, suffixes, rows[span]))
 
 
 # Segments read per query while assembling: bounded memory (a few MB per span at 100 pairs/s).

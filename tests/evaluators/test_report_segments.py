@@ -24,6 +24,7 @@ reused and the touched ones rebuilt.
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import msgspec
@@ -225,3 +226,40 @@ async def test_segmented_reports_equal_the_full_computation(
     assert {segments.cell_of(a) for a, _ in rebuilt} == touched & {
         segments.cell_of(a) for a, _ in stored1
     }
+
+
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_a_read_only_role_still_gets_the_report(db_url: str) -> None:
+    """A report read with a role that may only SELECT (an auditor's `canary report`) cannot
+    store segments: it builds its spans from the rows and says nothing different."""
+    import asyncpg
+
+    from storage.engine import make_engine, upgrade
+
+    await upgrade(db_url)
+    engine = make_engine(db_url)
+    role = f"canary_ro_{uuid.uuid4().hex[:12]}"
+    dsn = db_url.replace("postgresql+asyncpg://", "postgresql://")
+    admin = await asyncpg.connect(dsn)
+    try:
+        await register(engine)
+        now = time.time()
+        pairs = _traffic(now)
+        await _write(engine, pairs, [(p, ep) for p in pairs for ep in ("live", "cand", "ctrl")])
+        await admin.execute(f"CREATE ROLE {role} LOGIN")
+        await admin.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+        user, _ = db_url.split("://", 1)[1].split("@", 1)
+        reader = make_engine(db_url.replace(f"://{user}@", f"://{role}@"))
+        try:
+            seg, full = await _both(reader, until=now)
+        finally:
+            await reader.dispose()
+        assert _comparable(seg) == _comparable(full)
+        assert await _segments(engine) == {}  # nothing stored, nothing half-written
+    finally:
+        await engine.dispose()
+        await admin.execute(f"DROP OWNED BY {role}")
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
