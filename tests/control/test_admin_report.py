@@ -10,12 +10,13 @@ from typing import Literal
 import aiohttp
 import msgspec
 
-from domain.records import ExchangeRecord, ObservationRecord
+from domain.records import ObservationRecord
 from evaluators.pairs import synthetic
 from evaluators.pairs.types import ArmObs
 from storage import queries
 from storage.writer import ObservationWriter
 from tests.control.test_admin_harness import LIVE, AdminServer, admin_server, call
+from tests.stored_pairs import exchange_record
 
 # The default failure margin needs thousands of pairs to decide; 400 suffice with these.
 FAST = {"error_delta": 0.05, "error_critical": 0.2}
@@ -49,19 +50,7 @@ async def store_pairs(srv: AdminServer) -> None:
     good = synthetic.pairs(GOOD, N_PAIRS, seed=1, start=start)
     bad = synthetic.pairs(BAD, N_PAIRS, seed=1, start=start)
     for g, b in zip(good, bad, strict=True):
-        writer.put_exchange(
-            ExchangeRecord(
-                id=g.exchange_id,
-                received_at=g.received_at,
-                route="/v1/chat/completions",
-                model=g.model,
-                stream=g.stream,
-                temperature=g.temperature,
-                session_key=g.session_key,
-                turn_index=g.turn_index,
-                targets=("good", "bad"),
-            )
-        )
+        writer.put_exchange(exchange_record(g, ("good", "bad")))
         for rec in (
             *_obs(g.production, g.exchange_id, LIVE.name, "production"),
             *_obs(g.candidate, g.exchange_id, "good", "candidate"),

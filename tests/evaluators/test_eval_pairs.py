@@ -14,7 +14,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
-from domain.records import ExchangeRecord, ObservationRecord
+from domain.records import ObservationRecord
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs import synthetic
 from evaluators.pairs.columns import pairset_from_pairs
@@ -29,6 +29,7 @@ from evaluators.report.build import evaluate
 from storage import queries
 from storage.models import ExchangeRow, ObservationRow
 from storage.textguard import exchange_row, observation_row
+from tests.stored_pairs import exchange_record
 
 SCENARIO = synthetic.Scenario(
     candidate=synthetic.Arm(divergence=0.2, error_rate=0.02, invalid_json=0.1),
@@ -59,26 +60,19 @@ def _obs(
     return [observation_row(record, store_text=True, max_chars=4096)]
 
 
+def pair_exchange(p: Pair, targets: tuple[str, ...] = ("cand", "ctrl")) -> dict[str, object]:
+    """The `exchanges` row the gateway writes for a pair's production request."""
+    record = exchange_record(p, targets)
+    return exchange_row(record)
+
+
 async def store(
     engine: AsyncEngine, pairs: list[Pair], targets: tuple[str, ...] = ("cand", "ctrl")
 ) -> None:
     """Write the pairs as the gateway would: exchanges with their targets, observations."""
     exchanges, observations = [], []
     for p in pairs:
-        record = ExchangeRecord(
-            id=p.exchange_id,
-            received_at=p.received_at,
-            route="/v1/chat/completions",
-            model=p.model,
-            stream=p.stream,
-            temperature=p.temperature,
-            session_key=p.session_key,
-            turn_index=p.turn_index,
-            json_requested=p.json_requested,
-            tools_requested=p.tools_requested,
-            targets=targets,
-        )
-        exchanges.append(exchange_row(record))
+        exchanges.append(pair_exchange(p, targets))
         observations += _obs(p.production, p, "live", "production")
         observations += _obs(p.candidate, p, "cand", "candidate")
         observations += _obs(p.control, p, "ctrl", "candidate")

@@ -33,7 +33,7 @@ import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from domain.records import ExchangeRecord, ObservationRecord
+from domain.records import ObservationRecord
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs import segments
 from evaluators.pairs.load import load_pairs
@@ -41,9 +41,9 @@ from evaluators.pairs.types import Pair
 from evaluators.report.build import evaluate
 from storage import segments as seg_store
 from storage.models import ExchangeRow, ObservationRow, ReportSegmentRow
-from storage.textguard import exchange_row, observation_row
+from storage.textguard import observation_row
 from tests.evaluators import world
-from tests.evaluators.test_eval_pairs import assert_same, register
+from tests.evaluators.test_eval_pairs import assert_same, pair_exchange, register
 
 SPAN_S = 900.0  # the traffic spans ~14 grid cells
 WORLD = world.World(
@@ -78,25 +78,6 @@ def _traffic(now: float) -> list[Pair]:
     return out
 
 
-def _exchange(p: Pair) -> dict[str, Any]:
-    return exchange_row(
-        ExchangeRecord(
-            id=p.exchange_id,
-            received_at=p.received_at,
-            route="/v1/chat/completions",
-            model=p.model,
-            stream=p.stream,
-            temperature=p.temperature,
-            session_key=p.session_key,
-            turn_index=p.turn_index,
-            json_requested=p.json_requested,
-            tools_requested=p.tools_requested,
-            replica=p.replica,
-            targets=("cand", "ctrl"),
-        )
-    )
-
-
 def _observation(p: Pair, endpoint: str) -> dict[str, Any] | None:
     obs = {"live": p.production, "cand": p.candidate, "ctrl": p.control}[endpoint]
     if obs is None:
@@ -116,7 +97,7 @@ async def _write(
     rows = [r for p, ep in observations if (r := _observation(p, ep)) is not None]
     async with engine.begin() as conn:
         if exchanges:
-            await conn.execute(insert(ExchangeRow), [_exchange(p) for p in exchanges])
+            await conn.execute(insert(ExchangeRow), [pair_exchange(p) for p in exchanges])
         if rows:
             await conn.execute(insert(ObservationRow), rows)
 

@@ -15,12 +15,13 @@ import msgspec
 import pytest
 
 from domain.endpoint import Endpoint
-from domain.records import ExchangeRecord, ObservationRecord
+from domain.records import ObservationRecord
 from evaluators.pairs import synthetic
 from storage import queries
 from storage.engine import make_engine, upgrade
 from storage.writer import ObservationWriter
 from tests.process.test_serve_cli import start_serve, stop
+from tests.stored_pairs import exchange_record
 
 N_PAIRS = 2000  # small (CI stays fast); the million-pair run is bench/report_isolation.py
 # Real `canary serve` processes (a supervisor, workers, mirror and report processes) on a shared
@@ -48,19 +49,7 @@ async def _prepare(db: Path) -> None:
         )
         await writer.start()
         for p in synthetic.pairs(synthetic.Scenario(control=None), N_PAIRS, start=time.time()):
-            writer.put_exchange(
-                ExchangeRecord(
-                    id=p.exchange_id,
-                    received_at=p.received_at,
-                    route="/v1/chat/completions",
-                    model=p.model,
-                    stream=p.stream,
-                    temperature=p.temperature,
-                    session_key=p.session_key,
-                    turn_index=p.turn_index,
-                    targets=("cand",),
-                )
-            )
+            writer.put_exchange(exchange_record(p, ("cand",)))
             for arm, endpoint, kind in ((p.production, "live", "production"),
                                         (p.candidate, "cand", "candidate")):  # fmt: skip
                 if arm is not None:
