@@ -230,6 +230,9 @@ class LocalReports:
         while not stop.is_set():
             try:
                 await self.refresh()
+            except de.StorageError as exc:  # the database busy or away: the next round retries
+                self.stats["refresh_failed"] += 1
+                log.warning("refreshing report segments: %s", exc)
             except Exception:
                 self.stats["refresh_failed"] += 1
                 log.exception("refreshing report segments failed")
