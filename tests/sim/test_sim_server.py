@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -304,7 +305,9 @@ async def test_bi_kv_reuses_session_kv_and_cuts_ttft_on_later_turns(
     assert base_cached == [0] * 6
     # Turn N holds turn N-1's prompt and its 12 answer tokens: only the new message is prefilled.
     assert kv_cached == [0] + [p + 12 for p in prompts[:-1]]
-    assert sum(kv_ttft[1:]) < 0.5 * sum(base_ttft[1:])
+    # Medians of the later turns: one turn stalled by the host (a 0.4 s pause of this process
+    # on a busy CI machine) must not decide a claim about every later turn.
+    assert statistics.median(kv_ttft[1:]) < 0.5 * statistics.median(base_ttft[1:])
 
 
 # --- tools, JSON, errors --------------------------------------------------------------------
