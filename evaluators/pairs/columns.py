@@ -116,11 +116,6 @@ def sample_fraction(suffixes: tuple[str, ...] | None) -> float:
     return 1.0 if suffixes is None else len(suffixes) / len(_SUFFIXES)
 
 
-def session_ids(keys: Iterable[str]) -> NDArray[np.uint64]:
-    """The PairSet session ids (`PairSet.session`) of stored session keys."""
-    return np.fromiter(map(_session_id, keys), np.uint64)
-
-
 def _session_id(key: str | None) -> int:
     if not key:
         return 0

@@ -1,16 +1,18 @@
 """Load aligned (production, candidate[, control]) observations from storage: the evaluators' IO.
 
 The only evaluator module that touches the database. One streaming query (a server-side cursor,
-read in partitions of `batch_size`) joins each exchange in the window to production's
-observation, the candidate's and the control's; rows go straight into the compact columns of a
-`PairSet` (about 200 bytes per pair), so memory stays flat whatever the number of rows.
+read in partitions of `batch_size`) joins each exchange of a span to production's observation,
+the candidate's and the control's; rows go straight into the compact columns of a `PairSet`
+(about 230 bytes per pair), so memory stays flat whatever the number of rows. A report reads
+the closed spans of its window from their stored segments (`evaluators.pairs.segments`) and
+runs that query only for the spans that are missing, stale, or still open.
 
-Texts are only fetched where they can matter: when two arms' output hashes differ (divergence,
-similarity) or the request asked for JSON. Equal hashes are an exact match without the text.
+Texts are only fetched where they can matter: when two arms' output hashes differ or are
+unknown (divergence, similarity, exact match) or the request asked for JSON.
 
-Split sessions: a session whose turns were stored by more than one gateway replica
-(`exchanges.replica`, the host's mirror process) is marked in `PairSet.split` by a second,
-grouped query; its turns could reach the candidate out of order or at once.
+Split sessions: a session whose pairs were stored by more than one gateway replica
+(`exchanges.replica`, the host's mirror process) is marked in `PairSet.split` over the whole
+window (`columns.mark_split`); its turns could reach the candidate out of order or at once.
 """
 
 from __future__ import annotations
@@ -294,8 +296,8 @@ async def refresh_segments(
     )
     since = cand.created_at or 0.0
     head, first, last = segments.plan(since, now)
-    await window.refresh(await window._spans(head, first, last), since, last)
-    return window.built
+    _, built = await window.refresh(await window.spans(head, first, last), since, last)
+    return built
 
 
 class _Window:
@@ -318,7 +320,6 @@ class _Window:
         self.similarity_max_pairs = similarity_max_pairs
         self.lost_before = lost_before
         self.batch_size = batch_size
-        self.built = 0  # segments the last refresh built (the others were reused)
         self.read_only = False  # set when the store refused to keep a segment
 
     async def build(
@@ -361,13 +362,13 @@ class _Window:
         after the last grid line is built from the rows, up to `until` (None: whatever is
         stored, as a replica whose clock runs ahead may store exchanges "after" now)."""
         head, first, last = segments.plan(since, end)
-        spans = await self._spans(head, first, last)
+        spans = await self.spans(head, first, last)
         open_n = await seg_store.exchange_count(self.engine, last, until)
         on_part, close = (
             progress(sum(n for _, n in spans) + open_n) if progress else (None, _nothing)
         )
         try:
-            metas = await self.refresh(spans, since, last, on_part)
+            metas, _ = await self.refresh(spans, since, last, on_part)
             open_rows = await count_pairs(self.engine, self.candidate, since=last, until=until)
             # Spans with no stored segment (a store that refuses writes, a lost race) are
             # counted from the rows: the similarity sample depends on the window's total.
@@ -389,7 +390,7 @@ class _Window:
             close()
         return whole.finish(suffixes=suffixes, lost_before=self.lost_before)
 
-    async def _spans(
+    async def spans(
         self, head: tuple[float, float] | None, first: float, last: float
     ) -> list[tuple[tuple[float, float], int]]:
         """The closed spans holding exchanges, in order, with how many exchanges each holds."""
@@ -406,9 +407,9 @@ class _Window:
         since: float,
         last: float,
         on_part: Callable[[int], None] | None = None,
-    ) -> dict[tuple[float, float], seg_store.SegmentMeta]:
+    ) -> tuple[dict[tuple[float, float], seg_store.SegmentMeta], int]:
         """Check the stored segments of these spans, rebuild the missing and stale ones, and
-        return the stored segments (by span) as they now are."""
+        return the stored segments (by span) as they now are, and how many were built."""
         engine, key = self.engine, self._key()
         watermark = await seg_store.max_observation_id(engine)
         stored = await self._stored(key, since, last)
@@ -440,8 +441,7 @@ class _Window:
                 built += 1
             if on_part is not None:
                 on_part(n)
-        self.built = built
-        return await self._stored(key, since, last) if built else stored
+        return (await self._stored(key, since, last) if built else stored), built
 
     def _key(self) -> tuple[str, str, str]:
         return self.candidate, self.control or "", segments.params(self.max_chars)
