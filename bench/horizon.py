@@ -21,6 +21,7 @@ Three tables for bench/RESULTS.md ("Decide as fast as the evidence allows"):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
@@ -32,6 +33,7 @@ from scipy import stats
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from evaluators.judge.settings import VerdictSettings
 from evaluators.stats.sequential import MeanStat
 
 
@@ -47,30 +49,39 @@ def _old_halfwidth(x: np.ndarray, alpha: float, tau: float = 0.03) -> np.ndarray
 
 def width(runs: int, alpha: float) -> None:
     z = stats.norm.isf(alpha)
+    share = VerdictSettings().planned_share
     print(f"runs per cell: {runs}; α = {alpha} one-sided; ratio = mean over runs")
-    print("| noise (sd of a unit) | horizon N | new: normal | new: t(3) | old τ = 0.03: normal |")
-    print("|---|---|---|---|---|")
+    print(
+        f"| noise (sd of a unit) | horizon N | planned {share:g}: normal | planned {share:g}: t(3) "
+        "| mixture: normal | mixture: t(3) | old τ = 0.03: normal |"
+    )
+    print("|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(5)
     for sd in (0.14, 0.5, 1.1):
         for n in (100, 400, 2000):
-            cells = []
+            cells: dict[tuple[float, str], float] = {}
             for dist in ("normal", "t3"):
                 if dist == "normal":
                     x = rng.normal(0.0, sd, (runs, n))
                 else:
                     x = sd * rng.standard_t(3, (runs, n)) / math.sqrt(3.0)
-                st = MeanStat(x, np.array([n]), horizon=n, sigma_floor=0.01, alpha=alpha)
-                lo, hi = st.bounds(alpha)
-                half = (hi - lo)[..., 0] / 2
-                fixed = z * np.sqrt(st.var[..., 0]) / math.sqrt(n)
-                cells.append(float(np.mean(half / fixed)))
+                for planned in (share, 0.0):
+                    st = MeanStat(
+                        x, np.array([n]), horizon=n, sigma_floor=0.01, alpha=alpha, planned=planned
+                    )
+                    lo, hi = st.bounds(alpha)
+                    half = (hi - lo)[..., 0] / 2
+                    fixed = z * np.sqrt(st.var[..., 0]) / math.sqrt(n)
+                    cells[planned, dist] = float(np.mean(half / fixed))
                 if dist == "normal":
-                    old = _old_halfwidth(x, alpha)
-                    cells_old = float(np.mean(old / fixed))
-            print(f"| {sd} | {n:,} | {cells[0]:.2f}x | {cells[1]:.2f}x | {cells_old:.2f}x |")
+                    old = float(np.mean(_old_halfwidth(x, alpha) / fixed))
+            print(
+                f"| {sd} | {n:,} | {cells[share, 'normal']:.2f}x | {cells[share, 't3']:.2f}x | "
+                f"{cells[0.0, 'normal']:.2f}x | {cells[0.0, 't3']:.2f}x | {old:.2f}x |"
+            )
 
 
-def worlds(runs: int, rows: list[int] | None, seed0: int) -> None:
+def worlds(runs: int, rows: list[int] | None, seed0: int, planned: float | None) -> None:
     """Plan (from a 100-session pilot) against verdict on the independent world, per row:
     each run draws twice the plan's sessions (the last look planned) and looks every 20
     pairs; `decided by plan` is the share whose first decision came with at most the plan's
@@ -79,6 +90,13 @@ def worlds(runs: int, rows: list[int] | None, seed0: int) -> None:
 
     cases = list(world.PLANNED)
     picked = [cases[i - 1] for i in rows] if rows else cases
+    if planned is not None:  # the same worlds with another share of alpha on the plan
+        picked = [
+            dataclasses.replace(c, overrides={**c.overrides, "planned_share": planned})
+            for c in picked
+        ]
+    share = planned if planned is not None else VerdictSettings().planned_share
+    print(f"planned_share = {share}")
     print(f"runs per row: {runs}; looks every 20 pairs; plan from a 100-session pilot")
     print(
         "| row | plan: sessions (horizon) | right by plan [95 % CI] | false promote | "
@@ -123,6 +141,11 @@ def main() -> int:
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--rows", help="comma-separated rows of world.PLANNED (1-based)")
     ap.add_argument("--seed", type=int, default=20_000)
+    ap.add_argument(
+        "--planned-share",
+        type=float,
+        help="share of alpha on the boundary planned to the horizon (default: the verdict's)",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     load = os.getloadavg()
@@ -131,7 +154,7 @@ def main() -> int:
         width(args.runs, args.alpha)
     else:
         rows = [int(r) for r in args.rows.split(",")] if args.rows else None
-        worlds(args.runs, rows, args.seed)
+        worlds(args.runs, rows, args.seed, args.planned_share)
     print(f"took {time.perf_counter() - t0:.0f} s")
     return 0
 

@@ -308,7 +308,12 @@ def mean_stat(
 ) -> MeanStat:
     """The verdict's sequence for unit means v: tuned to the candidate's horizon."""
     return MeanStat(
-        v, looks, horizon=s.horizon_units, sigma_floor=s.latency_sigma_floor, alpha=s.alpha
+        v,
+        looks,
+        horizon=s.horizon_units,
+        sigma_floor=s.latency_sigma_floor,
+        alpha=s.alpha,
+        planned=s.planned_share,
     )
 
 

@@ -165,10 +165,13 @@ class FixedRow:
 Row = MeanRow | RateRow | BoundedRow | FixedRow
 
 
-def mean_units(gap: float, sd: float, alpha: float, horizon: float) -> int | None:
+def mean_units(
+    gap: float, sd: float, alpha: float, horizon: float, planned: float = 0.0
+) -> int | None:
     """Units by which QUANTILE of runs have shown a mean inside a boundary `gap` away.
 
-    The verdict's own sequence (`MeanStat` tuned to `horizon`) on normal unit means of sd `sd`,
+    The verdict's own sequence (`MeanStat` tuned to `horizon`, `planned` of alpha on the
+    boundary planned to it) on normal unit means of sd `sd`,
     looked at after every unit; simulated at gap/sd = _G0 and rescaled (the sequence is
     scale-free in units of its variance: the horizon is rescaled with the answer).
     """
@@ -177,20 +180,20 @@ def mean_units(gap: float, sd: float, alpha: float, horizon: float) -> int | Non
     g = gap / sd
     # Brownian scaling: time × k, gap ÷ sqrt(k), horizon × k leave the crossing law unchanged.
     k = (_G0 / g) ** 2 if g < _G0 else 1.0
-    need = _mean_quantile(g * math.sqrt(k), alpha, max(10.0, horizon / k))
+    need = _mean_quantile(g * math.sqrt(k), alpha, max(10.0, horizon / k), planned)
     if need is None:
         return None
     units = need * k
     return math.ceil(units) if units <= MAX_UNITS else None
 
 
-def _mean_quantile(g: float, alpha: float, horizon: float) -> float | None:
+def _mean_quantile(g: float, alpha: float, horizon: float, planned: float) -> float | None:
     n = 256
     while n <= 65_536:
         rng = np.random.default_rng(11)
         z = rng.standard_normal((_MEAN_RUNS, n))
         looks = np.arange(2, n + 1)
-        stat = MeanStat(z, looks, horizon=horizon, sigma_floor=1e-6, alpha=alpha)
+        stat = MeanStat(z, looks, horizon=horizon, sigma_floor=1e-6, alpha=alpha, planned=planned)
         crossed = stat.p(g, "below") <= alpha
         first = np.where(crossed.any(axis=1), np.argmax(crossed, axis=1) + 2, np.inf)
         k = min(len(first) - 1, math.ceil(QUANTILE * len(first)) - 1)
@@ -325,16 +328,15 @@ def size(
 ) -> tuple[list[int | None], int]:
     """(units each row needs, the horizon they were sized at).
 
-    Without a horizon the plan finds its own: the units the slowest test needs, with every
-    normal-mixture sequence tuned to that many (a fixed point, a few rounds); that is the
-    horizon to set on the candidate (`horizon_units`), so the verdict runs the same sequences.
+    Without a horizon the plan finds its own: the smallest horizon by which every test, its
+    sequences tuned to that horizon, is shown in QUANTILE of runs (searched on a log scale to
+    2 %); that is the horizon to set on the candidate (`horizon_units`), so the verdict runs
+    the same sequences. A test a horizon cannot reach (past MAX_UNITS) does not move it.
     """
-    fixed = horizon is not None
-    h = float(horizon if horizon is not None else s.horizon_units)
     cache: dict[Row, int | None] = {}
-    units: list[int | None] = []
-    for _ in range(1 if fixed else 5):
-        units = []
+
+    def at(h: float) -> list[int | None]:
+        units: list[int | None] = []
         for row in rows:
             if isinstance(row, FixedRow):
                 units.append(row.units)
@@ -347,17 +349,47 @@ def size(
                     cache[row] = bounded_units(row.delta, s.alpha, row.sd)
                 units.append(cache[row])
             else:
-                units.append(mean_units(row.gap, row.sd, s.alpha, h))
-        units = [None if u is None else max(u, s.min_metric_pairs) for u in units]
-        known = [u for u in units if u is not None]
-        if fixed or not known:
-            break
-        new = float(min(max(known), 10_000_000))
-        if abs(new - h) <= 0.05 * h:
-            h = new
-            break
-        h = new
-    return units, max(10, round(h))
+                units.append(mean_units(row.gap, row.sd, s.alpha, h, s.planned_share))
+        return [None if u is None else max(u, s.min_metric_pairs) for u in units]
+
+    if horizon is not None:
+        return at(float(horizon)), horizon
+    first = at(float(s.horizon_units))
+    if not any(u is not None for u in first):
+        return first, s.horizon_units
+    reachable = [i for i, u in enumerate(first) if u is not None]
+
+    def fits(h: float) -> tuple[bool, list[int | None]]:
+        units = at(h)
+        return all(units[i] is not None and units[i] <= h for i in reachable), units  # type: ignore[operator]
+
+    # Every row that does not depend on the horizon is a floor under it.
+    floor = max(
+        [10.0]
+        + [
+            float(u)
+            for r, u in zip(rows, first, strict=True)
+            if u is not None and not isinstance(r, MeanRow)
+        ]
+    )
+    lo, hi = floor, floor
+    ok, units = fits(hi)
+    if ok:
+        return units, max(10, round(hi))
+    while not ok and hi < MAX_UNITS:
+        lo, hi = hi, min(hi * 2.0, float(MAX_UNITS))
+        ok, units = fits(hi)
+    if not ok:  # past MAX_UNITS: state what the largest horizon gives
+        return units, max(10, round(hi))
+    best = units
+    while hi / lo > 1.02:
+        mid = math.sqrt(lo * hi)
+        ok, units = fits(mid)
+        if ok:
+            hi, best = mid, units
+        else:
+            lo = mid
+    return best, max(10, math.ceil(hi))
 
 
 def needs(
@@ -380,7 +412,7 @@ def needs(
     if traffic.score_rate > 0:
         # Scored pairs (by exchange, so each is its own unit): the mean of the per-pair top-1
         # disagreement difference within δ; they arrive at score_rate of the pairs.
-        scored = mean_units(s.score_delta, traffic.score_sd, s.alpha, h)
+        scored = mean_units(s.score_delta, traffic.score_sd, s.alpha, h, s.planned_share)
         if scored is not None:
             scored = max(scored, s.min_metric_pairs)
         # Units are scored pairs; pairs are the mirrored pairs that many scored ones take.
@@ -427,7 +459,7 @@ def margins_within(
     sd = max(sds)
 
     def fits_latency(gap: float) -> bool:
-        need = mean_units(gap, sd, s.alpha, units)
+        need = mean_units(gap, sd, s.alpha, units, s.planned_share)
         return need is not None and max(need, s.min_metric_pairs) <= units
 
     glo, ghi = 1e-4, 3.0

@@ -17,6 +17,8 @@ import msgspec
 
 # The horizon when none is set: a typical experiment of a few hundred sessions.
 DEFAULT_HORIZON_UNITS = 300
+# Share of alpha spent on the boundary planned to the horizon (bench/RESULTS.md, issue 19).
+DEFAULT_PLANNED_SHARE = 0.9
 # Settings that no longer exist, with what replaced them (a stored override names them).
 _RETIRED = {
     "latency_tau": "latency_tau was replaced by horizon_units (the units the experiment is "
@@ -77,6 +79,13 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # valid at every look for any horizon fixed in advance. `canary plan` states one; the
     # default suits a typical experiment of a few hundred sessions.
     horizon_units: int = DEFAULT_HORIZON_UNITS
+    # Share of alpha those sequences spend on a boundary planned to the horizon (the
+    # continuous-look limit of O'Brien–Fleming alpha spending: a constant boundary on the
+    # standardized sum, valid at any looks up to the horizon), the rest on the normal mixture,
+    # which alone holds past it. 0.9: 1.22x the fixed-sample width at the horizon (1.72x at
+    # half of it, 2.1x at twice it); 0: the mixture alone (1.56x at the horizon, 1.60x at
+    # half, 1.63x at twice).
+    planned_share: float = DEFAULT_PLANNED_SHARE
 
     # Sessions: a gap longer than this between two turns of one session ends a unit of
     # independence; a unit is used once it is this old (and older than the candidate's timeout).
@@ -144,6 +153,8 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
                 problems.append(f"need 0 < {lo} <= {hi} < 1")
         if not 0.0 < self.slo_exceedance_delta < 1.0:
             problems.append("slo_exceedance_delta must be in (0, 1)")
+        if not 0.0 <= self.planned_share <= 0.95:
+            problems.append("planned_share must be in [0, 0.95]")
         if not 0.0 <= self.min_coverage <= 1.0:
             problems.append("min_coverage must be in [0, 1]")
         positive = (

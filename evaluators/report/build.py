@@ -144,9 +144,16 @@ def horizon_line(ctx: EvalContext) -> str:
         if "horizon_units" in (ctx.candidate.verdict or {})
         else "the default for an experiment of a few hundred sessions; `canary plan` states one"
     )
+    share = ctx.settings.planned_share
+    design = (
+        f"{share:.0%} of α on a boundary planned to it (valid at any looks up to it), the rest "
+        "on a mixture that also holds past it"
+        if share > 0
+        else "a normal mixture, narrowest there"
+    )
     return (
         f"latency, length and cost intervals are tuned to a horizon of "
-        f"{ctx.settings.horizon_units:,} {unit} ({whose}), narrowest there"
+        f"{ctx.settings.horizon_units:,} {unit} ({whose}): {design}"
     )
 
 

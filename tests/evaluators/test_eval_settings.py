@@ -37,6 +37,8 @@ def test_overrides_apply_and_convert_types() -> None:
         ({"latency_sigma_floor": float("nan")}, "finite"),
         ({"latency_tau": 0.05}, "horizon_units"),
         ({"horizon_units": 5}, "horizon_units"),
+        ({"planned_share": 0.99}, "planned_share"),
+        ({"planned_share": -0.1}, "planned_share"),
         ({"alpha": True}, "must be a number"),
     ],
 )
