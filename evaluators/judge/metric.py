@@ -392,12 +392,17 @@ def judge_mean(
     use: B,
     reference: str,
     detail: Detail | None = None,
+    planned: bool = True,
 ) -> MetricResult:
-    """Judge the mean of an unbounded per-pair statistic; `x` holds the values of `use`."""
+    """Judge the mean of an unbounded per-pair statistic; `x` holds the values of `use`.
+
+    `planned=False`: the mixture alone (no share of α on the boundary planned to the horizon),
+    for a test whose units are not the horizon's (scored pairs are a share of the sessions).
+    """
     v, sizes, n = _unit_values(x, use, ctx)
     if len(v) == 0:
         return _no_units(spec, ctx, reference, len(x))
-    s = ctx.settings
+    s = ctx.settings if planned else msgspec.structs.replace(ctx.settings, planned_share=0.0)
 
     def make(looks: NDArray[np.int64]) -> MeanStat:
         return mean_stat(v, looks, s)

@@ -411,8 +411,9 @@ def needs(
         out.append(Need(row.metric, row.margin, u, pairs, secs))
     if traffic.score_rate > 0:
         # Scored pairs (by exchange, so each is its own unit): the mean of the per-pair top-1
-        # disagreement difference within δ; they arrive at score_rate of the pairs.
-        scored = mean_units(s.score_delta, traffic.score_sd, s.alpha, h, s.planned_share)
+        # disagreement difference within δ; they arrive at score_rate of the pairs. The
+        # verdict runs the mixture alone on them (their count is not the horizon's).
+        scored = mean_units(s.score_delta, traffic.score_sd, s.alpha, h)
         if scored is not None:
             scored = max(scored, s.min_metric_pairs)
         # Units are scored pairs; pairs are the mirrored pairs that many scored ones take.

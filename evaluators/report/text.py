@@ -98,6 +98,7 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
             _num(row.get("cached_fraction_candidate"), ".0%"),
         ]
         for row in report.ttft_by_turn
+        if row.get("n")  # a turn no pair reached says nothing (the HTML report skips it too)
     ]
     header = ["turn", "n", "cand s", "ref s", "ratio", "always-valid interval", "cached"]
     title = "TTFT by turn (medians; ratio as in the verdict; intervals always-valid)"
