@@ -10,12 +10,22 @@ measures each answer, in alternating windows:
 - **reports**: `--reports` reports of the million-pair candidate are requested back to back
   through the admin API (each awaited to its end), while the same traffic runs.
 
+`--load report,spin,stream` interleaves, in every round, the reports and two controls of
+about the same length
+(`--burn-s`): a process at the report process's priority that only spins on the CPU (a few
+kilobytes of working set) or only streams numpy arrays of 256 MB through memory. They tell
+what any work at that priority costs production on this machine (CPU time the kernel hands
+back at once, but a core, a cache and memory bandwidth shared underneath) from what the
+report's own work costs.
+
 Windows alternate over `--rounds`, so drift in a shared host's background load falls on both
 alike; the table gives production p50 / p99 of each and their ratio (target: within 5 %), the
 report's wall time as the operator saw it, and the machine's load average.
 
     .venv/bin/python bench/report.py --pairs 1000000 --db /work/tmp-bench/report-1m.db
     .venv/bin/python bench/report_isolation.py --db /work/tmp-bench/report-1m.db
+    .venv/bin/python bench/report_isolation.py --db /work/tmp-bench/report-1m.db \
+        --load report,spin,stream --rounds 6 --quiet-s 15
 
 The database's live endpoint is pointed at the stand-in engine, its candidates' sampling is
 set to 0 and their creation to 0 (so the admin API's report covers every stored pair).
@@ -90,6 +100,41 @@ async def _reports(url: str, name: str, count: int, took: list[float]) -> None:
             took.append(time.perf_counter() - t)
 
 
+_BURN = {
+    # Pure interpreter work on a few kilobytes: the core, and nothing of the cache or memory.
+    "spin": "x = 0\nwhile time.perf_counter() < end:\n    x = (x * 31 + 7) % 1000003\n",
+    # numpy passes over 256 MB: memory bandwidth and the shared cache, as the statistics use.
+    "stream": (
+        "import numpy as np\na = np.ones(32 << 20)\nb = np.empty_like(a)\n"
+        "while time.perf_counter() < end:\n    np.multiply(a, 1.0001, out=b)\n"
+        "    np.add(b, a, out=a)\n"
+    ),
+}
+
+
+_LABELS = {
+    "report": "reports back to back",
+    "spin": "control: a spinning process",
+    "stream": "control: numpy streaming memory",
+}
+
+
+async def _burn(kind: str, seconds: float, priority: str, took: list[float]) -> None:
+    """A control load in place of the reports: `kind` work for `seconds` at `priority`."""
+    code = (
+        "import os, sys, time\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from gateway.mirror.plane import lower_priority\n"
+        f"lower_priority({priority!r}, 10)\n"
+        f"end = time.perf_counter() + {seconds}\n" + _BURN[kind]
+    )
+    t = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code)
+    if await proc.wait() != 0:
+        raise RuntimeError(f"the {kind} control load failed")
+    took.append(time.perf_counter() - t)
+
+
 async def _during(url: str, rate: float, task: asyncio.Task[None]) -> list[iso.Sample]:
     """Production traffic in 5-second windows until `task` (the reports) ends."""
     out = []
@@ -110,16 +155,20 @@ async def bench(args: argparse.Namespace) -> None:
             await _ready(url, gw)
             await iso.open_loop(url, args.rate, 5.0, 0.0)  # warm-up, not counted
             quiet: list[iso.Sample] = []
-            busy: list[iso.Sample] = []
-            took: list[float] = []
+            busy: dict[str, list[iso.Sample]] = {load: [] for load in args.load}
+            took: dict[str, list[float]] = {load: [] for load in args.load}
             for r in range(args.rounds):
-                quiet.append(await iso.open_loop(url, args.rate, args.quiet_s, 0.0))
-                loads.append(os.getloadavg())
-                task = asyncio.create_task(_reports(url, args.name, args.reports, took))
-                busy += await _during(url, args.rate, task)
-                loads.append(os.getloadavg())
-                last = ", ".join(f"{t:.1f}" for t in took[-args.reports :])
-                print(f"round {r + 1}: reports took {last} s", file=sys.stderr, flush=True)
+                for load in args.load:  # each load after a quiet window of its own
+                    quiet.append(await iso.open_loop(url, args.rate, args.quiet_s, 0.0))
+                    loads.append(os.getloadavg())
+                    if load == "report":
+                        work = _reports(url, args.name, args.reports, took[load])
+                    else:
+                        work = _burn(load, args.burn_s, args.priority, took[load])
+                    busy[load] += await _during(url, args.rate, asyncio.create_task(work))
+                    loads.append(os.getloadavg())
+                    last = ", ".join(f"{t:.1f}" for t in took[load][-args.reports :])
+                    print(f"round {r + 1}: {load} took {last} s", file=sys.stderr, flush=True)
             quiet.append(await iso.open_loop(url, args.rate, args.quiet_s, 0.0))
             loads.append(os.getloadavg())
         finally:
@@ -129,16 +178,18 @@ async def bench(args: argparse.Namespace) -> None:
             except subprocess.TimeoutExpired:
                 gw.kill()
                 gw.wait()
-    q, b = iso.pool("no reports", quiet), iso.pool("reports back to back", busy)
+    q = iso.pool("no reports", quiet)
     print(f"production at {args.rate:g} req/s through `canary serve` (1 worker), "
-          f"report priority {args.priority}, {args.db}")  # fmt: skip
-    print("| windows | requests | errors | p50 ms | p99 ms |")
-    print("|---|---:|---:|---:|---:|")
-    for s in (q, b):
-        print(f"| {s.label} | {s.n} | {s.errors} | {s.p50_ms:.2f} | {s.p99_ms:.2f} |")
-    print(f"ratio with reports / without: p50 {b.p50_ms / q.p50_ms:.3f}, "
-          f"p99 {b.p99_ms / q.p99_ms:.3f}")  # fmt: skip
-    print(f"reports: {len(took)}, wall {', '.join(f'{t:.1f}' for t in took)} s")
+          f"loads at priority {args.priority}, {args.db}")  # fmt: skip
+    print("| windows | requests | errors | p50 ms | p99 ms | p50 / quiet | p99 / quiet |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| {q.label} | {q.n} | {q.errors} | {q.p50_ms:.2f} | {q.p99_ms:.2f} | | |")
+    for load in args.load:
+        b = iso.pool(_LABELS[load], busy[load])
+        print(f"| {b.label} | {b.n} | {b.errors} | {b.p50_ms:.2f} | {b.p99_ms:.2f} | "
+              f"{b.p50_ms / q.p50_ms:.3f} | {b.p99_ms / q.p99_ms:.3f} |")  # fmt: skip
+    for load in args.load:
+        print(f"{load}: {len(took[load])} runs, wall {', '.join(f'{t:.1f}' for t in took[load])} s")
     one = [f"{x[0]:.1f}" for x in loads]
     print(f"machine load average (1 min) over the run: {', '.join(one)} on {os.cpu_count()} CPUs")
 
@@ -152,9 +203,20 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--quiet-s", type=float, default=30.0)
     p.add_argument("--priority", default="idle", choices=("idle", "nice", "normal"))
+    p.add_argument(
+        "--load",
+        default="report",
+        type=lambda v: [x for x in v.split(",") if x],
+        help="what runs in the busy windows, comma-separated, interleaved in each round: "
+        "report (reports back to back), spin, stream (control loads, see above)",
+    )
+    p.add_argument("--burn-s", type=float, default=7.0, help="a control load's length")
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--gap", type=float, default=0.001)
     args = p.parse_args()
+    bad = [x for x in args.load if x not in _LABELS]
+    if bad or not args.load:
+        p.error(f"--load: expected report, spin or stream, got {','.join(bad) or 'nothing'}")
     asyncio.run(bench(args))
 
 

@@ -119,6 +119,12 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     # --- report process (one per host: every report, gate and promotion's report runs there,
     # never in a worker; see gateway/control/reports.py)
+    # false: this replica starts no report process and refreshes no report segments; its
+    # reports, gate and promotions answer 503 `reports_unavailable` saying so. For fleets whose
+    # production replicas must carry no report work at all (on small hosts even idle-priority
+    # work shows in production's tail): a replica that takes no production traffic, on the same
+    # PostgreSQL store, serves reports, the gate and promotions.
+    report_process: bool = True
     # "idle": SCHED_IDLE where allowed, else nice (a saturated host delays reports, never
     # production); "nice": nice only; "normal": production's priority.
     report_priority: Literal["idle", "nice", "normal"] = "idle"

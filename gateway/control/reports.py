@@ -320,8 +320,8 @@ class RemoteReports:
 
     The report's bytes are relayed untouched; the worker never builds or decodes a report."""
 
-    def __init__(self, socket_path: str, timeout_s: float) -> None:
-        self._path = socket_path
+    def __init__(self, socket_path: str | None, timeout_s: float) -> None:
+        self._path = socket_path  # None: this replica computes no reports (report_process)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self.counts = dict.fromkeys(OUTCOMES, 0)
@@ -331,6 +331,11 @@ class RemoteReports:
         return [REPORTS.sample(self.counts[o], o) for o in OUTCOMES]
 
     def _client(self) -> aiohttp.ClientSession:
+        if self._path is None:
+            raise ReportsUnavailable(
+                "this replica computes no reports (report_process = false): ask a replica that "
+                "does (on the same store), or run `canary report`"
+            )
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=self._path, limit=64),

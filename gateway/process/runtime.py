@@ -272,7 +272,7 @@ async def running(
             stack.push_async_callback(asyncio.to_thread, plane.stop, 2 * config.drain_timeout_s)
             plane_socket = plane.socket_path
         report_process: ReportProcess | None = None
-        if report_socket is None:
+        if report_socket is None and config.report_process:
             report_process = ReportProcess(config)
             try:
                 report_process.spawn()  # the main thread, as the mirror process

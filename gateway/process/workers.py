@@ -106,9 +106,10 @@ def _supervise(config: GatewayConfig) -> int:
         plane = PlaneProcess(config)
         plane.start()
         log.info("started the mirror process", extra={"fields": {"pid": plane.pid}})
-        reporter = ReportProcess(config)
-        reporter.start()
-        log.info("started the report process", extra={"fields": {"pid": reporter.pid}})
+        if config.report_process:
+            reporter = ReportProcess(config)
+            reporter.start()
+            log.info("started the report process", extra={"fields": {"pid": reporter.pid}})
         host, port = split_host_port(config.listen)
         if port == 0:
             reserved = _reserve_port(host)
@@ -124,7 +125,7 @@ def _supervise(config: GatewayConfig) -> int:
                     os.getpid(),
                     simulator_url,
                     plane.socket_path,
-                    reporter.socket_path,
+                    None if reporter is None else reporter.socket_path,
                 ),
                 name=f"canary-worker-{index}",
             )
@@ -141,14 +142,14 @@ def _supervise(config: GatewayConfig) -> int:
             sentinels = [c.sentinel for c in children]
             if plane_ok and plane.sentinel is not None:
                 sentinels.append(plane.sentinel)
-            if reporter_ok and reporter.sentinel is not None:
+            if reporter is not None and reporter_ok and reporter.sentinel is not None:
                 sentinels.append(reporter.sentinel)
             multiprocessing.connection.wait(sentinels, timeout=1.0)
             if stopping:
                 break
             if plane_ok and not plane.alive:
                 plane_ok = plane.restart()  # workers reconnect on their own
-            if reporter_ok and not reporter.alive:
+            if reporter is not None and reporter_ok and not reporter.alive:
                 reporter_ok = reporter.restart()  # workers' next report connects anew
             for i, child in enumerate(children):
                 if child.is_alive():

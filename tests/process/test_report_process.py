@@ -172,3 +172,39 @@ def _report_process(parent: int) -> int:
                 pass
         time.sleep(0.1)
     raise AssertionError("no child of the gateway loaded the statistics stack")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_a_replica_without_a_report_process(tmp_path: Path, workers: str) -> None:
+    """`report_process = false`: no report process on this host (one worker, or a supervisor
+    of two), reports and the gate answer 503 `reports_unavailable` saying why (counted),
+    production is served as ever."""
+    await _prepare(tmp_path / "canary.db")
+    config = tmp_path / "gw.toml"
+    config.write_text("report_process = false\n")
+    args = ("--insecure-admin", "--config", str(config), "--workers", workers)
+    proc, url = await start_serve(tmp_path, *args)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/admin/candidates/cand/report", "/admin/candidates/cand/gate"):
+                async with http.get(url + path) as resp:
+                    assert resp.status == 503, await resp.text()
+                    error = (await resp.json())["error"]
+                assert error["type"] == "reports_unavailable"
+                assert "report_process = false" in error["message"]
+            async with http.post(url + "/v1/chat/completions", json=PAYLOAD) as resp:
+                assert resp.status == 200
+            async with http.get(url + "/metrics") as resp:
+                metrics = await resp.text()
+            if workers == "1":  # with two, the calls may have gone to either worker
+                assert 'canary_reports_total{outcome="unavailable"} 2' in metrics
+            # A report process loads the statistics stack as soon as it listens (see
+            # _report_process); after the gateway has served for a while, none of its
+            # processes has.
+            await asyncio.sleep(3.0)
+            pids = [proc.pid, *_children(proc.pid)]
+            assert len(pids) >= int(workers) + 1  # the mirror process (and the workers)
+            assert not any(_maps_scipy(pid) for pid in pids)
+    finally:
+        code, err = await stop(proc)
+    assert code == 0, err[-2000:]
