@@ -167,7 +167,8 @@ async def bench(args: argparse.Namespace) -> None:
                         work = _burn(load, args.burn_s, args.priority, took[load])
                     busy[load] += await _during(url, args.rate, asyncio.create_task(work))
                     loads.append(os.getloadavg())
-                    last = ", ".join(f"{t:.1f}" for t in took[load][-args.reports :])
+                    per_round = args.reports if load == "report" else 1
+                    last = ", ".join(f"{t:.1f}" for t in took[load][-per_round:])
                     print(f"round {r + 1}: {load} took {last} s", file=sys.stderr, flush=True)
             quiet.append(await iso.open_loop(url, args.rate, args.quiet_s, 0.0))
             loads.append(os.getloadavg())

@@ -100,6 +100,20 @@ class PromotionConflict(StorageError):
         self.reason = reason
 
 
+class ReportTooLarge(CanaryError):
+    """A report's window holds more pairs than the process computing it may hold in memory
+    (`report_max_pairs`); the message says how many, the limit, and what to do."""
+
+    @classmethod
+    def of(cls, pairs: int, limit: int) -> ReportTooLarge:
+        return cls(
+            f"the report's window holds {pairs:,} pairs, more than report_max_pairs "
+            f"({limit:,}; a report holds about 330 bytes a pair while it is computed): raise "
+            "report_max_pairs where the report process has the memory, or run `canary report` "
+            "(with --since / --until for a shorter window) on a machine that has it"
+        )
+
+
 class SchemaBehind(StorageError):
     """The database schema does not match the code; the message names the command to run.
     Exit code 2: the operator fixes it (`canary db upgrade`)."""

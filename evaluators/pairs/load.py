@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from domain.accounting import ACCOUNTING_KEYS
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
-from domain.errors import StorageError
+from domain.errors import ReportTooLarge, StorageError
 from evaluators.pairs import segments
 from evaluators.pairs.columns import (
     ARM_FIELDS,
@@ -229,6 +229,7 @@ async def load_pairs(
     similarity_max_pairs: int = 10_000,
     max_chars: int = 4000,
     segmented: bool = True,
+    max_pairs: int | None = None,
 ) -> PairSet:
     """Aligned pairs of `candidate` received in [since, until), in arrival order.
 
@@ -245,6 +246,10 @@ async def load_pairs(
     `segmented` (the default) reads the window's closed spans from their stored columns and
     stores the spans it had to build (`evaluators.pairs.segments`); False builds the whole
     window from the rows in one pass. Both give the same PairSet.
+
+    `max_pairs`: `domain.errors.ReportTooLarge` when the window holds more pairs than that,
+    checked on counts before the window's columns are allocated or read (stored segments may
+    be brought up to date first: that holds one span at a time).
     """
     cand, _live, found = await load_endpoints(engine, candidate)
     control_name = (found.name if found else None) if control is True else (control or None)
@@ -256,8 +261,9 @@ async def load_pairs(
         engine, candidate, control_name, max_chars, similarity_max_pairs, lost_before, batch_size
     )
     if segmented:
-        return await window.by_segments(since or 0.0, end, until, progress)
+        return await window.by_segments(since or 0.0, end, until, progress, max_pairs)
     total = await count_pairs(engine, candidate, since=since, until=until)
+    _check_size(total, max_pairs)
     on_part, close = progress(total) if progress is not None else (None, _nothing)
     try:
         suffixes = sample_suffixes(similarity_max_pairs / max(1, total))
@@ -270,6 +276,11 @@ async def load_pairs(
 
 def _nothing() -> None:
     pass
+
+
+def _check_size(pairs: int, limit: int | None) -> None:
+    if limit is not None and pairs > limit:
+        raise ReportTooLarge.of(pairs, limit)
 
 
 async def refresh_segments(
@@ -355,7 +366,12 @@ class _Window:
         return builder.finish()
 
     async def by_segments(
-        self, since: float, end: float, until: float | None, progress: ProgressFactory | None
+        self,
+        since: float,
+        end: float,
+        until: float | None,
+        progress: ProgressFactory | None,
+        max_pairs: int | None = None,
     ) -> PairSet:
         """The window's PairSet from stored segments, building and storing the missing or
         stale ones first. The grid stops at `end` (the window's end, or now); the open span
@@ -379,6 +395,7 @@ class _Window:
                 for span, _ in spans
             }
             total = sum(rows.values()) + open_rows
+            _check_size(total, max_pairs)  # before the window's columns are allocated
             suffixes = sample_suffixes(self.similarity_max_pairs / max(1, total))
             whole = Assembly(total, has_control=self.control is not None)
             await self._assemble(whole, spans, metas, rows, suffixes)

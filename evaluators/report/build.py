@@ -247,13 +247,15 @@ async def evaluate(
     planned_look: bool = False,
     progress: ProgressFactory | None = None,
     segmented: bool = True,
+    max_pairs: int | None = None,
 ) -> Report:
     """Load the candidate's pairs and accounting from storage and build its report.
 
     The candidate's `verdict` apply on top of `settings` (a ValueError names a bad
     one). `since` defaults to the candidate's creation. LookupError when no endpoint has that name.
     `segmented` False builds the pairs from the rows in one pass instead of reading the stored
-    segments (the same report; tests compare the two).
+    segments (the same report; tests compare the two). `max_pairs`: ReportTooLarge for a
+    window holding more pairs (the report process's `report_max_pairs`).
     """
     from evaluators.pairs import load as store
 
@@ -270,6 +272,7 @@ async def evaluate(
         similarity_max_pairs=effective.similarity_max_pairs,
         max_chars=effective.similarity_max_chars,
         segmented=segmented,
+        max_pairs=max_pairs,
     )
     accounting = await store.load_accounting(engine, candidate_name)
     # Units close against the clock: a live look must not use sessions still under way. "Now"

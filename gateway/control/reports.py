@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("canary.reports")
 
 VERDICT_HEADER = "X-Canary-Verdict"
-OUTCOMES = ("ok", "not_found", "invalid", "unavailable")
+OUTCOMES = ("ok", "not_found", "invalid", "too_large", "unavailable")
 REPORTS: Final = Family(
     "canary_reports_total",
     "counter",
@@ -117,9 +117,11 @@ class LocalReports:
         *,
         concurrency: int = 1,
         queue_max: int = 16,
+        max_pairs: int | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
+        self._max_pairs = max_pairs  # a larger window: ReportTooLarge, counted `too_large`
         self._slots = asyncio.Semaphore(concurrency)
         self._concurrency = concurrency
         self._queue_max = queue_max
@@ -129,6 +131,7 @@ class LocalReports:
             "computed": 0,
             "shared": 0,
             "refused": 0,
+            "too_large": 0,
             "failed": 0,
             "running": 0,
             "waiting": 0,
@@ -161,7 +164,9 @@ class LocalReports:
         try:
             doc = await self._compute(name, final)
         except BaseException as exc:
-            if not isinstance(exc, de.EndpointNotFound | ValueError | asyncio.CancelledError):
+            if isinstance(exc, de.ReportTooLarge):
+                self.stats["too_large"] += 1
+            elif not isinstance(exc, de.EndpointNotFound | ValueError | asyncio.CancelledError):
                 self.stats["failed"] += 1
             future.set_exception(exc)
             future.exception()  # retrieved: sharers re-raise it, nobody logs it as lost
@@ -184,7 +189,11 @@ class LocalReports:
             try:
                 try:  # the candidate's `verdict` overrides apply on top (ValueError: a bad one)
                     report = await evaluate(
-                        self.engine, name, settings=self.settings, planned_look=final
+                        self.engine,
+                        name,
+                        settings=self.settings,
+                        planned_look=final,
+                        max_pairs=self._max_pairs,
                     )
                 except LookupError as exc:  # unknown, or removed while we were evaluating it
                     raise de.EndpointNotFound(name) from exc
@@ -258,6 +267,8 @@ def report_app(reports: LocalReports) -> web.Application:
             return _error(404, str(exc))
         except ValueError as exc:
             return _error(422, f"verdict overrides: {exc}")
+        except de.ReportTooLarge as exc:
+            return _error(413, str(exc))
         except ReportsUnavailable as exc:
             return _error(503, str(exc))
         except de.StorageError as exc:
@@ -295,6 +306,7 @@ async def serve_reports(
         VerdictSettings().with_overrides(config.verdict),
         concurrency=config.report_concurrency,
         queue_max=config.report_queue_max,
+        max_pairs=config.report_max_pairs,
     )
     runner = web.AppRunner(report_app(reports), access_log=None, handle_signals=False)
     await runner.setup()
@@ -356,6 +368,9 @@ class RemoteReports:
         except ValueError:
             outcome = "invalid"
             raise
+        except de.ReportTooLarge:
+            outcome = "too_large"
+            raise
         finally:
             self.counts[outcome] += 1
 
@@ -382,6 +397,8 @@ class RemoteReports:
             raise de.EndpointNotFound(name, message)
         if status == 422:
             raise ValueError(message)
+        if status == 413:
+            raise de.ReportTooLarge(message)
         raise ReportsUnavailable(message)
 
     async def close(self) -> None:

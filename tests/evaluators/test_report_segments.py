@@ -244,3 +244,22 @@ async def test_a_read_only_role_still_gets_the_report(db_url: str) -> None:
         await admin.execute(f"DROP OWNED BY {role}")
         await admin.execute(f"DROP ROLE IF EXISTS {role}")
         await admin.close()
+
+
+async def test_max_pairs_bounds_the_window_at_its_exact_count(db_engine: AsyncEngine) -> None:
+    """`max_pairs` (the report process's `report_max_pairs`): a window of exactly that many
+    pairs loads, one more is refused on the counts, whichever path reads it."""
+    from domain.errors import ReportTooLarge
+
+    await register(db_engine)
+    now = time.time()
+    pairs = _traffic(now)
+    await _write(db_engine, pairs, [(p, ep) for p in pairs for ep in ("live", "cand", "ctrl")])
+    kw: dict[str, Any] = {"since": 0.0, "until": now}
+    n = (await load_pairs(db_engine, "cand", **kw, segmented=False)).n
+    assert n > 100
+    for segmented in (True, False):
+        ps = await load_pairs(db_engine, "cand", **kw, segmented=segmented, max_pairs=n)
+        assert ps.n == n
+        with pytest.raises(ReportTooLarge, match=f"holds {n:,} pairs"):
+            await load_pairs(db_engine, "cand", **kw, segmented=segmented, max_pairs=n - 1)

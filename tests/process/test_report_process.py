@@ -208,3 +208,33 @@ async def test_a_replica_without_a_report_process(tmp_path: Path, workers: str) 
     finally:
         code, err = await stop(proc)
     assert code == 0, err[-2000:]
+
+
+async def test_a_window_past_report_max_pairs_is_refused_before_it_is_loaded(
+    tmp_path: Path,
+) -> None:
+    """`report_max_pairs` one below the stored pairs: reports and the gate answer 422
+    `report_too_large` with the window's exact count and the setting's name (counted); the
+    report process is not failing (its next report, under the limit, would be computed)."""
+    await _prepare(tmp_path / "canary.db")
+    config = tmp_path / "gw.toml"
+    config.write_text(f"report_max_pairs = {N_PAIRS - 1}\n")
+    proc, url = await start_serve(tmp_path, "--insecure-admin", "--config", str(config))
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/admin/candidates/cand/report", "/admin/candidates/cand/gate"):
+                async with http.get(url + path) as resp:
+                    assert resp.status == 422, await resp.text()
+                    error = (await resp.json())["error"]
+                assert error["type"] == "report_too_large"
+                assert f"holds {N_PAIRS:,} pairs" in error["message"]
+                assert f"report_max_pairs ({N_PAIRS - 1:,}" in error["message"]
+            async with http.post(url + "/v1/chat/completions", json=PAYLOAD) as resp:
+                assert resp.status == 200
+            async with http.get(url + "/metrics") as resp:
+                metrics = await resp.text()
+            assert 'canary_reports_total{outcome="too_large"} 2' in metrics
+            assert 'canary_reports_total{outcome="ok"} 0' in metrics
+    finally:
+        code, err = await stop(proc)
+    assert code == 0, err[-2000:]

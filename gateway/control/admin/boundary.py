@@ -83,6 +83,8 @@ def map_exception(exc: Exception) -> ApiError:
         return ApiError(409, "conflict", str(exc), detail={"reason": exc.reason})
     if isinstance(exc, se.InvalidEndpoint):  # a field the schema cannot hold: the body's fault
         return ApiError(422, "invalid_request", str(exc))
+    if isinstance(exc, se.ReportTooLarge):  # the window, not the request: named in the message
+        return ApiError(422, "report_too_large", str(exc))
     if isinstance(exc, se.SchemaBehind):
         return ApiError(503, "storage_unavailable", str(exc))
     # Bodies are validated before storage sees them, so what storage still refuses is the

@@ -43,8 +43,9 @@ _ERRORS = {
     409: "Conflicts with the current state (duplicate name, live endpoint, lost race, "
     "refused promote: `error.detail` holds the verdict and reasons)",
     413: "Body over 64 KiB",
-    422: "Validation error: `error.field` names the field, `error.message` the reason",
-    503: "Storage is unavailable",
+    422: "Validation error: `error.field` names the field, `error.message` the reason; or "
+    "`report_too_large`: the report's window holds more pairs than `report_max_pairs`",
+    503: "Storage is unavailable, or no report can be had now (`reports_unavailable`)",
 }
 
 
