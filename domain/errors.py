@@ -31,7 +31,7 @@ imports every module and fails on an exception class outside it). Code raises th
     │                               host's report process is down, its queue full, or too slow
     │                               (or this replica has none: report_process = false)
     ├── ReportTooLarge              admin 422 report_too_large: the window holds more pairs than
-    │                               report_max_pairs (checked on counts, before any load)
+    │                               report_max_pairs (checked on counts, before its columns load)
     ├── AdminAPIError               (gateway.cli.client) the admin API refused: exit 2 (4xx) or 1
     ├── AdminUnreachable            (gateway.cli.client) no answer from the admin API: exit 1
     ├── GatewayUnreadable           (gateway.cli.commands.plan) /metrics unreadable: exit 1

@@ -131,7 +131,7 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     report_nice: Annotated[int, Meta(ge=0, le=19)] = 10
     report_concurrency: PosInt = 1  # reports computed at once (each holds its pairs in memory)
     # A report holds its window's pairs in memory (~330 bytes a pair while it is computed): a
-    # window with more is refused (422 `report_too_large`, counted) before anything is
+    # window with more is refused (422 `report_too_large`, counted) before its columns are
     # allocated, so one huge candidate cannot run the host out of memory beside production.
     # 5,000,000 pairs is ~1.6 GiB at once; `canary report` in its own process is not bound.
     report_max_pairs: PosInt = 5_000_000
