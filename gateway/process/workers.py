@@ -187,7 +187,8 @@ def _supervise(config: GatewayConfig) -> int:
 
 
 def _join_all(children: list[BaseProcess], config: GatewayConfig) -> bool:
-    """Wait for every child (drain time plus a margin), kill stragglers; True if all exited 0."""
+    """Wait for every child (drain time plus a margin), kill stragglers; True if all exited 0,
+    or were stopped by the supervisor's SIGTERM before they could serve."""
     # A worker's shutdown waits up to drain_timeout_s three times: in-flight production
     # requests, the mirror's drain and the writer's final flush.
     deadline = time.monotonic() + 3 * config.drain_timeout_s + 5.0
@@ -198,6 +199,11 @@ def _join_all(children: list[BaseProcess], config: GatewayConfig) -> bool:
             child.kill()
             child.join()
             clean = False
+        elif child.exitcode == -signal.SIGTERM:
+            # A worker handles SIGTERM (drains, exits 0) from the first line of its event loop,
+            # before it listens; dying of it means it was still starting (a rollout that stops
+            # a pod right after it became ready): it never held a request.
+            log.info("worker stopped while starting", extra={"fields": {"pid": child.pid}})
         elif child.exitcode not in (0, None):
             clean = False
     return clean

@@ -166,3 +166,43 @@ async def test_workers_exit_when_the_supervisor_is_killed(tmp_path: Path) -> Non
         await asyncio.sleep(0.1)
     with pytest.raises(ProcessLookupError):
         os.kill(worker, 0)
+
+
+async def test_sigterm_while_workers_start_is_a_clean_stop(tmp_path: Path) -> None:
+    """A SIGTERM that reaches workers still starting (a rollout stopping a pod right after its
+    first worker answered) stops them all and exits 0: a worker that dies of it had not yet
+    listened, so it never held a request."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
+    argv = ["serve", "--listen", f"127.0.0.1:{port}", "--workers", "2", "--log-format", "json"]
+    argv += ["--db", f"sqlite+aiosqlite:///{tmp_path / 'canary.db'}"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli.main",
+        *argv,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stderr is not None
+    seen: list[str] = []
+    try:
+        while True:  # the supervisor has just spawned its workers: they are importing
+            line = (await asyncio.wait_for(proc.stderr.readline(), 120)).decode()
+            assert line, "".join(seen)
+            seen.append(line)
+            if '"supervising workers"' in line:
+                pids = json.loads(line)["pids"]
+                break
+        proc.send_signal(signal.SIGTERM)
+        err = (await asyncio.wait_for(proc.stderr.read(), 60)).decode()
+        code = await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert code == 0, "".join(seen) + err
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
