@@ -208,6 +208,19 @@ async def test_the_pod_runs_as_described(serve: Any, tmp_path: Path) -> None:
                     await asyncio.sleep(0.05)
                 else:
                     raise AssertionError(f"{path} never answered 200")
+            # A probe is answered by whichever worker listens first: wait for both before the
+            # pod is stopped (one still starting is stopped cleanly, but logs nothing to read).
+            pids: set[int] = set()
+            # A connection per request: the kernel spreads connections, not requests.
+            fresh = aiohttp.TCPConnector(force_close=True)
+            async with aiohttp.ClientSession(connector=fresh) as one_shot:
+                for _ in range(3000):
+                    async with one_shot.get(base + "/healthz") as resp:
+                        pids.add((await resp.json())["pid"])
+                    if len(pids) == 2:
+                        break
+                    await asyncio.sleep(0.01)
+            assert len(pids) == 2, pids
             admin = f"http://127.0.0.1:{admin_port}/admin/status"
             async with http.get(admin) as resp:
                 assert resp.status == 401
