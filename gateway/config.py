@@ -133,7 +133,7 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # A report holds its window's pairs in memory (~330 bytes a pair while it is computed): a
     # window with more is refused (422 `report_too_large`, counted) before its columns are
     # allocated, so one huge candidate cannot run the host out of memory beside production.
-    # 5,000,000 pairs is ~1.6 GiB at once; `canary report` in its own process is not bound.
+    # 5,000,000 pairs is ~1.5 GiB at once; `canary report` in its own process is not bound.
     report_max_pairs: PosInt = 5_000_000
     report_queue_max: PosInt = 16  # reports waiting for a slot; beyond: 503, counted
     report_timeout_s: PosFloat = 900.0  # a worker waits this long for the report process

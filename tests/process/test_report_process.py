@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -150,15 +151,40 @@ async def test_a_dead_report_process_is_restarted(tmp_path: Path) -> None:
                     assert (await resp.json())["error"]["type"] == "reports_unavailable"
                 await asyncio.sleep(0.1)
             assert status == 200
-            async with http.post(url + "/v1/chat/completions", json=PAYLOAD) as resp:
-                assert resp.status == 200
-            async with http.get(url + "/metrics") as resp:
-                metrics = await resp.text()
+            metrics = await _served_then_metrics(http, url)
             assert "canary_report_process_restarts_total 1" in metrics
             assert 'canary_reports_total{outcome="ok"} 1' in metrics
     finally:
         code, err = await stop(proc)
     assert code == 0, err[-2000:]
+
+
+async def _served_then_metrics(http: aiohttp.ClientSession, url: str) -> str:
+    """Production is answered; then the gateway's /metrics text."""
+    async with http.post(url + "/v1/chat/completions", json=PAYLOAD) as resp:
+        assert resp.status == 200
+    async with http.get(url + "/metrics") as resp:
+        return await resp.text()
+
+
+async def _start_with(
+    tmp_path: Path, config: str, *args: str
+) -> tuple[asyncio.subprocess.Process, str]:
+    """The stored pairs, then `canary serve` with `config` as its file."""
+    await _prepare(tmp_path / "canary.db")
+    path = tmp_path / "gw.toml"
+    path.write_text(config)
+    return await start_serve(tmp_path, "--insecure-admin", "--config", str(path), *args)
+
+
+async def _report_errors(http: aiohttp.ClientSession, url: str, status: int) -> list[Any]:
+    """The error bodies of the report and the gate, each answered with `status`."""
+    errors = []
+    for path in ("/admin/candidates/cand/report", "/admin/candidates/cand/gate"):
+        async with http.get(url + path) as resp:
+            assert resp.status == status, await resp.text()
+            errors.append((await resp.json())["error"])
+    return errors
 
 
 def _report_process(parent: int) -> int:
@@ -179,23 +205,13 @@ async def test_a_replica_without_a_report_process(tmp_path: Path, workers: str) 
     """`report_process = false`: no report process on this host (one worker, or a supervisor
     of two), reports and the gate answer 503 `reports_unavailable` saying why (counted),
     production is served as ever."""
-    await _prepare(tmp_path / "canary.db")
-    config = tmp_path / "gw.toml"
-    config.write_text("report_process = false\n")
-    args = ("--insecure-admin", "--config", str(config), "--workers", workers)
-    proc, url = await start_serve(tmp_path, *args)
+    proc, url = await _start_with(tmp_path, "report_process = false\n", "--workers", workers)
     try:
         async with aiohttp.ClientSession() as http:
-            for path in ("/admin/candidates/cand/report", "/admin/candidates/cand/gate"):
-                async with http.get(url + path) as resp:
-                    assert resp.status == 503, await resp.text()
-                    error = (await resp.json())["error"]
+            for error in await _report_errors(http, url, 503):
                 assert error["type"] == "reports_unavailable"
                 assert "report_process = false" in error["message"]
-            async with http.post(url + "/v1/chat/completions", json=PAYLOAD) as resp:
-                assert resp.status == 200
-            async with http.get(url + "/metrics") as resp:
-                metrics = await resp.text()
+            metrics = await _served_then_metrics(http, url)
             if workers == "1":  # with two, the calls may have gone to either worker
                 assert 'canary_reports_total{outcome="unavailable"} 2' in metrics
             # A report process loads the statistics stack as soon as it listens (see
@@ -214,25 +230,16 @@ async def test_a_window_past_report_max_pairs_is_refused_before_it_is_loaded(
     tmp_path: Path,
 ) -> None:
     """`report_max_pairs` one below the stored pairs: reports and the gate answer 422
-    `report_too_large` with the window's exact count and the setting's name (counted); the
-    report process is not failing (its next report, under the limit, would be computed)."""
-    await _prepare(tmp_path / "canary.db")
-    config = tmp_path / "gw.toml"
-    config.write_text(f"report_max_pairs = {N_PAIRS - 1}\n")
-    proc, url = await start_serve(tmp_path, "--insecure-admin", "--config", str(config))
+    `report_too_large` with the window's exact count and the setting's name (counted), and
+    production is served."""
+    proc, url = await _start_with(tmp_path, f"report_max_pairs = {N_PAIRS - 1}\n")
     try:
         async with aiohttp.ClientSession() as http:
-            for path in ("/admin/candidates/cand/report", "/admin/candidates/cand/gate"):
-                async with http.get(url + path) as resp:
-                    assert resp.status == 422, await resp.text()
-                    error = (await resp.json())["error"]
+            for error in await _report_errors(http, url, 422):
                 assert error["type"] == "report_too_large"
                 assert f"holds {N_PAIRS:,} pairs" in error["message"]
                 assert f"report_max_pairs ({N_PAIRS - 1:,}" in error["message"]
-            async with http.post(url + "/v1/chat/completions", json=PAYLOAD) as resp:
-                assert resp.status == 200
-            async with http.get(url + "/metrics") as resp:
-                metrics = await resp.text()
+            metrics = await _served_then_metrics(http, url)
             assert 'canary_reports_total{outcome="too_large"} 2' in metrics
             assert 'canary_reports_total{outcome="ok"} 0' in metrics
     finally:

@@ -64,7 +64,8 @@ def test_bad_workers_value_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "workers" in err
 
 
-async def start_serve(tmp: Path, *args: str) -> tuple[asyncio.subprocess.Process, str]:
+async def spawn_serve(tmp: Path, *args: str) -> tuple[asyncio.subprocess.Process, int]:
+    """`canary serve` on a free port and a SQLite file in `tmp`, stderr piped; not waited for."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
     proc = await asyncio.create_subprocess_exec(
@@ -81,6 +82,12 @@ async def start_serve(tmp: Path, *args: str) -> tuple[asyncio.subprocess.Process
         stderr=asyncio.subprocess.PIPE,
         env=env,
     )
+    return proc, port
+
+
+async def start_serve(tmp: Path, *args: str) -> tuple[asyncio.subprocess.Process, str]:
+    """`spawn_serve`, then wait until it is ready."""
+    proc, port = await spawn_serve(tmp, *args)
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:
         for _ in range(1200):  # up to 60 s: spawning workers on a loaded 2-core machine
@@ -172,19 +179,7 @@ async def test_sigterm_while_workers_start_is_a_clean_stop(tmp_path: Path) -> No
     """A SIGTERM that reaches workers still starting (a rollout stopping a pod right after its
     first worker answered) stops them all and exits 0: a worker that dies of it had not yet
     listened, so it never held a request."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
-    argv = ["serve", "--listen", f"127.0.0.1:{port}", "--workers", "2", "--log-format", "json"]
-    argv += ["--db", f"sqlite+aiosqlite:///{tmp_path / 'canary.db'}"]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli.main",
-        *argv,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
+    proc, _ = await spawn_serve(tmp_path, "--workers", "2", "--log-format", "json")
     assert proc.stderr is not None
     seen: list[str] = []
     try:
