@@ -28,7 +28,10 @@ TIME_SCALE = 0.15
 CANDIDATE = "kv"
 # Margins for ~100 sessions (the README's "Margins by volume" for small experiments), and a
 # minimum of pairs a short test reaches: the bi-KV candidate promotes within a minute or two.
+# A session closes (and counts) after 5 s without a turn, so a step of traffic is judged
+# seconds after it ends.
 VERDICT = {
+    "session_idle_s": 5.0,
     "min_pairs": 120,
     "error_delta": 0.05,
     "error_critical": 0.1,

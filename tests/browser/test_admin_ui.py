@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -117,12 +118,17 @@ async def test_page_refuses_without_a_token(tmp_path: Path) -> None:
     assert all("401" in e for e in console.errors), console.errors
 
 
-async def _traffic(url: str) -> None:
-    """Agent sessions through the proxy, round after round, until cancelled."""
-    seed = 1
-    while True:
-        await run_workload(url, WorkloadSpec(sessions=24, turns=6, concurrency=12, seed=seed))
-        seed += 1
+# One step of agent sessions through the proxy: 24 six-turn sessions, 144 pairs.
+STEP = {"sessions": 24, "turns": 6, "concurrency": 12}
+
+
+def _pairs_shown(summaries: list[str]) -> int:
+    """The pair count of the newest summary the page showed (0 before any)."""
+    for text in reversed(summaries):
+        found = re.search(r"([\d,]+) pairs \(", text)
+        if found:
+            return int(found.group(1).replace(",", ""))
+    return 0
 
 
 async def _chat(url: str) -> int:
@@ -149,25 +155,38 @@ async def test_verdict_follows_pairs_and_promote_moves_live_traffic(tmp_path: Pa
         to_decide = page.locator("#d-todecide tbody tr")
         hold_shot = False
 
-        traffic = asyncio.create_task(_traffic(stack.url))
-        try:
-            async with asyncio.timeout(PROMOTE_WITHIN_S):
-                while seen[-1] != "promote":
+        async def look() -> None:
+            nonlocal hold_shot
+            verdict = await page.get_attribute("#d-verdict", "data-verdict")
+            pairs_seen.append(await page.inner_text("#d-summary"))
+            if verdict and verdict != seen[-1]:
+                seen.append(verdict)
+            if verdict == "hold" and not hold_shot and await to_decide.count():
+                await shot(page, "candidate-hold")  # undecided: "To decide" with ETAs
+                hold_shot = True
+
+        # Traffic in steps of a few sessions, each followed by the page's next looks at the
+        # report over them: the page must show every stage on the way (a verdict may pass from
+        # "not enough pairs" to "undecided" to "promote" in less than one poll under load).
+        async with asyncio.timeout(PROMOTE_WITHIN_S):
+            seed = 1
+            while seen[-1] != "promote":
+                await run_workload(stack.url, WorkloadSpec(**STEP, seed=seed))
+                seed += 1
+                sent = (seed - 1) * STEP["sessions"] * STEP["turns"]
+                # The page shows the step's pairs stored (a copy may still be on its way: the
+                # count is waited for a while, not required) ...
+                for _ in range(20):
                     await asyncio.sleep(1.0)
-                    assert not traffic.done(), traffic.exception()
-                    verdict = await page.get_attribute("#d-verdict", "data-verdict")
-                    pairs_seen.append(await page.inner_text("#d-summary"))
-                    if verdict and verdict != seen[-1]:
-                        seen.append(verdict)
-                    if verdict == "hold" and not hold_shot and await to_decide.count():
-                        await shot(page, "candidate-hold")  # undecided: "To decide" with ETAs
-                        hold_shot = True
-        finally:
-            traffic.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await traffic
+                    await look()
+                    if _pairs_shown(pairs_seen) >= sent:
+                        break
+                # ... then the reports once its sessions have closed (idle 5 s: stack.py).
+                for _ in range(3):
+                    await asyncio.sleep(DETAIL_POLL_S)
+                    await look()
         assert seen[0] == "hold" and seen[-1] == "promote", seen
-        assert hold_shot  # on the way, metrics waited for pairs with an ETA
+        assert hold_shot, pairs_seen  # on the way, metrics waited for pairs with an ETA
         assert len(set(pairs_seen)) > 2  # the page redrew as pairs arrived
         # The gating intervals are drawn, and the by-turn table is filled.
         assert await page.locator("#d-plots svg polygon").count() >= 3
