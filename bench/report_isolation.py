@@ -10,22 +10,26 @@ measures each answer, in alternating windows:
 - **reports**: `--reports` reports of the million-pair candidate are requested back to back
   through the admin API (each awaited to its end), while the same traffic runs.
 
-`--load report,spin,stream` interleaves, in every round, the reports and two controls of
-about the same length
-(`--burn-s`): a process at the report process's priority that only spins on the CPU (a few
-kilobytes of working set) or only streams numpy arrays of 256 MB through memory. They tell
-what any work at that priority costs production on this machine (CPU time the kernel hands
-back at once, but a core, a cache and memory bandwidth shared underneath) from what the
-report's own work costs.
+`--load report,spin,stream,none` interleaves, in every round, the reports and three controls of
+about the same length (`--burn-s`), each started at the report process's priority (the
+interpreter's start-up included): a process that only spins on the CPU (a few kilobytes of
+working set), one that only streams numpy arrays of 256 MB through memory, and one that does
+nothing. The first two tell what any work at that priority costs production on this machine
+(CPU time the kernel hands back at once, but a core, a cache and memory bandwidth shared
+underneath) from what the report's own work costs; `none` is the A/A row: how far two quiet
+windows differ on this host, the resolution of every other ratio.
 
 Windows alternate over `--rounds`, so drift in a shared host's background load falls on both
-alike; the table gives production p50 / p99 of each and their ratio (target: within 5 %), the
-report's wall time as the operator saw it, and the machine's load average.
+alike; the table gives production p50 / p99 of each and their ratio (target: within 5 %) with a
+95 % interval from resampling whole rounds (a host's hiccups come in bursts: requests are not
+independent), the report's wall time as the operator saw it, and the machine's load average.
+`--serve-cpus 0 --burn-cpus 1` pins the gateway (all of its processes, the report process too)
+and the control loads to CPUs of their own.
 
     .venv/bin/python bench/report.py --pairs 1000000 --db /work/tmp-bench/report-1m.db
     .venv/bin/python bench/report_isolation.py --db /work/tmp-bench/report-1m.db
     .venv/bin/python bench/report_isolation.py --db /work/tmp-bench/report-1m.db \
-        --load report,spin,stream --rounds 6 --quiet-s 15
+        --load none,spin,report --rounds 8 --quiet-s 15
 
 The database's live endpoint is pointed at the stand-in engine, its candidates' sampling is
 set to 0 and their creation to 0 (so the admin API's report covers every stored pair).
@@ -51,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 import isolation as iso  # noqa: E402  (bench/isolation.py: the live engine and the load)
 
+from gateway.mirror.plane import lower_priority  # noqa: E402
 from tests.upstreams import free_port  # noqa: E402
 
 
@@ -65,13 +70,29 @@ def _prepare(db: Path, live: str) -> None:
     con.close()
 
 
-def _serve(db: Path, live: str, port: int, priority: str) -> subprocess.Popen[bytes]:
+def _serve(
+    db: Path,
+    live: str,
+    port: int,
+    priority: str,
+    cpus: set[int] | None,
+) -> subprocess.Popen[bytes]:
+    """`canary serve` on `cpus` (every process of it inherits them: worker, mirror, reports)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
     env |= {"CANARY_REPORT_PRIORITY": priority, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "gateway.cli.main", "serve", "--listen", f"127.0.0.1:{port}"]
     argv += ["--db", f"sqlite+aiosqlite:///{db}", "--live", live, "--insecure-admin"]
     log = open(db.with_suffix(".serve.log"), "wb")  # noqa: SIM115 - the child owns it
-    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+    def pin() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=pin)
+
+
+def _cpus(text: str) -> set[int]:
+    return {int(c) for c in text.split(",") if c}
 
 
 async def _ready(url: str, gw: subprocess.Popen[bytes]) -> None:
@@ -109,6 +130,8 @@ _BURN = {
         "while time.perf_counter() < end:\n    np.multiply(a, 1.0001, out=b)\n"
         "    np.add(b, a, out=a)\n"
     ),
+    # Nothing: a second quiet window measured as a busy one (the A/A noise of the ratios).
+    "none": "time.sleep(max(0.0, end - time.perf_counter()))\n",
 }
 
 
@@ -116,20 +139,26 @@ _LABELS = {
     "report": "reports back to back",
     "spin": "control: a spinning process",
     "stream": "control: numpy streaming memory",
+    "none": "control: nothing (A/A)",
 }
 
 
-async def _burn(kind: str, seconds: float, priority: str, took: list[float]) -> None:
-    """A control load in place of the reports: `kind` work for `seconds` at `priority`."""
-    code = (
-        "import os, sys, time\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from gateway.mirror.plane import lower_priority\n"
-        f"lower_priority({priority!r}, 10)\n"
-        f"end = time.perf_counter() + {seconds}\n" + _BURN[kind]
-    )
+async def _burn(
+    kind: str, seconds: float, priority: str, cpus: set[int] | None, took: list[float]
+) -> None:
+    """A control load in place of the reports: `kind` work for `seconds` at `priority`, on
+    `cpus` (None: wherever the kernel puts it)."""
+    code = f"import time\nend = time.perf_counter() + {seconds}\n" + _BURN[kind]
+
+    def low() -> None:
+        # Before the interpreter starts: its start-up and imports run at the load's priority
+        # too (a control that imported at production's priority measured that, not itself).
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        lower_priority(priority, 10)
+
     t = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, preexec_fn=low)
     if await proc.wait() != 0:
         raise RuntimeError(f"the {kind} control load failed")
     took.append(time.perf_counter() - t)
@@ -150,27 +179,30 @@ async def bench(args: argparse.Namespace) -> None:
         _prepare(args.db, live_proc.url)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        gw = _serve(args.db, live_proc.url, port, args.priority)
+        gw = _serve(args.db, live_proc.url, port, args.priority, args.serve_cpus)
         try:
             await _ready(url, gw)
             await iso.open_loop(url, args.rate, 5.0, 0.0)  # warm-up, not counted
-            quiet: list[iso.Sample] = []
-            busy: dict[str, list[iso.Sample]] = {load: [] for load in args.load}
+            # Per round: the quiet windows and each load's windows (the blocks the interval
+            # resamples: a host's hiccups come in bursts, so requests are not independent).
+            quiet: list[list[iso.Sample]] = []
+            busy: dict[str, list[list[iso.Sample]]] = {load: [] for load in args.load}
             took: dict[str, list[float]] = {load: [] for load in args.load}
             for r in range(args.rounds):
+                quiet.append([])
                 for load in args.load:  # each load after a quiet window of its own
-                    quiet.append(await iso.open_loop(url, args.rate, args.quiet_s, 0.0))
+                    quiet[-1].append(await iso.open_loop(url, args.rate, args.quiet_s, 0.0))
                     loads.append(os.getloadavg())
                     if load == "report":
                         work = _reports(url, args.name, args.reports, took[load])
                     else:
-                        work = _burn(load, args.burn_s, args.priority, took[load])
-                    busy[load] += await _during(url, args.rate, asyncio.create_task(work))
+                        work = _burn(load, args.burn_s, args.priority, args.burn_cpus, took[load])
+                    busy[load].append(await _during(url, args.rate, asyncio.create_task(work)))
                     loads.append(os.getloadavg())
                     per_round = args.reports if load == "report" else 1
                     last = ", ".join(f"{t:.1f}" for t in took[load][-per_round:])
                     print(f"round {r + 1}: {load} took {last} s", file=sys.stderr, flush=True)
-            quiet.append(await iso.open_loop(url, args.rate, args.quiet_s, 0.0))
+            quiet[-1].append(await iso.open_loop(url, args.rate, args.quiet_s, 0.0))
             loads.append(os.getloadavg())
         finally:
             gw.send_signal(signal.SIGTERM)
@@ -179,20 +211,45 @@ async def bench(args: argparse.Namespace) -> None:
             except subprocess.TimeoutExpired:
                 gw.kill()
                 gw.wait()
-    q = iso.pool("no reports", quiet)
+    q = iso.pool("no reports", [w for r in quiet for w in r])
     print(f"production at {args.rate:g} req/s through `canary serve` (1 worker), "
           f"loads at priority {args.priority}, {args.db}")  # fmt: skip
+    print("ratios: pooled over the rounds, [95 % interval] from resampling whole rounds")
     print("| windows | requests | errors | p50 ms | p99 ms | p50 / quiet | p99 / quiet |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     print(f"| {q.label} | {q.n} | {q.errors} | {q.p50_ms:.2f} | {q.p99_ms:.2f} | | |")
     for load in args.load:
-        b = iso.pool(_LABELS[load], busy[load])
+        b = iso.pool(_LABELS[load], [w for r in busy[load] for w in r])
+        (l50, h50), (l99, h99) = round_intervals(quiet, busy[load])
         print(f"| {b.label} | {b.n} | {b.errors} | {b.p50_ms:.2f} | {b.p99_ms:.2f} | "
-              f"{b.p50_ms / q.p50_ms:.3f} | {b.p99_ms / q.p99_ms:.3f} |")  # fmt: skip
+              f"{b.p50_ms / q.p50_ms:.3f} [{l50:.3f}, {h50:.3f}] | "
+              f"{b.p99_ms / q.p99_ms:.3f} [{l99:.3f}, {h99:.3f}] |")  # fmt: skip
     for load in args.load:
         print(f"{load}: {len(took[load])} runs, wall {', '.join(f'{t:.1f}' for t in took[load])} s")
     one = [f"{x[0]:.1f}" for x in loads]
     print(f"machine load average (1 min) over the run: {', '.join(one)} on {os.cpu_count()} CPUs")
+
+
+def round_intervals(
+    quiet: list[list[iso.Sample]], busy: list[list[iso.Sample]], draws: int = 2000
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """95 % percentile-bootstrap intervals of the p50 and p99 ratios (busy / quiet), drawing
+    whole rounds with replacement: the final quiet window goes with the last round."""
+    import numpy as np
+
+    rounds = len(busy)
+    q = [np.concatenate([w.lat for w in quiet[r]]) for r in range(len(quiet))]
+    q[rounds - 1] = np.concatenate(q[rounds - 1 :])
+    b = [np.concatenate([w.lat for w in busy[r]]) for r in range(rounds)]
+    rng = np.random.default_rng(1)
+    ratios = np.empty((draws, 2))
+    for i in range(draws):
+        pick = rng.integers(0, rounds, rounds)
+        qq = np.percentile(np.concatenate([q[r] for r in pick]), [50, 99])
+        bb = np.percentile(np.concatenate([b[r] for r in pick]), [50, 99])
+        ratios[i] = bb / qq
+    lo, hi = np.percentile(ratios, [2.5, 97.5], axis=0)
+    return (float(lo[0]), float(hi[0])), (float(lo[1]), float(hi[1]))
 
 
 def main() -> None:
@@ -209,15 +266,21 @@ def main() -> None:
         default="report",
         type=lambda v: [x for x in v.split(",") if x],
         help="what runs in the busy windows, comma-separated, interleaved in each round: "
-        "report (reports back to back), spin, stream (control loads, see above)",
+        "report (reports back to back), spin, stream, none (control loads, see above)",
     )
     p.add_argument("--burn-s", type=float, default=7.0, help="a control load's length")
+    p.add_argument(
+        "--serve-cpus",
+        type=_cpus,
+        help="CPUs of canary serve's processes, e.g. 0 (default: any)",
+    )
+    p.add_argument("--burn-cpus", type=_cpus, help="CPUs of the control loads (default: any)")
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--gap", type=float, default=0.001)
     args = p.parse_args()
     bad = [x for x in args.load if x not in _LABELS]
     if bad or not args.load:
-        p.error(f"--load: expected report, spin or stream, got {','.join(bad) or 'nothing'}")
+        p.error(f"--load: expected report, spin, stream or none, got {','.join(bad) or 'nothing'}")
     asyncio.run(bench(args))
 
 
