@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 import isolation as iso  # noqa: E402  (bench/isolation.py: the live engine and the load)
 
-from gateway.mirror.plane import lower_priority  # noqa: E402
+from gateway.lifecycle import lower_priority  # noqa: E402
 from tests.upstreams import free_port  # noqa: E402
 
 

@@ -1,6 +1,7 @@
 """Process lifecycle helpers shared by every process the gateway starts (workers, the mirror
-process, the simulator): which event loop runs, and dying with the parent. No wiring here: the
-planes and the simulator may import this, it imports nothing of ours."""
+process, the report process, the simulator): which event loop runs, dying with the parent, and
+a lower CPU priority (light to import, so a process can lower it before its own imports). No
+wiring here: the planes and the simulator may import this, it imports nothing of ours."""
 
 from __future__ import annotations
 
@@ -39,3 +40,23 @@ def die_with_parent(parent_pid: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def lower_priority(mode: str, niceness: int) -> str:
+    """Lower this process's CPU priority; returns what the kernel granted ("SCHED_IDLE",
+    "nice+N" or "normal"). Lowering priority never needs privileges on Linux; if SCHED_IDLE is
+    not available (another OS, a seccomp policy) nice is the fallback."""
+    if mode == "idle":
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.nice(niceness)  # inert under SCHED_IDLE; applies if the policy is reset
+            return "SCHED_IDLE"
+        except (AttributeError, OSError):
+            pass
+    if mode in ("idle", "nice"):
+        try:
+            os.nice(niceness)
+            return f"nice+{niceness}"
+        except OSError:
+            pass
+    return "normal"

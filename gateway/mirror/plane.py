@@ -49,7 +49,7 @@ from storage import queries
 from storage.engine import make_engine
 from storage.writer import ObservationWriter
 
-__all__ = ["lower_priority", "serve_plane"]
+__all__ = ["serve_plane"]
 
 log = logging.getLogger("canary.mirror.plane")
 
@@ -77,26 +77,6 @@ _decode_eligible = msgspec.msgpack.Decoder(wire.EligibleMeta).decode
 def rates_frame(msg: wire.RatesMeta) -> bytes:
     meta = _encode(msg)
     return wire.frame_header(wire.KIND_RATES, len(meta), 0) + meta
-
-
-def lower_priority(mode: str, niceness: int) -> str:
-    """Lower this process's CPU priority; returns what the kernel granted ("SCHED_IDLE",
-    "nice+N" or "normal"). Lowering priority never needs privileges on Linux; if SCHED_IDLE is
-    not available (another OS, a seccomp policy) nice is the fallback."""
-    if mode == "idle":
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            os.nice(niceness)  # inert under SCHED_IDLE; applies if the policy is reset
-            return "SCHED_IDLE"
-        except (AttributeError, OSError):
-            pass
-    if mode in ("idle", "nice"):
-        try:
-            os.nice(niceness)
-            return f"nice+{niceness}"
-        except OSError:
-            pass
-    return "normal"
 
 
 class _Plane:

@@ -133,8 +133,8 @@ async def test_worker_answers_while_reports_run_elsewhere(tmp_path: Path) -> Non
 
 
 async def test_a_dead_report_process_is_restarted(tmp_path: Path) -> None:
-    """The worker's report process is restarted when it dies; until it is back, reports answer
-    503 `reports_unavailable` and production never notices."""
+    """The worker's report process is restarted when it dies, at its idle priority; until it is
+    back, reports answer 503 `reports_unavailable` and production never notices."""
     await _prepare(tmp_path / "canary.db")
     proc, url = await start_serve(tmp_path, "--insecure-admin")
     try:
@@ -151,6 +151,8 @@ async def test_a_dead_report_process_is_restarted(tmp_path: Path) -> None:
                     assert (await resp.json())["error"]["type"] == "reports_unavailable"
                 await asyncio.sleep(0.1)
             assert status == 200
+            # The new one runs at report_priority ("idle"), as the first did.
+            assert os.sched_getscheduler(_report_process(proc.pid)) == os.SCHED_IDLE
             metrics = await _served_then_metrics(http, url)
             assert "canary_report_process_restarts_total 1" in metrics
             assert 'canary_reports_total{outcome="ok"} 1' in metrics
