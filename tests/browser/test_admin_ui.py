@@ -119,7 +119,7 @@ async def test_page_refuses_without_a_token(tmp_path: Path) -> None:
 
 
 # One step of agent sessions through the proxy: 24 six-turn sessions, 144 pairs.
-STEP = {"sessions": 24, "turns": 6, "concurrency": 12}
+STEP_SESSIONS, STEP_TURNS = 24, 6
 
 
 def _pairs_shown(summaries: list[str]) -> int:
@@ -169,11 +169,14 @@ async def test_verdict_follows_pairs_and_promote_moves_live_traffic(tmp_path: Pa
         # report over them: the page must show every stage on the way (a verdict may pass from
         # "not enough pairs" to "undecided" to "promote" in less than one poll under load).
         async with asyncio.timeout(PROMOTE_WITHIN_S):
-            seed = 1
+            step = 0
             while seen[-1] != "promote":
-                await run_workload(stack.url, WorkloadSpec(**STEP, seed=seed))
-                seed += 1
-                sent = (seed - 1) * STEP["sessions"] * STEP["turns"]
+                step += 1
+                spec = WorkloadSpec(
+                    sessions=STEP_SESSIONS, turns=STEP_TURNS, concurrency=12, seed=step
+                )
+                await run_workload(stack.url, spec)
+                sent = step * STEP_SESSIONS * STEP_TURNS
                 # The page shows the step's pairs stored (a copy may still be on its way: the
                 # count is waited for a while, not required) ...
                 for _ in range(20):
