@@ -137,6 +137,10 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     report_max_pairs: PosInt = 5_000_000
     report_queue_max: PosInt = 16  # reports waiting for a slot; beyond: 503, counted
     report_timeout_s: PosFloat = 900.0  # a worker waits this long for the report process
+    # The gateway waits this long for its report process to listen before it serves, and no
+    # longer: at idle priority on a busy host the report process starts when a CPU is spare,
+    # which production must not wait for (reports answer 503 `reports_unavailable` until then).
+    report_start_wait_s: NonNegFloat = 10.0
     # Every this many seconds the report process brings each active candidate's stored report
     # segments up to date (evaluators.pairs.segments), so a report reads columns instead of
     # rows; 0 = only when a report is asked for. A minute keeps the rows a report must still

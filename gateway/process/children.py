@@ -125,6 +125,9 @@ class PlaneProcess:
 
     role = "mirror"
     _target = staticmethod(_plane_main)
+    # The mirror process starts at production's priority (it lowers it once it listens), so its
+    # start is waited for: copies go to it from the first request on.
+    blocks_start = True
 
     def __init__(self, config: GatewayConfig) -> None:
         self._config = config
@@ -168,14 +171,23 @@ class PlaneProcess:
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Block until the spawned process listens (any thread); RuntimeError if it does not."""
+        if not self.poll_ready(timeout_s):
+            proc = self._proc
+            assert proc is not None
+            proc.kill()
+            proc.join()
+            raise RuntimeError(f"the {self.role} process did not start (exit code {proc.exitcode})")
+
+    def poll_ready(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` (any thread) for the spawned process to say it listens: True
+        once it has (said once per spawn), False while it has not or when it died (`alive`)."""
         proc, parent_end = self._proc, self._ready
         assert proc is not None and parent_end is not None
         multiprocessing.connection.wait([parent_end, proc.sentinel], timeout_s)
         if not parent_end.poll():
-            proc.kill()
-            proc.join()
-            raise RuntimeError(f"the {self.role} process did not start (exit code {proc.exitcode})")
+            return False
         parent_end.recv()
+        return True
 
     def restart(self, spawn_only: bool = False) -> bool:
         """Start a dead mirror process again; False once it died MAX_RESTARTS times a minute.
@@ -195,7 +207,7 @@ class PlaneProcess:
         log.warning(
             f"{self.role} process died; restarting", extra={"fields": {"exitcode": exitcode}}
         )
-        if spawn_only:
+        if spawn_only or not self.blocks_start:
             self.spawn()
         else:
             self.start()
@@ -222,3 +234,39 @@ class ReportProcess(PlaneProcess):
 
     role = "report"
     _target = staticmethod(_report_main)
+    # Spawned and waited for `report_start_wait_s` at most, never killed for being slow: at
+    # idle priority on a saturated host its start (imports, ~1 s of CPU) waits for spare CPU,
+    # and neither production nor a restart may wait for that. Until it listens, reports
+    # answer 503.
+    blocks_start = False
+
+
+# A process not waited for at start (`blocks_start` False) that has not listened after this
+# long is logged, once.
+SLOW_START_S = 30.0
+
+
+class StartWatch:
+    """A process spawned without waiting for it: logs when it listens, warns once when slow."""
+
+    def __init__(self, proc: PlaneProcess) -> None:
+        self.proc = proc
+        self.since = time.monotonic()
+        self.warned = False
+
+    def check(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` (any thread); True once it listens."""
+        took = round(time.monotonic() - self.since, 1)
+        if self.proc.poll_ready(timeout_s):
+            fields = {"pid": self.proc.pid, "after_s": took}
+            log.info(f"the {self.proc.role} process is ready", extra={"fields": fields})
+            return True
+        if not self.warned and took > SLOW_START_S:
+            self.warned = True
+            log.warning(
+                f"the {self.proc.role} process has not started after {SLOW_START_S:g} s: it "
+                "starts at its own (low) priority and the host is busy; it answers 503 until "
+                "it does, production is unaffected",
+                extra={"fields": {"pid": self.proc.pid}},
+            )
+        return False

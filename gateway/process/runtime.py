@@ -46,7 +46,7 @@ from gateway.control.registry import Registry, Snapshot
 from gateway.control.reports import RemoteReports
 from gateway.mirror.handoff import Handoff
 from gateway.process import simulator
-from gateway.process.children import PlaneProcess, ReportProcess, replica_name
+from gateway.process.children import PlaneProcess, ReportProcess, StartWatch, replica_name
 from gateway.server.app import (
     READY_CHECKS,
     AppCustomizer,
@@ -272,15 +272,17 @@ async def running(
             stack.push_async_callback(asyncio.to_thread, plane.stop, 2 * config.drain_timeout_s)
             plane_socket = plane.socket_path
         report_process: ReportProcess | None = None
+        report_start: StartWatch | None = None
         if report_socket is None and config.report_process:
             report_process = ReportProcess(config)
-            try:
-                report_process.spawn()  # the main thread, as the mirror process
-                await asyncio.to_thread(report_process.wait_ready)
-            except RuntimeError as exc:
-                await asyncio.to_thread(report_process.stop, 1.0)
-                raise UsageError(str(exc)) from exc
+            # The main thread, as the mirror process; waited for `report_start_wait_s` at most
+            # (`blocks_start`): then the watcher below says when it listens, and reports
+            # answer 503 until then.
+            report_process.spawn()
             stack.push_async_callback(asyncio.to_thread, report_process.stop, 5.0)
+            report_start = StartWatch(report_process)
+            if await asyncio.to_thread(report_start.check, config.report_start_wait_s):
+                report_start = None
             report_socket = report_process.socket_path
         reports = RemoteReports(report_socket, config.report_timeout_s)
         stack.push_async_callback(reports.close)
@@ -317,10 +319,10 @@ async def running(
         stack.push_async_callback(flusher.flush)  # after the channel drained: final totals
         flusher.start()
         stack.push_async_callback(flusher.close)
-        for child in (plane, report_process):
+        for child, starting in ((plane, None), (report_process, report_start)):
             if child is not None:
                 watch = asyncio.get_running_loop().create_task(
-                    _watch_plane(child), name=f"{child.role}-watch"
+                    _watch_plane(child, starting), name=f"{child.role}-watch"
                 )
                 stack.push_async_callback(_cancel, watch)
         metrics.add_collector(handoff.prometheus_lines)
@@ -338,17 +340,30 @@ async def running(
         yield parts
 
 
-async def _watch_plane(plane: PlaneProcess) -> None:
+async def _watch_plane(plane: PlaneProcess, starting: StartWatch | None = None) -> None:
     """Restart this worker's own mirror (or report) process when it dies (the supervisor does
-    it for N workers)."""
+    it for N workers). `starting`: it was spawned and has not listened yet."""
+    if starting is not None:
+        await until_ready(plane, starting)
     while True:
         await asyncio.sleep(1.0)
         if plane.alive:
             continue
         if not plane.restart(spawn_only=True):  # spawned on the loop thread: milliseconds
             return
+        if not plane.blocks_start:
+            await until_ready(plane)
+            continue
         with contextlib.suppress(RuntimeError):  # it died again: the next tick retries
             await asyncio.to_thread(plane.wait_ready)
+
+
+async def until_ready(plane: PlaneProcess, watch: StartWatch | None = None) -> None:
+    """Wait, never kill, until a process spawned without waiting listens (logged) or dies."""
+    watch = watch or StartWatch(plane)
+    while plane.alive:
+        if await asyncio.to_thread(watch.check, 1.0):
+            return
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -33,7 +33,13 @@ from gateway.config import GatewayConfig, split_host_port
 from gateway.lifecycle import die_with_parent, run_loop
 from gateway.logs import setup_logging
 from gateway.process import simulator
-from gateway.process.children import MAX_RESTARTS, RESTART_WINDOW_S, PlaneProcess, ReportProcess
+from gateway.process.children import (
+    MAX_RESTARTS,
+    RESTART_WINDOW_S,
+    PlaneProcess,
+    ReportProcess,
+    StartWatch,
+)
 from gateway.process.runtime import prepare_storage, serve_until_stopped
 
 log = logging.getLogger("canary.supervisor")
@@ -84,6 +90,7 @@ def _supervise(config: GatewayConfig) -> int:
     plane: PlaneProcess | None = None
     reporter: ReportProcess | None = None
     plane_ok = reporter_ok = True
+    started: StartWatch | None = None  # the report process, spawned and not yet listening
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -108,8 +115,13 @@ def _supervise(config: GatewayConfig) -> int:
         log.info("started the mirror process", extra={"fields": {"pid": plane.pid}})
         if config.report_process:
             reporter = ReportProcess(config)
-            reporter.start()
-            log.info("started the report process", extra={"fields": {"pid": reporter.pid}})
+            # Waited for `report_start_wait_s` at most (`blocks_start`): then the loop below
+            # says when it listens.
+            reporter.spawn()
+            log.info("spawned the report process", extra={"fields": {"pid": reporter.pid}})
+            started = StartWatch(reporter)
+            if started.check(config.report_start_wait_s):
+                started = None
         host, port = split_host_port(config.listen)
         if port == 0:
             reserved = _reserve_port(host)
@@ -151,6 +163,9 @@ def _supervise(config: GatewayConfig) -> int:
                 plane_ok = plane.restart()  # workers reconnect on their own
             if reporter is not None and reporter_ok and not reporter.alive:
                 reporter_ok = reporter.restart()  # workers' next report connects anew
+                started = StartWatch(reporter) if reporter_ok else None
+            if reporter is not None and started is not None and reporter.alive:
+                started = None if started.check(0.0) else started
             for i, child in enumerate(children):
                 if child.is_alive():
                     continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from evaluators.pairs import synthetic
 from storage import queries
 from storage.engine import make_engine, upgrade
 from storage.writer import ObservationWriter
-from tests.process.test_serve_cli import start_serve, stop
+from tests.process.test_serve_cli import spawn_serve, start_serve, stop, until_serving
 from tests.stored_pairs import exchange_record
 
 N_PAIRS = 2000  # small (CI stays fast); the million-pair run is bench/report_isolation.py
@@ -247,3 +248,54 @@ async def test_a_window_past_report_max_pairs_is_refused_before_it_is_loaded(
     finally:
         code, err = await stop(proc)
     assert code == 0, err[-2000:]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_a_starved_report_process_never_holds_up_production(
+    tmp_path: Path, workers: str
+) -> None:
+    """A host with no spare CPU: every process of `canary serve` confined to one CPU that a
+    busy process at production's priority keeps full. The report process (SCHED_IDLE) cannot
+    even import its statistics stack; the gateway waits `report_start_wait_s` for it, then
+    serves production anyway, and reports and the gate answer 503 `reports_unavailable`. Once
+    the CPU is free the same report process starts (not killed for being slow, not
+    restarted) and reports answer 200."""
+    await _prepare(tmp_path / "canary.db")
+    (tmp_path / "gw.toml").write_text("report_start_wait_s = 2.0\n")
+    args = ("--insecure-admin", "--config", str(tmp_path / "gw.toml"), "--workers", workers)
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})  # inherited by the processes started here
+    try:
+        spinner = await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
+        proc, port = await spawn_serve(tmp_path, *args)
+    finally:
+        os.sched_setaffinity(0, allowed)
+    try:
+        url = await until_serving(proc, port)
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/v1/chat/completions", json=PAYLOAD) as resp:
+                assert resp.status == 200
+            for error in await _report_errors(http, url, 503):
+                assert error["type"] == "reports_unavailable"
+                assert "not reachable" in error["message"]
+            spinner.kill()
+            await spinner.wait()
+            status = 0
+            for _ in range(600):  # its imports, now with a free CPU: seconds
+                async with http.get(url + "/admin/candidates/cand/report") as resp:
+                    status = resp.status
+                    if status == 200:
+                        break
+                    assert status == 503, await resp.text()
+                await asyncio.sleep(0.1)
+            assert status == 200
+            metrics = await _served_then_metrics(http, url)
+            assert "canary_report_process_restarts_total 0" in metrics or workers == "2"
+    finally:
+        if spinner.returncode is None:
+            spinner.kill()
+            await spinner.wait()
+        code, err = await stop(proc)
+    assert code == 0, err[-2000:]
+    assert "the report process is ready" in err
+    assert "restarting" not in err and "did not start" not in err, err[-2000:]

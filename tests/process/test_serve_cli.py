@@ -88,13 +88,18 @@ async def spawn_serve(tmp: Path, *args: str) -> tuple[asyncio.subprocess.Process
 async def start_serve(tmp: Path, *args: str) -> tuple[asyncio.subprocess.Process, str]:
     """`spawn_serve`, then wait until it is ready."""
     proc, port = await spawn_serve(tmp, *args)
+    return proc, await until_serving(proc, port)
+
+
+async def until_serving(proc: asyncio.subprocess.Process, port: int) -> str:
+    """The URL of a spawned `canary serve` once its /readyz answers 200 (60 s at most)."""
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:
         for _ in range(1200):  # up to 60 s: spawning workers on a loaded 2-core machine
             try:
                 async with http.get(url + "/readyz") as resp:
                     if resp.status == 200:
-                        return proc, url
+                        return url
             except aiohttp.ClientConnectionError:
                 pass
             await asyncio.sleep(0.05)
