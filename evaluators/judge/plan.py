@@ -12,6 +12,10 @@ can beat, not an estimate from a formula of another method:
   half-width must shrink below log δ;
 * a goal (ratio g expected, goal threshold 1): the half-width must shrink below |log g|.
 
+A candidate is promoted when every test has shown its margin, so the horizon the plan states
+is the units by which 95 % of runs have shown every test together (`size`), not the slowest
+test's own 95 %: with several tests near the slowest, that alone is met by fewer runs.
+
 Units are sessions when sampling by session (`turns` pairs each), else pairs. Time = units ×
 turns ÷ (request rate × sample rate). Never does IO.
 """
@@ -23,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from evaluators.judge.metric import MetricResult
 from evaluators.judge.settings import VerdictSettings
@@ -30,10 +35,17 @@ from evaluators.stats.sequential import BoundedStat, MeanStat
 
 # Longest experiment sized, in units: past this a margin is "out of reach".
 MAX_UNITS = 200_000
-# Seeded streams drawn when a background discordance is given; the plan states the units by
-# which QUANTILE of them have shown the margin (a plan met by half the runs is no plan).
-_RUNS = 40
+# Seeded runs drawn per gating test; the plan states the units by which QUANTILE of the runs
+# have decided every test together (a plan met by half the runs is no plan).
+_RUNS = 400
 QUANTILE = 0.95
+# A test's runs are drawn until this share of them has decided (or for 4x its QUANTILE
+# crossing), so the plan knows the share decided wherever its horizon may fall.
+_COVER = 0.995
+# Runs drawn at once (bounds the memory of a long simulation).
+_CHUNK = 50
+
+F = NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,41 +91,66 @@ class Need:
     seconds: float | None
 
 
-def rate_units(delta: float, alpha: float, discordance: float = 0.0, turns: int = 1) -> int | None:
-    """Units until a rate difference is shown within δ (true difference 0).
+def quantile_units(times: F) -> int | None:
+    """The units by which QUANTILE of the runs have decided (None: not within MAX_UNITS)."""
+    k = min(len(times) - 1, math.ceil(QUANTILE * len(times)) - 1)
+    q = float(np.sort(times)[k])
+    return math.ceil(q) if math.isfinite(q) and q <= MAX_UNITS else None
 
-    `discordance` is the share of pairs where exactly one arm is "bad"; a unit is the mean of
-    `turns` such pairs.
-    """
-    if discordance <= 0:
+
+def rate_units(delta: float, alpha: float, discordance: float = 0.0, turns: int = 1) -> int | None:
+    """Units until a rate difference is shown within δ (true difference 0), in QUANTILE of the
+    runs. `discordance` is the share of pairs where exactly one arm is "bad"; a unit is the
+    mean of `turns` such pairs."""
+    return quantile_units(rate_times(delta, alpha, discordance, turns))
+
+
+def rate_times(delta: float, alpha: float, discordance: float = 0.0, turns: int = 1) -> F:
+    """The unit at which each seeded run first shows a rate within δ (inf: not by MAX_UNITS)."""
+    if discordance <= 0:  # nothing discordant: every run is the same, the floor of the test
         d = np.zeros(MAX_UNITS)
         w = BoundedStat(d, None)
         log_w = np.cumsum(w._log_factors(delta, "below"))
         hit = np.flatnonzero(log_w >= math.log(1 / alpha))
-        return int(hit[0]) + 1 if len(hit) else None
-    return _grow(lambda k: _rate_median(delta, alpha, discordance, max(1, turns), k))
+        return np.full(_RUNS, float(hit[0] + 1) if len(hit) else math.inf)
+    turns = max(1, turns)
+
+    def first(n: int) -> F:
+        rng = np.random.default_rng(7)
+        parts = []
+        for lo in range(0, _RUNS, _CHUNK):
+            u = rng.random((min(_CHUNK, _RUNS - lo), n, turns), dtype=np.float32)
+            q = np.float32(discordance)
+            d = np.where(u < q / 2, 1.0, np.where(u < q, -1.0, 0.0)).mean(axis=-1)
+            stat = BoundedStat(d, np.arange(1, n + 1))
+            parts.append(_first(stat.log_wealth(delta, "below") >= math.log(1 / alpha), 1))
+        return np.concatenate(parts)
+
+    return _grow(first)
 
 
-def _rate_median(delta: float, alpha: float, q: float, turns: int, n: int) -> float:
-    rng = np.random.default_rng(7)
-    u = rng.random((_RUNS, n, turns))
-    d = np.where(u < q / 2, 1.0, np.where(u < q, -1.0, 0.0)).mean(axis=-1)
-    stat = BoundedStat(d, np.arange(1, n + 1))
-    crossed = stat.log_wealth(delta, "below") >= math.log(1 / alpha)
-    first = np.where(crossed.any(axis=1), np.argmax(crossed, axis=1) + 1, np.inf)
-    k = min(len(first) - 1, math.ceil(QUANTILE * len(first)) - 1)
-    return float(np.sort(first)[k])  # inf while more than 5 % of the runs have not shown it
+def _first(crossed: NDArray[np.bool_], offset: int) -> F:
+    """Per run (row), the first look at which `crossed` holds, counted from `offset`."""
+    hit = crossed.any(axis=1)
+    return np.where(hit, np.argmax(crossed, axis=1) + offset, np.inf).astype(np.float64)
 
 
-def _grow(f: Callable[[int], float]) -> int | None:
-    """The crossing quantile, on horizons growing ×4 until it is finite."""
-    n = 512
-    while n <= MAX_UNITS:
-        m = f(n)
-        if math.isfinite(m):
-            return int(m)
+def _grow(
+    first: Callable[[int], F], *, start: int = 512, cap: int = MAX_UNITS, reach: float = 0.0
+) -> F:
+    """Crossing times drawn on horizons growing ×4 from `start` until _COVER of the runs have
+    crossed or the horizon is 4x their QUANTILE crossing, and it is past `reach` (where the
+    plan reads the share decided); never past `cap`."""
+    n = start
+    while True:
+        times = first(n)
+        done = float(np.mean(np.isfinite(times)))
+        q = quantile_units(times)
+        if n >= reach and (done >= _COVER or (q is not None and n >= 4 * q)):
+            return times
+        if n * 4 > cap:
+            return times
         n *= 4
-    return None
 
 
 # Seeded runs behind a latency row (standardized normal unit means), and the scale the
@@ -165,61 +202,76 @@ class FixedRow:
 Row = MeanRow | RateRow | BoundedRow | FixedRow
 
 
+_SIMULATED: dict[int, MeanStat] = {}
+# Simulated lengths kept between calls (a plan tunes the same draws to many horizons): up to
+# 4,096 units, ~40 MB each; longer ones are drawn when asked.
+_KEEP_UP_TO = 4_096
+
+
+def _unit_means(n: int) -> MeanStat:
+    """The seeded standardized unit means behind every latency row, n looks long (its running
+    moments: tuning to a horizon is `MeanStat.tuned`)."""
+    stat = _SIMULATED.get(n)
+    if stat is None:
+        rng = np.random.default_rng(11)
+        z = rng.standard_normal((_MEAN_RUNS, n))
+        stat = MeanStat(z, np.arange(2, n + 1), horizon=n, sigma_floor=1e-6)
+        if n <= _KEEP_UP_TO:
+            _SIMULATED[n] = stat
+    return stat
+
+
 def mean_units(
     gap: float, sd: float, alpha: float, horizon: float, planned: float = 0.0
 ) -> int | None:
-    """Units by which QUANTILE of runs have shown a mean inside a boundary `gap` away.
+    """Units by which QUANTILE of runs have shown a mean inside a boundary `gap` away."""
+    times = mean_times(gap, sd, alpha, horizon, planned)
+    return None if times is None else quantile_units(times)
+
+
+def mean_times(
+    gap: float, sd: float, alpha: float, horizon: float, planned: float = 0.0
+) -> F | None:
+    """The unit at which each seeded run first shows a mean inside a boundary `gap` away.
 
     The verdict's own sequence (`MeanStat` tuned to `horizon`, `planned` of alpha on the
-    boundary planned to it) on normal unit means of sd `sd`,
-    looked at after every unit; simulated at gap/sd = _G0 and rescaled (the sequence is
-    scale-free in units of its variance: the horizon is rescaled with the answer).
+    boundary planned to it) on normal unit means of sd `sd`, looked at after every unit;
+    simulated at gap/sd = _G0 and rescaled (the sequence is scale-free in units of its
+    variance: the horizon is rescaled with the answer). None when the margin is degenerate.
     """
     if not (gap > 0 and sd > 0):
         return None
     g = gap / sd
     # Brownian scaling: time × k, gap ÷ sqrt(k), horizon × k leave the crossing law unchanged.
     k = (_G0 / g) ** 2 if g < _G0 else 1.0
-    need = _mean_quantile(g * math.sqrt(k), alpha, max(10.0, horizon / k), planned)
-    if need is None:
-        return None
-    units = need * k
-    return math.ceil(units) if units <= MAX_UNITS else None
+    gs, hs = g * math.sqrt(k), max(10.0, horizon / k)
 
+    def first(n: int) -> F:
+        stat = _unit_means(n).tuned(hs, alpha=alpha, planned=planned)
+        return _first(stat.p(gs, "below") <= alpha, 2)
 
-def _mean_quantile(g: float, alpha: float, horizon: float, planned: float) -> float | None:
-    n = 256
-    while n <= 65_536:
-        rng = np.random.default_rng(11)
-        z = rng.standard_normal((_MEAN_RUNS, n))
-        looks = np.arange(2, n + 1)
-        stat = MeanStat(z, looks, horizon=horizon, sigma_floor=1e-6, alpha=alpha, planned=planned)
-        crossed = stat.p(g, "below") <= alpha
-        first = np.where(crossed.any(axis=1), np.argmax(crossed, axis=1) + 2, np.inf)
-        k = min(len(first) - 1, math.ceil(QUANTILE * len(first)) - 1)
-        q = float(np.sort(first)[k])
-        if math.isfinite(q):
-            return q
-        n *= 4
-    return None
+    return _grow(first, start=256, cap=65_536, reach=hs) * k
 
 
 def bounded_units(delta: float, alpha: float, sd: float) -> int | None:
-    """Units by which QUANTILE of runs show a [-1, 1] difference within δ (true difference 0,
-    normal unit values of sd `sd`, clipped), with the verdict's betting sequence."""
-    if sd <= 0:
-        return rate_units(delta, alpha)
+    """Units by which QUANTILE of runs show a [-1, 1] difference within δ."""
+    return quantile_units(bounded_times(delta, alpha, sd))
 
-    def q(n: int) -> float:
+
+def bounded_times(delta: float, alpha: float, sd: float) -> F:
+    """The unit at which each seeded run first shows a [-1, 1] difference within δ (true
+    difference 0, normal unit values of sd `sd`, clipped), with the verdict's betting
+    sequence."""
+    if sd <= 0:
+        return rate_times(delta, alpha)
+
+    def first(n: int) -> F:
         rng = np.random.default_rng(13)
         d = np.clip(rng.normal(0.0, sd, (_RUNS, n)), -1.0, 1.0)
         stat = BoundedStat(d, np.arange(1, n + 1))
-        crossed = stat.log_wealth(delta, "below") >= math.log(1 / alpha)
-        first = np.where(crossed.any(axis=1), np.argmax(crossed, axis=1) + 1, np.inf)
-        k = min(len(first) - 1, math.ceil(QUANTILE * len(first)) - 1)
-        return float(np.sort(first)[k])
+        return _first(stat.log_wealth(delta, "below") >= math.log(1 / alpha), 1)
 
-    return _grow(q)
+    return _grow(first)
 
 
 def measured_rows(
@@ -328,40 +380,52 @@ def size(
 ) -> tuple[list[int | None], int]:
     """(units each row needs, the horizon they were sized at).
 
-    Without a horizon the plan finds its own: the smallest horizon by which every test, its
-    sequences tuned to that horizon, is shown in QUANTILE of runs (searched on a log scale to
-    2 %); that is the horizon to set on the candidate (`horizon_units`), so the verdict runs
-    the same sequences. A test a horizon cannot reach (past MAX_UNITS) does not move it.
+    Each row's units are those by which QUANTILE of its seeded runs show it. Without a horizon
+    the plan finds its own: the smallest horizon by which, every test's sequences tuned to it,
+    QUANTILE of runs have shown every test together — the product of the tests' shares (the
+    tests read different quantities, and where they share noise a joint share is only larger,
+    so the product never promises more than the runs give); searched on a log scale to 2 %.
+    That is the horizon to set on the candidate (`horizon_units`), so the verdict runs the same
+    sequences. A test a horizon cannot reach (past MAX_UNITS) does not move it.
     """
-    cache: dict[Row, int | None] = {}
+    cache: dict[Row, F] = {}
 
-    def at(h: float) -> list[int | None]:
+    def times(row: Row, h: float) -> F | None:
+        if isinstance(row, FixedRow):
+            return np.full(_RUNS, float(row.units))
+        if isinstance(row, MeanRow):
+            t = mean_times(row.gap, row.sd, s.alpha, h, s.planned_share)
+        else:
+            if row not in cache:
+                cache[row] = (
+                    rate_times(row.delta, s.alpha, row.discordance, row.turns)
+                    if isinstance(row, RateRow)
+                    else bounded_times(row.delta, s.alpha, row.sd)
+                )
+            t = cache[row]
+        return None if t is None else np.maximum(t, float(s.min_metric_pairs))
+
+    def at(h: float) -> tuple[list[int | None], list[float]]:
+        """(each row's units, each row's share of runs shown by h) with sequences tuned to h."""
         units: list[int | None] = []
+        shares: list[float] = []
         for row in rows:
-            if isinstance(row, FixedRow):
-                units.append(row.units)
-            elif isinstance(row, RateRow):
-                if row not in cache:
-                    cache[row] = rate_units(row.delta, s.alpha, row.discordance, row.turns)
-                units.append(cache[row])
-            elif isinstance(row, BoundedRow):
-                if row not in cache:
-                    cache[row] = bounded_units(row.delta, s.alpha, row.sd)
-                units.append(cache[row])
-            else:
-                units.append(mean_units(row.gap, row.sd, s.alpha, h, s.planned_share))
-        return [None if u is None else max(u, s.min_metric_pairs) for u in units]
+            t = times(row, h)
+            units.append(None if t is None else quantile_units(t))
+            shares.append(0.0 if t is None else float(np.mean(t <= h)))
+        return units, shares
 
     if horizon is not None:
-        return at(float(horizon)), horizon
-    first = at(float(s.horizon_units))
+        return at(float(horizon))[0], horizon
+    first, _ = at(float(s.horizon_units))
     if not any(u is not None for u in first):
         return first, s.horizon_units
     reachable = [i for i, u in enumerate(first) if u is not None]
 
     def fits(h: float) -> tuple[bool, list[int | None]]:
-        units = at(h)
-        return all(units[i] is not None and units[i] <= h for i in reachable), units  # type: ignore[operator]
+        units, shares = at(h)
+        each = all(units[i] is not None and units[i] <= h for i in reachable)  # type: ignore[operator]
+        return each and math.prod(shares[i] for i in reachable) >= QUANTILE, units
 
     # Every row that does not depend on the horizon is a floor under it.
     floor = max(

@@ -25,6 +25,7 @@ is evidence that the mean is < m, "above" that it is > m.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Literal
 
@@ -105,6 +106,9 @@ class MeanStat:
                 var = np.maximum(var, _cluster_var(x, groups, lk, self.mean))
             self.var = np.maximum(var, sigma_floor**2)
             self.mean = np.where(self.t >= 2, self.mean, np.nan)
+        self._tune(horizon, alpha, planned)
+
+    def _tune(self, horizon: float, alpha: float, planned: float) -> None:
         if not 0.0 <= planned < 1.0:
             raise ValueError("planned (the share of alpha on the planned boundary) is in [0, 1)")
         self.alpha = alpha
@@ -114,6 +118,13 @@ class MeanStat:
         # boundary leaves.
         self._mu = math.sqrt(2.0 * math.log(1.0 / ((1.0 - planned) * alpha)) / self.horizon)
         self._s2 = MIXTURE_SPREAD**2 / self.horizon
+
+    def tuned(self, horizon: float, *, alpha: float, planned: float = 0.0) -> MeanStat:
+        """The same data's sequence tuned to another horizon, level and planned share: the
+        running moments are shared (not copied), only the boundaries change."""
+        out = copy.copy(self)
+        out._tune(horizon, alpha, planned)
+        return out
 
     def _shift(self, side: Side, alpha: float) -> F:
         """The skewness correction of one bound: the upper one (side below) for right skew.

@@ -189,10 +189,14 @@ def test_plan_from_a_running_experiment_measures_each_gating_test(
     overall = next(r for name, r in rows.items() if name.endswith("(ttft)"))
     assert doc["source"].startswith("measured: cand") and doc["turns"] == pytest.approx(3, 0.05)
     assert first["units"] > overall["units"] and later["units"] > 0
-    # The horizon is the sessions the slowest session-unit test needs; the divergence row counts
-    # scored pairs (its own units), sized at that horizon.
+    # The horizon is the sessions by which 95 % of runs show every session-unit test together:
+    # at least the slowest one's own, within 2 % of the search's precision; the divergence row
+    # counts scored pairs (its own units), sized at that horizon.
     sized = [r["units"] for r in doc["needs"] if not r["metric"].startswith("logprob divergence")]
-    assert doc["horizon_units"] == max(sized)
+    assert doc["horizon_units"] >= max(sized) * 0.98
+    slowest = max(r["seconds"] for r in doc["needs"] if r["seconds"] is not None)
+    if doc["seconds_to_decide"] > slowest:  # the horizon, when it is past every test's own
+        assert doc["dominant"].startswith("every test together")
     model, _ = plan.needs(
         plan.Traffic(rate_rps=1, sample_rate=1, turns=3, sd_pair=1.1),
         VerdictSettings().with_overrides(world.REAL_MARGINS),

@@ -127,9 +127,12 @@ def test_any_horizon_keeps_the_error_bound_under_peeking(
         assert crossed <= ALPHA
 
 
-def _planned(case: world.PlannedCase, seed0: int) -> tuple[int, list[world.Outcome]]:
-    n, h = world.plan_sessions(case)
-    return n, [world.run_planned(case, n, h, seed=seed0 + i) for i in range(RUNS)]
+def _planned(case: world.PlannedCase, seed0: int) -> tuple[list[int], list[world.Outcome]]:
+    """RUNS experiments, each planned from its own 100-session pilot (as operators each plan
+    their own; bench/horizon.py's protocol) and run for its plan's sessions."""
+    plans = [world.plan_sessions(case, seed=seed0 + 500_000 + i) for i in range(RUNS)]
+    outs = [world.run_planned(case, n, h, seed=seed0 + i) for i, (n, h) in enumerate(plans)]
+    return [n for n, _ in plans], outs
 
 
 PROMOTE = [c for c in world.PLANNED if c.expect == "promote"]
@@ -138,16 +141,17 @@ OTHER = [c for c in world.PLANNED if c.expect != "promote"]
 
 def agreement_misses(case: world.PlannedCase, seed0: int = 300) -> list[str]:
     """What the plan-vs-verdict rule finds wrong in RUNS runs of `case` (empty: they agree):
-    each run promotes within the plan's sessions (one miss of RUNS allowed), and the plan is
-    not more than 1.5x the median sessions the verdict needed."""
-    n, outs = _planned(case, seed0)
+    each run promotes within its own plan's sessions (one miss of RUNS allowed), and the median
+    plan is not more than 1.5x the median sessions the verdict needed."""
+    plans, outs = _planned(case, seed0)
     needed = [min(o.units, o.sessions) if o.decision == "promote" else math.inf for o in outs]
-    print(f"{case.label}: plan {n}, needed {needed}")
+    print(f"{case.label}: plans {plans}, needed {needed}")
     misses = []
-    if sum(u <= n for u in needed) < RUNS - 1:
-        misses.append(f"promoted within the plan's {n} sessions in fewer than {RUNS - 1} runs")
-    if n > 1.5 * statistics.median(needed):
-        misses.append(f"plan {n} > 1.5x the median {statistics.median(needed)}")
+    if sum(u <= n for u, n in zip(needed, plans, strict=True)) < RUNS - 1:
+        misses.append(f"promoted within its plan's sessions in fewer than {RUNS - 1} runs")
+    plan, need = statistics.median(plans), statistics.median(needed)
+    if plan > 1.5 * need:
+        misses.append(f"median plan {plan} > 1.5x the median needed {need}")
     return misses
 
 
@@ -160,8 +164,8 @@ def test_plan_and_verdict_agree(case: world.PlannedCase) -> None:
 @pytest.mark.parametrize("case", OTHER, ids=[c.label[:48] for c in OTHER])
 def test_planted_harm_and_aa_are_decided_right(case: world.PlannedCase) -> None:
     """Harm is rejected within the plan's sessions; A/A neither promotes nor rejects."""
-    n, outs = _planned(case, 400)
-    print(case.label, n, [(o.decision, o.units) for o in outs])
+    plans, outs = _planned(case, 400)
+    print(case.label, plans, [(o.decision, o.units) for o in outs])
     assert sum(world.right(case, o) for o in outs) >= RUNS - (1 if case.expect != "aa" else 0)
 
 

@@ -531,7 +531,7 @@ def plan_sessions(case: PlannedCase, *, pilot: int = 100, seed: int = 999) -> tu
     traffic = core.Traffic(rate_rps=1.0, sample_rate=1.0, turns=turns)
     needs, horizon = core.needs(traffic, s, rows=rows)
     known = [n.units for n in needs if n.units is not None]
-    return max(known), horizon
+    return max([*known, horizon]), horizon
 
 
 def run_planned(
