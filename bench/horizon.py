@@ -8,14 +8,17 @@ Three tables for bench/RESULTS.md ("Decide as fast as the evidence allows"):
   on the same data, for noise 0.14, 0.5, 1.1 × N = 100, 400, 2,000; normal and Student-t(3)
   unit values; the mean over runs. Beside it the mixture fixed in absolute units it replaces
   (τ = 0.03 in log units, ρ = σ̂⁴/τ²).
-* plan — for each world, `canary plan`'s sessions (the sizing core at the world's noise) against
-  the sessions the verdict actually needed on `tests/evaluators/world.py` (looks every 20
-  pairs): the share decided by the plan's sessions and plan / median.
+* plan — for each world, `canary plan`'s sessions (from a 100-session pilot of the world, through
+  the product's sizing core) against the sessions the verdict actually needed on
+  `tests/evaluators/world.py` (looks every 20 pairs): the share decided by the plan's sessions
+  and plan / median. Each run has its own pilot and is judged against its own plan (what the
+  plan promises an operator who pilots once); `--pilots fixed` judges one pilot's plan instead.
 * power — planted effects and A/A rows on the independent world, run through the product's
   path (`build_report`), looks every 20 pairs, each run as long as its plan says.
 
     .venv/bin/python bench/horizon.py width
-    .venv/bin/python bench/horizon.py worlds --runs 200
+    .venv/bin/python bench/horizon.py worlds --runs 200                  # a pilot per run
+    .venv/bin/python bench/horizon.py worlds --runs 200 --pilots fixed   # one pilot per row
 """
 
 from __future__ import annotations
@@ -81,11 +84,19 @@ def width(runs: int, alpha: float) -> None:
             )
 
 
-def worlds(runs: int, rows: list[int] | None, seed0: int, planned: float | None) -> None:
+def worlds(
+    runs: int, rows: list[int] | None, seed0: int, planned: float | None, pilots: str
+) -> None:
     """Plan (from a 100-session pilot) against verdict on the independent world, per row:
     each run draws twice the plan's sessions (the last look planned) and looks every 20
     pairs; `decided by plan` is the share whose first decision came with at most the plan's
-    sessions closed, and is the right one."""
+    sessions closed, and is the right one.
+
+    `pilots = "fixed"`: one pilot per row (seed 999), so one plan judged over many runs (a
+    plan conditional on one pilot draw). `pilots = "per-run"`: every run has its own pilot
+    (fresh seed) and is judged against its own plan, as operators each plan their own
+    experiment; the plan column is then the median plan, and plan / median the median plan
+    over the median sessions needed."""
     from tests.evaluators import world
 
     cases = list(world.PLANNED)
@@ -97,7 +108,10 @@ def worlds(runs: int, rows: list[int] | None, seed0: int, planned: float | None)
         ]
     share = planned if planned is not None else VerdictSettings().planned_share
     print(f"planned_share = {share}")
-    print(f"runs per row: {runs}; looks every 20 pairs; plan from a 100-session pilot")
+    print(
+        f"runs per row: {runs}; looks every 20 pairs; plan from a 100-session pilot "
+        f"({'one pilot per row' if pilots == 'fixed' else 'a pilot per run'})"
+    )
     print(
         "| row | plan: sessions (horizon) | right by plan [95 % CI] | false promote | "
         "false reject | median sessions to decide | plan / median | runs |"
@@ -105,11 +119,23 @@ def worlds(runs: int, rows: list[int] | None, seed0: int, planned: float | None)
     print("|---|---|---|---|---|---|---|---|")
     for case in picked:
         t0 = time.perf_counter()
-        n, h = world.plan_sessions(case)
-        total = 2 * n if case.expect == "promote" else n
-        outs = [world.run_planned(case, total, h, seed=seed0 + i) for i in range(runs)]
+        plans: list[tuple[int, int]] = []
+        outs = []
+        for i in range(runs):
+            if pilots == "fixed":
+                plans.append(plans[0] if plans else world.plan_sessions(case))
+            else:  # the pilot's seed space is apart from the runs'
+                plans.append(world.plan_sessions(case, seed=seed0 + 500_000 + i))
+            n_i, h_i = plans[-1]
+            total = 2 * n_i if case.expect == "promote" else n_i
+            outs.append(world.run_planned(case, total, h_i, seed=seed0 + i))
+        planned_n = [p[0] for p in plans]
+        n = round(statistics.median(planned_n))
+        h = round(statistics.median(p[1] for p in plans))
         need = [min(o.units, o.sessions) if o.decision != "hold" else math.inf for o in outs]
-        by_plan = [world.right(case, o) and u <= n for o, u in zip(outs, need, strict=True)]
+        by_plan = [
+            world.right(case, o) and u <= p for o, u, p in zip(outs, need, planned_n, strict=True)
+        ]
         if case.expect == "aa":
             by_plan = [world.right(case, o) for o in outs]
         k = sum(by_plan)
@@ -119,8 +145,9 @@ def worlds(runs: int, rows: list[int] | None, seed0: int, planned: float | None)
         med = statistics.median(need) if case.expect != "aa" else math.inf
         ratio = f"{n / med:.2f}" if math.isfinite(med) and med > 0 else "–"
         med_s = f"{med:,.0f}" if math.isfinite(med) else "–"
+        spread = "" if pilots == "fixed" else f" [{min(planned_n):,}–{max(planned_n):,}]"
         print(
-            f"| {case.label} | {n:,} ({h:,}) | {k / runs:.0%} [{lo:.0%}, {hi:.0%}] | "
+            f"| {case.label} | {n:,}{spread} ({h:,}) | {k / runs:.0%} [{lo:.0%}, {hi:.0%}] | "
             f"{fp / runs:.1%} | {fr / runs:.1%} | {med_s} | {ratio} | {runs} |  "
             f"({time.perf_counter() - t0:.0f} s)",
             flush=True,
@@ -146,6 +173,13 @@ def main() -> int:
         type=float,
         help="share of alpha on the boundary planned to the horizon (default: the verdict's)",
     )
+    ap.add_argument(
+        "--pilots",
+        choices=("per-run", "fixed"),
+        default="per-run",
+        help="a pilot per run, each run judged against its own plan (default), or one pilot "
+        "per row (seed 999: one plan judged over all runs)",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     load = os.getloadavg()
@@ -154,7 +188,7 @@ def main() -> int:
         width(args.runs, args.alpha)
     else:
         rows = [int(r) for r in args.rows.split(",")] if args.rows else None
-        worlds(args.runs, rows, args.seed, args.planned_share)
+        worlds(args.runs, rows, args.seed, args.planned_share, args.pilots)
     print(f"took {time.perf_counter() - t0:.0f} s")
     return 0
 
