@@ -44,6 +44,9 @@ QUANTILE = 0.95
 _COVER = 0.995
 # Runs drawn at once (bounds the memory of a long simulation).
 _CHUNK = 50
+# Past this many simulated units a rate test draws fewer runs (`_runs_at`), never below _MIN_RUNS.
+_FULL_RUNS_UP_TO = 8_192
+_MIN_RUNS = 40
 
 F = NDArray[np.float64]
 
@@ -118,8 +121,9 @@ def rate_times(delta: float, alpha: float, discordance: float = 0.0, turns: int 
     def first(n: int) -> F:
         rng = np.random.default_rng(7)
         parts = []
-        for lo in range(0, _RUNS, _CHUNK):
-            u = rng.random((min(_CHUNK, _RUNS - lo), n, turns), dtype=np.float32)
+        runs = _runs_at(n)
+        for lo in range(0, runs, _CHUNK):
+            u = rng.random((min(_CHUNK, runs - lo), n, turns), dtype=np.float32)
             q = np.float32(discordance)
             d = np.where(u < q / 2, 1.0, np.where(u < q, -1.0, 0.0)).mean(axis=-1)
             stat = BoundedStat(d, np.arange(1, n + 1))
@@ -127,6 +131,13 @@ def rate_times(delta: float, alpha: float, discordance: float = 0.0, turns: int 
         return np.concatenate(parts)
 
     return _grow(first)
+
+
+def _runs_at(n: int) -> int:
+    """Runs drawn for a test simulated n units long: _RUNS up to _FULL_RUNS_UP_TO units, then
+    fewer (as few as _MIN_RUNS), so a plan at strict margins (tens of thousands of units) costs
+    seconds, not minutes; its shares are then known to a few per cent."""
+    return max(_MIN_RUNS, min(_RUNS, _RUNS * _FULL_RUNS_UP_TO // n))
 
 
 def _first(crossed: NDArray[np.bool_], offset: int) -> F:
@@ -203,6 +214,8 @@ Row = MeanRow | RateRow | BoundedRow | FixedRow
 
 
 _SIMULATED: dict[int, MeanStat] = {}
+# Longest horizon simulated as such; longer ones are rescaled to it (`mean_times`).
+_SIM_HORIZON = 2_048
 # Simulated lengths kept between calls (a plan tunes the same draws to many horizons): up to
 # 4,096 units, ~40 MB each; longer ones are drawn when asked.
 _KEEP_UP_TO = 4_096
@@ -244,6 +257,9 @@ def mean_times(
     g = gap / sd
     # Brownian scaling: time × k, gap ÷ sqrt(k), horizon × k leave the crossing law unchanged.
     k = (_G0 / g) ** 2 if g < _G0 else 1.0
+    # ... and a long horizon is simulated at most _SIM_HORIZON units long, rescaled the same
+    # way, so its draws are the kept ones (a strict plan's horizon is tens of thousands).
+    k = max(k, horizon / _SIM_HORIZON)
     gs, hs = g * math.sqrt(k), max(10.0, horizon / k)
 
     def first(n: int) -> F:
