@@ -207,7 +207,7 @@ class PlaneProcess:
         log.warning(
             f"{self.role} process died; restarting", extra={"fields": {"exitcode": exitcode}}
         )
-        if spawn_only or not self.blocks_start:
+        if spawn_only:
             self.spawn()
         else:
             self.start()
@@ -256,8 +256,9 @@ class StartWatch:
 
     def check(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` (any thread); True once it listens."""
+        ready = self.proc.poll_ready(timeout_s)
         took = round(time.monotonic() - self.since, 1)
-        if self.proc.poll_ready(timeout_s):
+        if ready:
             fields = {"pid": self.proc.pid, "after_s": took}
             log.info(f"the {self.proc.role} process is ready", extra={"fields": fields})
             return True

@@ -162,7 +162,8 @@ def _supervise(config: GatewayConfig) -> int:
             if plane_ok and not plane.alive:
                 plane_ok = plane.restart()  # workers reconnect on their own
             if reporter is not None and reporter_ok and not reporter.alive:
-                reporter_ok = reporter.restart()  # workers' next report connects anew
+                # Not waited for (`blocks_start`): workers' next report connects anew.
+                reporter_ok = reporter.restart(spawn_only=True)
                 started = StartWatch(reporter) if reporter_ok else None
             if reporter is not None and started is not None and reporter.alive:
                 started = None if started.check(0.0) else started
