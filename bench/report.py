@@ -49,8 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs import load as store
+from evaluators.pairs.spill import Spill, default_dir
 from evaluators.report.build import build_report
 from evaluators.report.render import render
+from gateway.config import GatewayConfig
 from storage import queries
 from storage.engine import make_engine, upgrade
 from storage.models import ReportSegmentRow
@@ -239,7 +241,7 @@ async def _register(url: str) -> None:
         await engine.dispose()
 
 
-async def run(url: str, phase: str, batch_size: int) -> dict[str, float | str]:
+async def run(url: str, phase: str, batch_size: int, spill: Spill | None) -> dict[str, float | str]:
     """One phase (rows, cold, warm) in this process: load the pairs, build and render."""
     await upgrade(url)  # a database built before report segments gains their table
     engine = make_engine(url)
@@ -259,6 +261,7 @@ async def run(url: str, phase: str, batch_size: int) -> dict[str, float | str]:
                 batch_size=batch_size,
                 control="ctrl",
                 segmented=phase != "rows",
+                spill=spill,
             )
             accounting = await store.load_accounting(engine, "cand")
             t1, c1 = time.perf_counter(), time.process_time()
@@ -272,6 +275,7 @@ async def run(url: str, phase: str, batch_size: int) -> dict[str, float | str]:
             )
             text = render(report, "text")
             t2, c2 = time.perf_counter(), time.process_time()
+            ps_backed = ps.backing is not None
             del ps
     finally:
         await engine.dispose()
@@ -287,14 +291,16 @@ async def run(url: str, phase: str, batch_size: int) -> dict[str, float | str]:
         "total_cpu_s": c2 - c0,
         "load_avg": os.getloadavg()[0],
         "peak_rss_mb": peak_mb(),
+        "spilled": "file" if ps_backed else "heap",
     }
 
 
-def _phase(url: str, phase: str, batch_size: int) -> dict[str, Any]:
+def _phase(url: str, phase: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--phase", phase, "--db-url", url]
-    out = subprocess.run(
-        [*cmd, "--batch-size", str(batch_size)], check=True, capture_output=True, text=True
-    )
+    cmd += ["--batch-size", str(args.batch_size), "--spill-over-bytes", str(args.spill_over_bytes)]
+    if args.spill_dir:
+        cmd += ["--spill-dir", args.spill_dir]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -345,13 +351,24 @@ def main() -> int:
     parser.add_argument("--db-url", help="a PostgreSQL database URL instead of --db")
     parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument("--phases", default="rows,cold,warm", help="which phases to time")
+    parser.add_argument(
+        "--spill-over-bytes", type=int, default=GatewayConfig().report_spill_over_bytes,
+        help="segmented windows with more bytes of columns go to a file, as the gateway's "
+        "report_spill_over_bytes (default: its default); 0: never",
+    )  # fmt: skip
+    parser.add_argument("--spill-dir", help="where (default: the gateway's, report_spill_dir)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the database")
     parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args()
     url = args.db_url or f"sqlite+aiosqlite:///{args.db}"
     if args.phase:  # a child: one phase, its result as the last line of JSON
-        print(json.dumps(asyncio.run(run(url, args.phase, args.batch_size))))
+        spill = (
+            Spill(args.spill_dir or default_dir(url), args.spill_over_bytes)
+            if args.spill_over_bytes > 0
+            else None
+        )
+        print(json.dumps(asyncio.run(run(url, args.phase, args.batch_size, spill))))
         return 0
     if args.build_only:  # in a child process, so its memory does not count in the report's
         build_database(url, args.pairs)
@@ -375,12 +392,13 @@ def main() -> int:
     print(f"  machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at start")
     print("  phase   step             wall        CPU    pairs/s (wall)   peak RSS  verdict")
     for phase in args.phases.split(","):
-        r = _phase(url, phase, args.batch_size)
+        r = _phase(url, phase, args)
         n = r["pairs"]
         steps = (("load pairs", "load"), ("build + render", "report"), ("total", "total"))
         for label, key in steps:
             wall, cpu = r[f"{key}_s"], r[f"{key}_cpu_s"]
             tail = f"   {r['peak_rss_mb']:6.0f} MiB  {r['verdict']}" if key == "total" else ""
+            tail += f" (columns on the {r['spilled']})" if tail else ""
             print(f"  {phase:<7} {label:<15} {wall:6.2f} s  {cpu:6.2f} s  {n / wall:>12,.0f}{tail}")
         print(f"          (load average {r['load_avg']:.1f} after this phase)")
     return 0

@@ -135,6 +135,13 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # allocated, so one huge candidate cannot run the host out of memory beside production.
     # 5,000,000 pairs is ~1.5 GiB at once; `canary report` in its own process is not bound.
     report_max_pairs: PosInt = 5_000_000
+    # A window whose pair columns (~230 bytes a pair) would take more than this is assembled in
+    # an unlinked file instead of the heap and paged in a metric at a time
+    # (evaluators.pairs.spill): a 10-million-pair report then stays near 1 GiB resident instead
+    # of 3.3 GiB. The file goes to `report_spill_dir` ("": the SQLite database's directory,
+    # else the system's temporary directory), which must be a disk, not a tmpfs.
+    report_spill_over_bytes: PosInt = 256 * MiB
+    report_spill_dir: str = ""
     report_queue_max: PosInt = 16  # reports waiting for a slot; beyond: 503, counted
     report_timeout_s: PosFloat = 900.0  # a worker waits this long for the report process
     # The gateway waits this long for its report process to listen before it serves, and no

@@ -47,6 +47,8 @@ Status = Literal[
     "ungated",
 ]
 B = NDArray[np.bool_]
+# Per-pair values: float64, or float32 where they are exact in it (indicators, differences).
+Floats = NDArray[np.float64] | NDArray[np.float32]
 # Looks at which a gating metric's always-valid interval is drawn against pairs (HTML plot).
 TRAJECTORY_LOOKS = 16
 Detail = dict[str, float | int | str | None]
@@ -184,15 +186,11 @@ class EvalContext:
     trajectories: bool = True
     # The newest recent `canary capacity` result of the candidate, when there is one (cost).
     capacity: CapacitySummary | None = None
-    # Group code per pair when turns of a session are in the sample (computed once).
-    session_groups: NDArray[np.int64] | None = field(init=False, default=None)
     units: Units = field(init=False)
 
     def __post_init__(self) -> None:
         ps = self.pairs
         by_session = bool(self.candidate.sampling == "session" or np.any(ps.session[: ps.n]))
-        if by_session:
-            object.__setattr__(self, "session_groups", _groups(ps.session[: ps.n]))
         as_of = math.inf if self.as_of is None or self.planned_look else self.as_of
         t = ps.received_at[: ps.n]
         ref = ps.control if ps.has_control else ps.production
@@ -208,6 +206,12 @@ class EvalContext:
             settled=settled,
         )
         object.__setattr__(self, "units", units)
+        ps.release()
+
+    def session_groups(self, idx: NDArray[np.intp]) -> NDArray[np.int64] | None:
+        """Dense group codes of the pairs `idx` (a session each, and one per pair that has
+        none), for resampling whole sessions; None when units are not sessions."""
+        return _groups(self.pairs.session[idx]) if self.units.by_session else None
 
     @property
     def has_control(self) -> bool:
@@ -354,7 +358,7 @@ def empty_result(spec: MetricSpec, reference: str, reason: str) -> MetricResult:
 
 
 def _unit_values(
-    x: NDArray[np.float64], use: B, ctx: EvalContext
+    x: Floats, use: B, ctx: EvalContext
 ) -> tuple[NDArray[np.float64], NDArray[np.int64], int]:
     """Per-unit means of x (one value per pair in `use`), in closing order; pairs used."""
     return ctx.units.means(x, use)
@@ -414,9 +418,17 @@ def judge_mean(
     return res
 
 
+def indicator_difference(worse: B, better: B) -> NDArray[np.float32]:
+    """1{worse} - 1{better} per pair: -1, 0 or 1, exact in float32 (a quarter of the memory of
+    widening both indicators to float64, at ten million pairs 240 MB less)."""
+    d = worse.astype(np.float32)
+    d -= better
+    return d
+
+
 def judge_bounded(
     spec: MetricSpec,
-    d: NDArray[np.float64],
+    d: Floats,
     ctx: EvalContext,
     *,
     use: B,
@@ -432,11 +444,11 @@ def judge_bounded(
         return BoundedStat(v, looks)
 
     a = ctx.settings.alpha
-    used = np.asarray(d, dtype=np.float64)[ctx.units.rank[use] >= 0]
+    used = d[ctx.units.rank[use] >= 0]
     detail = {
         **(detail or {}),
         "unit_sd": _sd(v),
-        "discordant_share": float(np.mean(used != 0)) if len(used) else None,
+        "discordant_share": float(np.count_nonzero(used) / len(used)) if len(used) else None,
     }
     res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail, a)
     if ctx.trajectories and spec.role != "diagnostic":

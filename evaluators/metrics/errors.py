@@ -22,6 +22,7 @@ from evaluators.judge.metric import (
     MetricResult,
     MetricSpec,
     empty_result,
+    indicator_difference,
     judge_bounded,
 )
 from evaluators.judge.settings import VerdictSettings
@@ -76,7 +77,7 @@ def failures(ctx: EvalContext) -> list[MetricResult]:
     for code, count in enumerate(kinds):
         if code and count:
             detail[f"candidate_{ERROR_KINDS[code]}"] = int(count)
-    d = bad_c.astype(np.float64) - bad_r.astype(np.float64)
+    d = indicator_difference(bad_c, bad_r)
     res = judge_bounded(spec, d, ctx, use=use, reference=ctx.reference, detail=detail)
     if np.isnan(mn.p) and len(d):
         res.notes.append(
@@ -107,7 +108,7 @@ def timeouts(ctx: EvalContext) -> list[MetricResult]:
         "rate_reference": _rate(to_r),
         "mcnemar_p": mn.p if np.isfinite(mn.p) else None,
     }
-    d = to_c.astype(np.float64) - to_r.astype(np.float64)
+    d = indicator_difference(to_c, to_r)
     return [judge_bounded(spec, d, ctx, use=use, reference=ctx.reference, detail=detail)]
 
 

@@ -20,6 +20,7 @@ from evaluators.judge.metric import (
     MetricResult,
     MetricSpec,
     empty_result,
+    indicator_difference,
     judge_bounded,
     judge_mean,
     mean_stat,
@@ -52,10 +53,10 @@ def both_ok(ctx: EvalContext) -> tuple[ArmColumns, ArmColumns, B]:
 
 def log_ratio(cand: NDArray[np.float32], ref: NDArray[np.float32], mask: B) -> tuple[F, B]:
     """log(cand/ref) over the pairs in mask where both values are positive and finite."""
-    c = cand.astype(np.float64)
-    r = ref.astype(np.float64)
-    use = mask & np.isfinite(c) & np.isfinite(r) & (c > 0) & (r > 0)
-    return np.log(c[use] / r[use]), use
+    # Tested on the float32 columns (the same answers as on their float64 values); only the
+    # pairs used are widened, so the temporaries are per used pair, not per pair twice over.
+    use = mask & np.isfinite(cand) & np.isfinite(ref) & (cand > 0) & (ref > 0)
+    return np.log(cand[use].astype(np.float64) / ref[use].astype(np.float64)), use
 
 
 def hl_detail(x: F, ctx: EvalContext, c: F, r: F) -> Detail:
@@ -227,7 +228,7 @@ def slo_exceedance(ctx: EvalContext) -> list[MetricResult]:
             "discordant_better": mn.better,
             "mcnemar_p": mn.p if np.isfinite(mn.p) else None,
         }
-        d = over_c.astype(np.float64) - over_r.astype(np.float64)
+        d = indicator_difference(over_c, over_r)
         res = judge_bounded(spec, d, ctx, use=use, reference=ctx.reference, detail=detail)
         out.append(res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=False))
     return out
@@ -237,7 +238,6 @@ def tail_quantiles(ctx: EvalContext) -> list[MetricResult]:
     """p95 / p99 ratios of TTFT and E2E by paired (session) bootstrap, at planned looks only."""
     s = ctx.settings
     cand, ref, ok = both_ok(ctx)
-    groups = ctx.session_groups
     out = []
     for field, label in (("ttft", "TTFT"), ("e2e", "E2E")):
         for q in (0.95, 0.99):
@@ -263,7 +263,7 @@ def tail_quantiles(ctx: EvalContext) -> list[MetricResult]:
                 continue
             idx = np.flatnonzero(use)
             idx = idx[subsample(len(idx), s.bootstrap_max_units)]
-            g = None if groups is None else np.unique(groups[idx], return_inverse=True)[1]
+            g = ctx.session_groups(idx)
             est, lo, hi = bootstrap_quantile_ratio(
                 c[idx].astype(np.float64),
                 r[idx].astype(np.float64),
@@ -309,11 +309,11 @@ def ttft_by_turn(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
     """
     ps = ctx.pairs
     cand, ref, ok = both_ok(ctx)
-    ok = ok & ~ps.split
-    turn = np.minimum(ps.turn.astype(np.int64) + 1, TURN_BUCKETS)
+    every, base = log_ratio(cand.ttft_s, ref.ttft_s, ok & ~ps.split)
+    turn = np.minimum(ps.turn, TURN_BUCKETS - 1)  # bucket b holds turn index b - 1 (the last: ≥)
     rows: list[dict[str, float | int | str | None]] = []
     for bucket in range(1, TURN_BUCKETS + 1):
-        x, use = log_ratio(cand.ttft_s, ref.ttft_s, ok & (turn == bucket))
+        x, use = _within(every, base, turn == bucket - 1)
         label = f"{bucket}+" if bucket == TURN_BUCKETS else str(bucket)
         row: dict[str, float | int | str | None] = {"turn": label}
         row.update(_table_row(ctx, x, use, TURN_BUCKETS))
@@ -327,6 +327,12 @@ def ttft_by_turn(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
             )
         rows.append(row)
     return rows
+
+
+def _within(every: F, base: B, mask: B) -> tuple[F, B]:
+    """`log_ratio` over `mask` from the one over every pair: `every` holds the values of the
+    pairs in `base`, in order (the same values, computed once for all of a table's rows)."""
+    return every[mask[base]], base & mask
 
 
 def _cached_fraction(arm: ArmColumns, use: B) -> float | None:
@@ -362,9 +368,10 @@ def ttft_slices(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
     if len(ps.models) > 1:
         slices.extend(("model", m or "?", ps.model == i) for i, m in enumerate(ps.models))
     k = len(slices)
+    every, base = log_ratio(cand.ttft_s, ref.ttft_s, ok)
     rows: list[dict[str, float | int | str | None]] = []
     for dim, value, mask in slices:
-        x, use = log_ratio(cand.ttft_s, ref.ttft_s, ok & mask)
+        x, use = _within(every, base, mask)
         if len(x) < 10:
             continue
         row: dict[str, float | int | str | None] = {"slice": dim, "value": value}

@@ -46,5 +46,11 @@ EVALUATORS: tuple[Evaluator, ...] = (
 
 
 def run_all(ctx: EvalContext, evaluators: tuple[Evaluator, ...] = EVALUATORS) -> list[MetricResult]:
-    """Every evaluator's results, in registry order."""
-    return [result for evaluate in evaluators for result in evaluate(ctx)]
+    """Every evaluator's results, in registry order. After each, the pages of file-backed
+    columns it read are released (`PairSet.release`): a spilled report holds one metric's
+    columns at a time."""
+    results: list[MetricResult] = []
+    for evaluate in evaluators:
+        results += evaluate(ctx)
+        ctx.pairs.release()
+    return results

@@ -81,4 +81,8 @@ def arm_load(pairs: PairSet, name: str) -> Row:
 def arms_load(pairs: PairSet) -> dict[str, Row]:
     """The load table: one row per arm present in the PairSet."""
     arms = ["production", "candidate"] + (["control"] if pairs.has_control else [])
-    return {name: arm_load(pairs, name) for name in arms}
+    rows = {}
+    for name in arms:
+        rows[name] = arm_load(pairs, name)
+        pairs.release()  # a spilled window holds one arm's columns at a time
+    return rows

@@ -42,6 +42,7 @@ from evaluators.pairs.columns import (
     sample_suffixes,
 )
 from evaluators.pairs.segments import Assembly
+from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import PairSet, ProgressFactory
 from storage import queries
 from storage import segments as seg_store
@@ -230,6 +231,7 @@ async def load_pairs(
     max_chars: int = 4000,
     segmented: bool = True,
     max_pairs: int | None = None,
+    spill: Spill | None = None,
 ) -> PairSet:
     """Aligned pairs of `candidate` received in [since, until), in arrival order.
 
@@ -250,6 +252,9 @@ async def load_pairs(
     `max_pairs`: `domain.errors.ReportTooLarge` when the window holds more pairs than that,
     checked on counts before the window's columns are allocated or read (stored segments may
     be brought up to date first: that holds one span at a time).
+
+    `spill`: a segmented window whose columns would take more than `spill.over_bytes` is
+    assembled in a file there (`evaluators.pairs.spill`) instead of on the heap.
     """
     cand, _live, found = await load_endpoints(engine, candidate)
     control_name = (found.name if found else None) if control is True else (control or None)
@@ -261,7 +266,7 @@ async def load_pairs(
         engine, candidate, control_name, max_chars, similarity_max_pairs, lost_before, batch_size
     )
     if segmented:
-        return await window.by_segments(since or 0.0, end, until, progress, max_pairs)
+        return await window.by_segments(since or 0.0, end, until, progress, max_pairs, spill)
     total = await count_pairs(engine, candidate, since=since, until=until)
     _check_size(total, max_pairs)
     on_part, close = progress(total) if progress is not None else (None, _nothing)
@@ -372,6 +377,7 @@ class _Window:
         until: float | None,
         progress: ProgressFactory | None,
         max_pairs: int | None = None,
+        spill: Spill | None = None,
     ) -> PairSet:
         """The window's PairSet from stored segments, building and storing the missing or
         stale ones first. The grid stops at `end` (the window's end, or now); the open span
@@ -397,7 +403,7 @@ class _Window:
             total = sum(rows.values()) + open_rows
             _check_size(total, max_pairs)  # before the window's columns are allocated
             suffixes = sample_suffixes(self.similarity_max_pairs / max(1, total))
-            whole = Assembly(total, has_control=self.control is not None)
+            whole = Assembly(total, has_control=self.control is not None, spill=spill)
             await self._assemble(whole, spans, metas, rows, suffixes)
             if open_rows:
                 whole.add_set(await self.build(last, until, suffixes, open_rows))

@@ -33,6 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from evaluators.pairs.columns import mark_split, sample_fraction, sample_size
+from evaluators.pairs.spill import Spill, SpillFile, file_size
 from evaluators.pairs.types import ArmColumns, Comparison, PairSet
 
 # Grid of the spans, in seconds of arrival time. A power of two, so a grid line is an exact
@@ -147,29 +148,64 @@ def copy_into(dst: PairSet, start: int, src: PairSet) -> Decoded:
     return Decoded(n, list(src.models), list(src.replicas))
 
 
-class Assembly:
-    """Concatenates spans (in arrival order) into one preallocated PairSet."""
+# Bytes of columns per pair (every column of a PairSet, one row).
+ROW_BYTES = sum(array.dtype.itemsize for _, array, _, _ in _columns(PairSet.empty(0)))
 
-    def __init__(self, total: int, *, has_control: bool) -> None:
-        self.ps = PairSet.empty(total)
+
+def spilled(rows: int, spill: Spill) -> PairSet:
+    """An empty PairSet with room for `rows`, its columns in a file (`evaluators.pairs.spill`).
+    Its rows are not filled: each must be written (whole spans are) before it is read."""
+    ps = PairSet.empty(0)
+    cols = list(_columns(ps))
+    backing = SpillFile(spill.directory, file_size(rows, [a.dtype for _, a, _, _ in cols]))
+    for _, array, owner, key in cols:
+        column = backing.array(rows, array.dtype)
+        if isinstance(owner, dict):
+            owner[key] = column
+        else:
+            setattr(owner, key, column)
+    ps.backing = backing
+    return ps
+
+
+class Assembly:
+    """Concatenates spans (in arrival order) into one preallocated PairSet: on the heap, or
+    in a spill file when the window's columns would take more than `spill.over_bytes`."""
+
+    def __init__(self, total: int, *, has_control: bool, spill: Spill | None = None) -> None:
+        self._spill = spill if spill is not None and spill.wanted(total * ROW_BYTES) else None
+        self.ps = self._empty(total)
         self.ps.has_control = has_control
         self._models: dict[str, int] = {}
         self._replicas: dict[str, int] = {}
 
+    @property
+    def spilled(self) -> bool:
+        return self._spill is not None
+
+    def _empty(self, rows: int) -> PairSet:
+        return PairSet.empty(rows) if self._spill is None else spilled(rows, self._spill)
+
     def add_bytes(self, data: bytes, rows: int) -> int:
         self._room(rows)
-        return self._renumber(decode_into(self.ps, self.ps.n, data))
+        added = self._renumber(decode_into(self.ps, self.ps.n, data))
+        self.ps.release()  # a spilled window's written pages leave this process as they fill
+        return added
 
     def add_set(self, src: PairSet) -> int:
         self._room(src.n)
-        return self._renumber(copy_into(self.ps, self.ps.n, src))
+        added = self._renumber(copy_into(self.ps, self.ps.n, src))
+        self.ps.release()
+        return added
 
     def _room(self, rows: int) -> None:
         """Rows can arrive between counting and reading the open span: grow to fit them."""
         if self.ps.n + rows > self.ps.capacity:
-            n = self.ps.n
-            self.ps = self.ps.resized(max(n + rows, self.ps.capacity + self.ps.capacity // 8))
+            old, n = self.ps, self.ps.n
+            self.ps = self._empty(max(n + rows, old.capacity + old.capacity // 8))
+            copy_into(self.ps, 0, old)
             self.ps.n = n
+            self.ps.has_control = old.has_control
 
     def _renumber(self, got: Decoded) -> int:
         """Codes local to the span become the window's (first appearance first)."""
@@ -196,7 +232,7 @@ class Assembly:
         ps = self.ps
         n = ps.n
         if n != ps.capacity:
-            ps = ps.resized(n)
+            ps = ps.head(n)
         outside = ps.sample_rank[:n] >= sample_size(suffixes)
         ps.vs_candidate.similarity[:n][outside] = np.nan
         ps.vs_control.similarity[:n][outside] = np.nan
@@ -208,4 +244,5 @@ class Assembly:
         ps.models = sorted(self._models, key=self._models.__getitem__)
         ps.replicas = sorted(self._replicas, key=self._replicas.__getitem__)
         mark_split(ps)
+        ps.release()
         return ps

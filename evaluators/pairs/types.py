@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -36,6 +36,10 @@ TIMEOUT = ERROR_KINDS.index(ErrorKind.TIMEOUT)
 NOT_ENDPOINT_CODES = tuple(sorted(ERROR_KINDS.index(k) for k in NOT_THE_ENDPOINT))
 # Tri-state features (match, JSON validity, tool-call equality): -1 = not applicable / unknown.
 UNKNOWN = -1
+
+
+class Releasable(Protocol):
+    def release(self) -> None: ...
 
 
 class ArmObs(Measured, kw_only=True):
@@ -126,6 +130,10 @@ class ArmColumns:
         """A copy with every column cut or grown (with absent values) to length n."""
         return _resized(self, n)
 
+    def head(self, n: int) -> ArmColumns:
+        """The first n rows, as views of these columns."""
+        return _head(self, n)
+
 
 @dataclass(slots=True)
 class Comparison:
@@ -143,6 +151,10 @@ class Comparison:
     def resized(self, n: int) -> Comparison:
         """A copy with every column cut or grown (with absent values) to length n."""
         return _resized(self, n)
+
+    def head(self, n: int) -> Comparison:
+        """The first n rows, as views of these columns."""
+        return _head(self, n)
 
 
 @dataclass(slots=True)
@@ -181,6 +193,9 @@ class PairSet:
     lost: int = 0
     pending: int = 0
     similarity_fraction: float = 1.0  # share of exchanges in the text-similarity sample
+    # What the columns live in when they are not the heap's (evaluators.pairs.spill): its
+    # `release()` drops the pages this process has touched.
+    backing: Releasable | None = None
 
     @classmethod
     def empty(cls, n: int) -> PairSet:
@@ -211,6 +226,15 @@ class PairSet:
     def resized(self, n: int) -> PairSet:
         """A copy whose columns hold exactly n rows (cuts spare capacity, or grows it)."""
         return _resized(self, n)
+
+    def head(self, n: int) -> PairSet:
+        """The first n rows (n ≤ capacity), as views of these columns: no copy."""
+        return _head(self, n)
+
+    def release(self) -> None:
+        """Drop the resident pages of file-backed columns (a no-op on the heap's)."""
+        if self.backing is not None:
+            self.backing.release()
 
     def arm(self, name: str) -> ArmColumns:
         """The columns of "production", "candidate" or "control"."""
@@ -243,8 +267,30 @@ def _resized(obj: _Columns, n: int) -> _Columns:
             setattr(fresh, f.name, old.resized(n))
         elif isinstance(old, list):
             setattr(fresh, f.name, list(old))
+        elif f.name == "backing":  # the copy is on the heap
+            continue
         else:
             setattr(fresh, f.name, old)
+    if isinstance(fresh, PairSet):
+        fresh.n = min(fresh.n, n)
+    return fresh
+
+
+def _head(obj: _Columns, n: int) -> _Columns:
+    """Views of every array column's first n rows, in a fresh object sharing the rest."""
+    parts: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, np.ndarray):
+            value = value[:n]
+        elif isinstance(value, dict):
+            value = {name: column[:n] for name, column in value.items()}
+        elif isinstance(value, ArmColumns | Comparison):
+            value = value.head(n)
+        elif isinstance(value, list):
+            value = list(value)
+        parts[f.name] = value
+    fresh = type(obj)(**parts)
     if isinstance(fresh, PairSet):
         fresh.n = min(fresh.n, n)
     return fresh

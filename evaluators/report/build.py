@@ -20,6 +20,7 @@ from evaluators.judge.settings import VerdictSettings
 from evaluators.judge.verdict import Reason, judge, summary
 from evaluators.metrics import cost, latency, throughput
 from evaluators.metrics.registry import run_all
+from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import PairSet, ProgressFactory
 from evaluators.report.model import SCHEMA_VERSION, PairsSummary, Report
 
@@ -211,6 +212,7 @@ def build_report(
     used = int(np.count_nonzero(ok))
     coverage = coverage_of(accounting, pairs)
     _set_eta(results, pairs, used)
+    pairs.release()
     verdict, reasons = judge(
         results, n_pairs=used, coverage=coverage, planned=planned_look, settings=settings
     )
@@ -218,19 +220,25 @@ def build_report(
     metrics = {r.name: r for r in results}
     if "ttft" in metrics:
         metrics["ttft"].slices = latency.ttft_slices(ctx)
+        pairs.release()
     load = throughput.arms_load(pairs)
+    pairs.release()
     for arm, row in cost.cost_table(ctx, load).items():
         load[arm].update(row)
+    pairs_summary = _pairs_summary(ctx, coverage, used)
+    pairs.release()
+    by_turn = latency.ttft_by_turn(ctx)
+    pairs.release()
     return Report(
         schema_version=SCHEMA_VERSION,
         candidate=candidate.name,
         kind=candidate.kind,
         verdict=verdict,
         reasons=reasons,
-        pairs=_pairs_summary(ctx, coverage, used),
+        pairs=pairs_summary,
         metrics=metrics,
         accounting=dict(accounting),
-        ttft_by_turn=latency.ttft_by_turn(ctx),
+        ttft_by_turn=by_turn,
         arms_load=load,
         generated_at=time.time(),
         caveats=_caveats(ctx, accounting, results),
@@ -248,6 +256,7 @@ async def evaluate(
     progress: ProgressFactory | None = None,
     segmented: bool = True,
     max_pairs: int | None = None,
+    spill: Spill | None = None,
 ) -> Report:
     """Load the candidate's pairs and accounting from storage and build its report.
 
@@ -255,7 +264,8 @@ async def evaluate(
     one). `since` defaults to the candidate's creation. LookupError when no endpoint has that name.
     `segmented` False builds the pairs from the rows in one pass instead of reading the stored
     segments (the same report; tests compare the two). `max_pairs`: ReportTooLarge for a
-    window holding more pairs (the report process's `report_max_pairs`).
+    window holding more pairs (the report process's `report_max_pairs`). `spill`: where a
+    window's columns go when they would take more memory than it allows (`report_spill_*`).
     """
     from evaluators.pairs import load as store
 
@@ -273,6 +283,7 @@ async def evaluate(
         max_chars=effective.similarity_max_chars,
         segmented=segmented,
         max_pairs=max_pairs,
+        spill=spill,
     )
     accounting = await store.load_accounting(engine, candidate_name)
     # Units close against the clock: a live look must not use sessions still under way. "Now"

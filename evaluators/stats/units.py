@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+I32 = NDArray[np.int32]
 I64 = NDArray[np.int64]
 F64 = NDArray[np.float64]
 B = NDArray[np.bool_]
@@ -33,26 +34,28 @@ B = NDArray[np.bool_]
 class Units:
     """Per pair: its unit's rank in closing order, or -1 while its unit is still open."""
 
-    rank: I64  # per pair; -1 = open (not yet usable)
+    rank: I32  # per pair; -1 = open (not yet usable)
     count: int  # closed units
     open_pairs: int  # pairs held back because their unit is still open
     by_session: bool  # units are session bursts (else single pairs)
 
-    def means(self, x: F64, use: B) -> tuple[F64, I64, int]:
+    def means(self, x: F64 | NDArray[np.float32], use: B) -> tuple[F64, I64, int]:
         """(mean of x per closed unit in closing order, pairs per unit, pairs used).
 
         `x` holds one value per pair in `use` (in pair order), as the evaluators compute them.
         Units with no pair in `use` are skipped.
         """
-        r = self.rank[use]
-        keep = r >= 0
-        r, v = r[keep], np.asarray(x, dtype=np.float64)[keep]
-        if len(r) == 0:
+        # Bin 0 collects the pairs of open units (rank -1) and is dropped: no copy of the
+        # values is made to leave them out, and each unit's sum adds its pairs in pair order.
+        bins = self.rank[use].astype(np.intp)
+        bins += 1
+        sizes = np.bincount(bins, minlength=self.count + 1)[1:]
+        used = int(sizes.sum())
+        if used == 0:
             return np.zeros(0), np.zeros(0, dtype=np.int64), 0
-        sums = np.bincount(r, weights=v, minlength=self.count)
-        sizes = np.bincount(r, minlength=self.count)
+        sums = np.bincount(bins, weights=x, minlength=self.count + 1)[1:]
         present = sizes > 0
-        return sums[present] / sizes[present], sizes[present].astype(np.int64), len(r)
+        return sums[present] / sizes[present], sizes[present].astype(np.int64), used
 
 
 def build_units(
@@ -71,45 +74,56 @@ def build_units(
     n = len(received_at)
     t = np.asarray(received_at, dtype=np.float64)
     if n == 0:
-        return Units(np.zeros(0, dtype=np.int64), 0, 0, by_session)
+        return Units(np.zeros(0, dtype=np.int32), 0, 0, by_session)
     if by_session:
-        unit, last = _session_bursts(t, session, idle_s)
+        unit, last, first = _session_bursts(t, session, idle_s)
         close = last + idle_s
     else:
-        unit = np.arange(n, dtype=np.int64)
+        unit = first = np.arange(n, dtype=np.int64)
         close = t
     closed = close <= as_of
     # Rank closed units by (closing time, first pair): a stable order every later look repeats.
-    first = np.full(len(close), n, dtype=np.int64)
-    np.minimum.at(first, unit, np.arange(n, dtype=np.int64))
     ids = np.flatnonzero(closed)
     order = ids[np.lexsort((first[ids], close[ids]))]
+    del ids, first, closed
     # Stop at the first unit (in that order) that still waits for a copy.
     unsettled = np.zeros(len(close), dtype=bool)
-    np.logical_or.at(unsettled, unit, ~np.asarray(settled, dtype=bool))
+    unsettled[unit[~np.asarray(settled, dtype=bool)]] = True
     waiting = np.flatnonzero(unsettled[order])
     if len(waiting):
         order = order[: waiting[0]]
-    rank_of_unit = np.full(len(close), -1, dtype=np.int64)
-    rank_of_unit[order] = np.arange(len(order), dtype=np.int64)
+    rank_of_unit = np.full(len(close), -1, dtype=np.int32)
+    rank_of_unit[order] = np.arange(len(order), dtype=np.int32)
     rank = rank_of_unit[unit]
     return Units(rank, len(order), int(np.count_nonzero(rank < 0)), by_session)
 
 
-def _session_bursts(t: F64, session: NDArray[np.uint64], idle_s: float) -> tuple[I64, F64]:
-    """(unit id per pair, last arrival per unit): one session split where it idles > idle_s.
+def _session_bursts(t: F64, session: NDArray[np.uint64], idle_s: float) -> tuple[I64, F64, I64]:
+    """(unit id per pair, last arrival per unit, first pair per unit): one session split where
+    it idles > idle_s. A pair without a session (key 0) is a unit of its own.
 
-    A pair without a session (key 0) is a unit of its own.
-    """
+    Units are numbered in (session, arrival) order, where each is one contiguous run: the
+    per-unit reductions run over those runs. Temporaries are dropped as soon as they are used
+    (at ten million pairs each is 10-80 MB)."""
     n = len(t)
     order = np.lexsort((t, session))
-    s, ts = session[order], t[order]
     new = np.ones(n, dtype=bool)
-    same = s[1:] == s[:-1]
-    new[1:] = ~same | (ts[1:] - ts[:-1] > idle_s) | (s[1:] == 0)
-    sorted_unit = np.cumsum(new) - 1
+    s = session[order]
+    np.not_equal(s[1:], s[:-1], out=new[1:])
+    new[1:] |= s[1:] == 0
+    del s
+    ts = t[order]
+    gap = ts[1:] - ts[:-1]
+    new[1:] |= gap > idle_s
+    del gap
+    starts = np.flatnonzero(new)
+    last = np.maximum.reduceat(ts, starts)
+    del ts
+    first = np.minimum.reduceat(order, starts)
+    del starts
+    sorted_unit = np.cumsum(new, dtype=np.int64)
+    sorted_unit -= 1
+    del new
     unit = np.empty(n, dtype=np.int64)
     unit[order] = sorted_unit
-    last = np.full(int(sorted_unit[-1]) + 1, -np.inf)
-    np.maximum.at(last, unit, t)
-    return unit, last
+    return unit, last, first

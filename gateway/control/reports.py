@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from evaluators.judge.settings import VerdictSettings
+    from evaluators.pairs.spill import Spill
 
 log = logging.getLogger("canary.reports")
 
@@ -118,8 +119,10 @@ class LocalReports:
         concurrency: int = 1,
         queue_max: int = 16,
         max_pairs: int | None = None,
+        spill: Spill | None = None,
     ) -> None:
         self.engine = engine
+        self._spill = spill  # where a large window's columns go (report_spill_*)
         self.settings = settings
         self._max_pairs = max_pairs  # a larger window: ReportTooLarge, counted `too_large`
         self._slots = asyncio.Semaphore(concurrency)
@@ -194,6 +197,7 @@ class LocalReports:
                         settings=self.settings,
                         planned_look=final,
                         max_pairs=self._max_pairs,
+                        spill=self._spill,
                     )
                 except LookupError as exc:  # unknown, or removed while we were evaluating it
                     raise de.EndpointNotFound(name) from exc
@@ -289,6 +293,14 @@ def report_app(reports: LocalReports) -> web.Application:
     return app
 
 
+def report_spill(config: Any) -> Spill:
+    """Where the gateway's config says a large report's columns go."""
+    from evaluators.pairs.spill import Spill, default_dir
+
+    directory = config.report_spill_dir or default_dir(config.db_url)
+    return Spill(directory, config.report_spill_over_bytes)
+
+
 async def serve_reports(
     config: Any,
     socket_path: str,
@@ -307,6 +319,7 @@ async def serve_reports(
         concurrency=config.report_concurrency,
         queue_max=config.report_queue_max,
         max_pairs=config.report_max_pairs,
+        spill=report_spill(config),
     )
     runner = web.AppRunner(report_app(reports), access_log=None, handle_signals=False)
     await runner.setup()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -37,6 +38,7 @@ from domain.records import ObservationRecord
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs import segments
 from evaluators.pairs.load import load_pairs
+from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import Pair
 from evaluators.report.build import evaluate
 from storage import segments as seg_store
@@ -108,8 +110,9 @@ def _comparable(report: Any) -> Any:
     return out
 
 
-async def _both(engine: AsyncEngine, until: float) -> tuple[Any, Any]:
-    """(segmented, full) reports of `cand` at `until`, and their PairSets equal."""
+async def _both(engine: AsyncEngine, until: float, spill: Spill) -> tuple[Any, Any]:
+    """(segmented, full) reports of `cand` at `until`, and their PairSets equal; the segmented
+    one assembled on the heap and in a spill file (`spill`) gives the same pairs and report."""
     # A similarity sample smaller than the window (the spans' own samples are larger).
     settings = VerdictSettings().with_overrides(
         {"session_idle_s": 60.0, "similarity_max_pairs": 300}
@@ -118,16 +121,23 @@ async def _both(engine: AsyncEngine, until: float) -> tuple[Any, Any]:
     fast = await load_pairs(engine, "cand", **kw)
     slow = await load_pairs(engine, "cand", **kw, segmented=False)
     assert 0 < fast.similarity_fraction < 1
-    assert_same(fast, slow)
-    assert (fast.pending, fast.replicas, fast.similarity_fraction) == (
-        slow.pending,
-        slow.replicas,
-        slow.similarity_fraction,
-    )
+    spilled = await load_pairs(engine, "cand", **kw, spill=spill)
+    assert fast.backing is None and spilled.backing is not None  # the file holds its columns
+    for ps in (slow, spilled):
+        assert_same(fast, ps)
+        assert (fast.pending, fast.replicas, fast.similarity_fraction) == (
+            ps.pending,
+            ps.replicas,
+            ps.similarity_fraction,
+        )
+    del spilled
     seg = await evaluate(engine, "cand", since=0.0, until=until, settings=settings)
     full = await evaluate(
         engine, "cand", since=0.0, until=until, settings=settings, segmented=False
     )
+    on_file = await evaluate(engine, "cand", since=0.0, until=until, settings=settings, spill=spill)
+    assert _comparable(on_file) == _comparable(seg)
+    assert not list(Path(spill.directory).iterdir())  # the spill file was never visible
     return seg, full
 
 
@@ -141,7 +151,7 @@ async def _segments(engine: AsyncEngine) -> dict[tuple[float, float], float]:
 
 
 async def test_segmented_reports_equal_the_full_computation(
-    db_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+    db_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(seg_store, "RECHECK_IDS", 3)
     await register(db_engine)
@@ -174,7 +184,10 @@ async def test_segmented_reports_equal_the_full_computation(
             if not (ep != "live" and p.exchange_id in late_copy)
         ],
     )
-    seg1, full1 = await _both(db_engine, until=cut)
+    # Every window spills (1 byte allowed on the heap) in the spill variant.
+    (tmp_path / "spill").mkdir()
+    spill = Spill(str(tmp_path / "spill"), over_bytes=1)
+    seg1, full1 = await _both(db_engine, until=cut, spill=spill)
     assert seg1.pairs.lost + seg1.pairs.pending >= len(late_copy) > 0  # not answered yet
     assert _comparable(seg1) == _comparable(full1)
     stored1 = await _segments(db_engine)
@@ -189,7 +202,7 @@ async def test_segmented_reports_equal_the_full_computation(
         [(p, ep) for p in second for ep in arms] + [(p, ep) for p in late for ep in arms[1:]],
     )
     until = now + 1
-    seg2, full2 = await _both(db_engine, until=until)
+    seg2, full2 = await _both(db_engine, until=until, spill=spill)
     assert _comparable(seg2) == _comparable(full2)
     assert seg2.pairs.n == len(pairs) - sum(p.candidate is None for p in pairs)
     assert seg2.pairs.split_sessions > 0 and seg2.pairs.lost < seg1.pairs.lost
@@ -212,7 +225,7 @@ async def test_segmented_reports_equal_the_full_computation(
 @pytest.mark.parametrize(
     "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
 )
-async def test_a_read_only_role_still_gets_the_report(db_url: str) -> None:
+async def test_a_read_only_role_still_gets_the_report(db_url: str, tmp_path: Path) -> None:
     """A report read with a role that may only SELECT (an auditor's `canary report`) cannot
     store segments: it builds its spans from the rows and says nothing different."""
     import asyncpg
@@ -234,7 +247,7 @@ async def test_a_read_only_role_still_gets_the_report(db_url: str) -> None:
         user, _ = db_url.split("://", 1)[1].split("@", 1)
         reader = make_engine(db_url.replace(f"://{user}@", f"://{role}@"))
         try:
-            seg, full = await _both(reader, until=now)
+            seg, full = await _both(reader, until=now, spill=Spill(str(tmp_path), 1))
         finally:
             await reader.dispose()
         assert _comparable(seg) == _comparable(full)

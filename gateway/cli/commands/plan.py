@@ -390,7 +390,7 @@ async def _measured(args: argparse.Namespace) -> tuple[Any, Any]:
     from storage.engine import ensure_schema, make_engine
 
     ns = argparse.Namespace(db=args.db, config=args.config, strict=args.strict)
-    url, settings = report_settings(ns)
+    url, settings, spill = report_settings(ns)
     engine = make_engine(url)
     try:
         await ensure_schema(engine, url, auto_upgrade_empty_sqlite=False)
@@ -398,7 +398,9 @@ async def _measured(args: argparse.Namespace) -> tuple[Any, Any]:
         try:
             s = settings.with_overrides(cand.verdict)
             since = parse_time(args.since) if args.since else None
-            report = await evaluate(engine, args.candidate, since=since, settings=settings)
+            report = await evaluate(
+                engine, args.candidate, since=since, settings=settings, spill=spill
+            )
         except ValueError as exc:
             raise UsageError(f"candidate {args.candidate!r}: verdict overrides: {exc}") from exc
     finally:

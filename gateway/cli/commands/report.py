@@ -23,6 +23,7 @@ from domain.errors import StorageUnavailable, UsageError
 
 if TYPE_CHECKING:
     from evaluators.judge.settings import VerdictSettings
+    from evaluators.pairs.spill import Spill
     from evaluators.report.model import Report
 
 # Windows this large get a progress bar while loading.
@@ -103,8 +104,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=run)
 
 
-def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings]:
+def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings, Spill]:
     from evaluators.judge.settings import STRICT, VerdictSettings
+    from evaluators.pairs.spill import Spill, default_dir
     from gateway.config import load_config
 
     cfg = load_config(args.config)
@@ -120,14 +122,18 @@ def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings]:
         require_existing_database(url)  # a report never creates an empty database
     except StorageError as exc:
         raise UsageError(str(exc)) from exc
+    # A large window's columns go to a file, as in the gateway's report process.
+    spill = Spill(cfg.report_spill_dir or default_dir(url), cfg.report_spill_over_bytes)
     try:
         settings = VerdictSettings().with_overrides(cfg.verdict)
-        return url, settings.with_overrides(STRICT) if args.strict else settings
+        return url, settings.with_overrides(STRICT) if args.strict else settings, spill
     except ValueError as exc:
         raise UsageError(f"[verdict]: {exc}") from exc
 
 
-async def _report(url: str, args: argparse.Namespace, settings: VerdictSettings) -> Report:
+async def _report(
+    url: str, args: argparse.Namespace, settings: VerdictSettings, spill: Spill
+) -> Report:
     from evaluators.report.build import evaluate
     from gateway.cli.progress import Progress
     from storage.engine import ensure_schema, make_engine
@@ -152,6 +158,7 @@ async def _report(url: str, args: argparse.Namespace, settings: VerdictSettings)
                 settings=settings,
                 planned_look=args.planned_look,
                 progress=progress,
+                spill=spill,
             )
         except ValueError as exc:
             raise UsageError(f"candidate {args.name!r}: verdict overrides: {exc}") from exc
@@ -165,9 +172,9 @@ def run(args: argparse.Namespace) -> int:
     from gateway.cli.escape import safe_for, terminal_safe
     from storage.engine import masked
 
-    url, settings = _settings(args)
+    url, settings, spill = _settings(args)
     try:
-        report = asyncio.run(_report(url, args, settings))
+        report = asyncio.run(_report(url, args, settings, spill))
     except LookupError as exc:
         raise UsageError(f"{exc}; `canary candidates list` shows the names") from exc
     except SchemaBehind as exc:
