@@ -17,7 +17,9 @@ running instead (configured as in `SUITE`), which is handy while editing the tes
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +39,27 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"real vLLM not available: {reason}")
 
 
+def _wait_for_setup() -> None:
+    """When the install runs in the background (`.ci/run` sets CANARY_REAL_ENGINE_SETUP to the
+    file its exit code is written to when it ends), wait for it, up to
+    CANARY_REAL_ENGINE_SETUP_WAIT_S (default 1800 s); a failed install fails with its log."""
+    status = os.environ.get("CANARY_REAL_ENGINE_SETUP")
+    if not status:
+        return
+    path = Path(status)
+    wait_s = float(os.environ.get("CANARY_REAL_ENGINE_SETUP_WAIT_S", "1800"))
+    deadline = time.monotonic() + wait_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            _unavailable(f"the background install did not end within {wait_s:g} s ({path})")
+        time.sleep(2.0)
+    code = path.read_text().strip()
+    if code != "0":
+        log = path.with_name("setup.log")
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+        _unavailable(f"bench/real_engine_setup.sh exited with {code}:\n{tail}")
+
+
 @pytest.fixture(scope="session")
 def real_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, eng.Engine]]:
     """The four engines by name, started once for the whole test session and stopped after it."""
@@ -46,6 +69,7 @@ def real_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         yield eng.given(given, workdir)
         return
     root = eng.engine_root()
+    _wait_for_setup()
     reason = eng.missing(root)
     if reason is not None:
         _unavailable(reason)
