@@ -22,6 +22,7 @@ builds; tests/evaluators/test_report_segments.py compares them.
 
 from __future__ import annotations
 
+import logging
 import math
 import struct
 from collections.abc import Iterator
@@ -35,6 +36,8 @@ from numpy.typing import NDArray
 from evaluators.pairs.columns import mark_split, sample_fraction, sample_size
 from evaluators.pairs.spill import Spill, SpillFile, file_size
 from evaluators.pairs.types import ArmColumns, Comparison, PairSet
+
+log = logging.getLogger("canary.reports")
 
 # Grid of the spans, in seconds of arrival time. A power of two, so a grid line is an exact
 # float and `floor(t / GRID_S)` (what the database counts by) agrees with `t >= k * GRID_S`
@@ -179,12 +182,19 @@ class Assembly:
         self._models: dict[str, int] = {}
         self._replicas: dict[str, int] = {}
 
-    @property
-    def spilled(self) -> bool:
-        return self._spill is not None
-
     def _empty(self, rows: int) -> PairSet:
-        return PairSet.empty(rows) if self._spill is None else spilled(rows, self._spill)
+        if self._spill is not None:
+            try:
+                return spilled(rows, self._spill)
+            except OSError as exc:  # no room or no such directory: the heap, as without it
+                log.warning(
+                    "report columns not spilled to %s (%s): %s MB on the heap",
+                    self._spill.directory,
+                    exc,
+                    rows * ROW_BYTES // 1_000_000,
+                )
+                self._spill = None
+        return PairSet.empty(rows)
 
     def add_bytes(self, data: bytes, rows: int) -> int:
         self._room(rows)

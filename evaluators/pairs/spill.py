@@ -69,14 +69,17 @@ class SpillFile:
     """One unlinked file mapped shared, carved into column arrays of known dtypes.
 
     Arrays are handed out without filling: the assembly writes every row of every column
-    before anything reads it (a fresh file reads as zeros until then)."""
+    before anything reads it (a fresh file reads as zeros until then). OSError when the
+    directory cannot hold it (missing, read-only, full)."""
 
     def __init__(self, directory: str, nbytes: int) -> None:
         fd, path = tempfile.mkstemp(prefix="canary-report-", suffix=".columns", dir=directory)
         try:
             os.unlink(path)
             size = max(_PAGE, nbytes)
-            os.ftruncate(fd, size)
+            # Reserve the blocks now: a write into a mapped file the disk has no room for is a
+            # SIGBUS, not an error; without room this raises OSError (ENOSPC) before anything.
+            os.posix_fallocate(fd, 0, size)
             self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
         finally:
             os.close(fd)  # the mapping keeps the file; its space is freed when it is unmapped

@@ -137,7 +137,6 @@ async def _both(engine: AsyncEngine, until: float, spill: Spill) -> tuple[Any, A
     )
     on_file = await evaluate(engine, "cand", since=0.0, until=until, settings=settings, spill=spill)
     assert _comparable(on_file) == _comparable(seg)
-    assert not list(Path(spill.directory).iterdir())  # the spill file was never visible
     return seg, full
 
 
