@@ -151,6 +151,9 @@ def copy_into(dst: PairSet, start: int, src: PairSet) -> Decoded:
     return Decoded(n, list(src.models), list(src.replicas))
 
 
+# A spilled assembly releases its written pages every this many bytes of rows: each release
+# walks the whole mapping, so not after every span (1,500 of them at ten million pairs).
+RELEASE_BYTES = 64 << 20
 # Bytes of columns per pair (every column of a PairSet, one row).
 ROW_BYTES = sum(array.dtype.itemsize for _, array, _, _ in _columns(PairSet.empty(0)))
 
@@ -181,6 +184,7 @@ class Assembly:
         self.ps.has_control = has_control
         self._models: dict[str, int] = {}
         self._replicas: dict[str, int] = {}
+        self._unreleased = 0  # bytes of rows written since the last release
 
     def _empty(self, rows: int) -> PairSet:
         if self._spill is not None:
@@ -198,22 +202,33 @@ class Assembly:
 
     def add_bytes(self, data: bytes, rows: int) -> int:
         self._room(rows)
-        added = self._renumber(decode_into(self.ps, self.ps.n, data))
-        self.ps.release()  # a spilled window's written pages leave this process as they fill
-        return added
+        return self._added(self._renumber(decode_into(self.ps, self.ps.n, data)))
 
     def add_set(self, src: PairSet) -> int:
         self._room(src.n)
-        added = self._renumber(copy_into(self.ps, self.ps.n, src))
-        self.ps.release()
-        return added
+        return self._added(self._renumber(copy_into(self.ps, self.ps.n, src)))
+
+    def _added(self, rows: int) -> int:
+        """A spilled window's written pages leave this process every RELEASE_BYTES of rows."""
+        self._unreleased += rows * ROW_BYTES
+        if self._unreleased >= RELEASE_BYTES:
+            self.ps.release()
+            self._unreleased = 0
+        return rows
 
     def _room(self, rows: int) -> None:
         """Rows can arrive between counting and reading the open span: grow to fit them."""
         if self.ps.n + rows > self.ps.capacity:
             old, n = self.ps, self.ps.n
             self.ps = self._empty(max(n + rows, old.capacity + old.capacity // 8))
-            copy_into(self.ps, 0, old)
+            step = max(1, RELEASE_BYTES // ROW_BYTES)
+            for lo in range(0, n, step):  # a spilled window holds a slice of each at a time
+                hi = min(n, lo + step)
+                pairs = zip(_columns(self.ps), _columns(old), strict=True)
+                for (_, array, _, _), (_, source, _, _) in pairs:
+                    array[lo:hi] = source[lo:hi]
+                self.ps.release()
+                old.release()
             self.ps.n = n
             self.ps.has_control = old.has_control
 

@@ -34,8 +34,10 @@ def _source(n: int) -> PairSet:
     return pairset_from_pairs(synthetic.pairs(sc, n, seed=3), similarity_fraction=0.5)
 
 
-def _assembled(src: PairSet, copies: int, spill: Spill | None) -> PairSet:
-    whole = segments.Assembly(src.n * copies, has_control=src.has_control, spill=spill)
+def _assembled(src: PairSet, copies: int, spill: Spill | None, counted: int = 0) -> PairSet:
+    """`copies` of src assembled into a window counted as `counted` pairs (0: all of them)."""
+    rows = counted or src.n * copies
+    whole = segments.Assembly(rows, has_control=src.has_control, spill=spill)
     for _ in range(copies):
         whole.add_set(src)
     return whole.finish(suffixes=None, lost_before=np.inf)
@@ -56,6 +58,19 @@ def test_spilled_columns_leave_memory_when_released_and_keep_their_values(
     dropped = before - _resident()
     assert dropped > 0.8 * spilled.nbytes, (dropped / MiB, spilled.nbytes / MiB)
     assert_same(heap, spilled)  # the values are still there, read back from the file
+
+
+def test_rows_that_arrive_after_the_count_grow_the_window_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The open span can hold more rows than were counted: the window grows (a new file,
+    copied a slice at a time) and still equals the heap's."""
+    monkeypatch.setattr(segments, "RELEASE_BYTES", 64 * segments.ROW_BYTES)  # many slices
+    src = _source(1_000)
+    heap = _assembled(src, 5, None)
+    grown = _assembled(src, 5, Spill(str(tmp_path), over_bytes=1), counted=src.n + 7)
+    assert grown.backing is not None
+    assert_same(heap, grown)
 
 
 def test_a_directory_that_cannot_hold_the_file_leaves_the_columns_on_the_heap(
