@@ -179,6 +179,9 @@ async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
                 "db_url": db_url,
                 "admin_token": f"docs:{TOKEN}",
                 "counters_flush_interval_s": 0.2,
+                # The examples ask for reports: wait for the report process (idle priority)
+                # however busy the host, as tests/control/test_admin_harness.py does.
+                "report_start_wait_s": 120.0,
             },
         )
         async with running(config) as parts:

@@ -68,6 +68,10 @@ async def real_gateway(tmp_path: Path, **overrides: Any) -> AsyncIterator[Compon
         "db_url": f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
         "admin_token": f"ci:{TOKEN},ops:{OPS_TOKEN}",
         "registry_poll_interval_s": 3600.0,
+        # These tests ask for reports: the gateway waits for its report process, which runs at
+        # idle priority and on a busy CI host can take longer than production's default 10 s
+        # to start (tests/process/test_report_process.py covers a start that is slower still).
+        "report_start_wait_s": 120.0,
         **overrides,
     }
     async with running(GatewayConfig(**settings)) as parts:

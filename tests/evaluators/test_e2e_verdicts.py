@@ -57,6 +57,8 @@ async def _scenario(tmp: Path) -> dict[str, Any]:
                 # The mirror process at idle priority gets almost no CPU on a saturated test
                 # host; this test is about verdicts, not priority.
                 "mirror_priority": "normal",
+                # It asks for reports: wait for the report process however busy the host.
+                "report_start_wait_s": 120.0,
                 # 100 sessions show a rate within ~4 pp at best (sessions are the units).
                 "verdict": {
                     "error_delta": 0.05,
