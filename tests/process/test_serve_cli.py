@@ -96,6 +96,8 @@ async def until_serving(proc: asyncio.subprocess.Process, port: int) -> str:
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:
         for _ in range(1200):  # up to 60 s: spawning workers on a loaded 2-core machine
+            if proc.returncode is not None:  # it gave up: say why
+                break
             try:
                 async with http.get(url + "/readyz") as resp:
                     if resp.status == 200:
@@ -103,15 +105,17 @@ async def until_serving(proc: asyncio.subprocess.Process, port: int) -> str:
             except aiohttp.ClientConnectionError:
                 pass
             await asyncio.sleep(0.05)
-    proc.kill()
+    if proc.returncode is None:
+        proc.kill()
     assert proc.stderr is not None
     err = await proc.stderr.read()
-    await proc.wait()
-    raise AssertionError(f"canary serve did not become ready: {err.decode()[-2000:]}")
+    code = await proc.wait()
+    raise AssertionError(f"canary serve did not become ready (exit {code}): {err.decode()[-2000:]}")
 
 
 async def stop(proc: asyncio.subprocess.Process) -> tuple[int, str]:
-    proc.send_signal(signal.SIGTERM)
+    if proc.returncode is None:  # else it has exited already: its code and log say why
+        proc.send_signal(signal.SIGTERM)
     assert proc.stderr is not None
     err = await asyncio.wait_for(proc.stderr.read(), 30)
     return await asyncio.wait_for(proc.wait(), 30), err.decode()
