@@ -109,8 +109,9 @@ async def test_gate_as_a_webhook_and_at_the_final_look(tmp_path: Path) -> None:
         assert body["pairs"]["planned_look"] is True
         status, body = await call(http, "GET", f"{srv.admin}/candidates/bad/report")
         assert body["pairs"]["planned_look"] is False
-        status, body = await call(http, "GET", f"{srv.admin}/candidates/good/gate?final=maybe")
-        assert status == 422 and body["error"]["field"] == "final"
+        for bad in ("maybe", "True", "TRUE", ""):  # exactly the documented values, no others
+            status, body = await call(http, "GET", f"{srv.admin}/candidates/good/gate?final={bad}")
+            assert status == 422 and body["error"]["field"] == "final", bad
 
 
 async def test_promote_follows_the_verdict(tmp_path: Path) -> None:

@@ -205,13 +205,15 @@ async def delete_candidate(request: web.Request) -> web.Response:
 
 
 def _final_look(request: web.Request) -> bool:
-    """`?final=true`: this is the planned final look (a guardrail beyond its margin rejects)."""
-    value = request.query.get("final", "false").lower()
-    if value in ("1", "true", "yes"):
+    """`?final=true`: this is the planned final look (a guardrail beyond its margin rejects).
+    Exactly the values the OpenAPI document lists: `True` is refused like any other value."""
+    value = request.query.get("final", "false")
+    if value in s.FINAL_TRUE:
         return True
-    if value in ("0", "false", "no"):
+    if value in s.FINAL_FALSE:
         return False
-    raise ApiError(422, "invalid_request", "final must be true or false", field="final")
+    choices = ", ".join(s.FINAL_TRUE + s.FINAL_FALSE)
+    raise ApiError(422, "invalid_request", f"final must be one of {choices}", field="final")
 
 
 async def _evaluate(ctx: AdminContext, ep: Endpoint, *, final: bool = False) -> ReportDoc:

@@ -12,6 +12,8 @@ import msgspec
 from domain.endpoint import NAME_PATTERN, CandidatePatch
 from gateway.config import GatewayConfig, settings_variables
 from gateway.control.admin.schema import (
+    FINAL_FALSE,
+    FINAL_TRUE,
     CandidateCreate,
     CandidateDetail,
     CandidateList,
@@ -96,7 +98,7 @@ def _final(op: dict[str, Any]) -> dict[str, Any]:
             "required": False,
             "description": "This is the planned final look: a guardrail beyond its margin "
             "rejects (Holm), and tail quantiles are bootstrapped.",
-            "schema": {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no"]},
+            "schema": {"type": "string", "enum": [*FINAL_TRUE, *FINAL_FALSE]},
         }
     )
     return op

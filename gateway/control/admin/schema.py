@@ -11,12 +11,17 @@ document from all of them. Nothing here does IO.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
 from domain.endpoint import CandidateSpec, Endpoint, Reason
 from domain.records import PromotionRecord
+
+# The values of a report's `final` query parameter (the planned final look), exactly: the
+# handler accepts these and the OpenAPI document lists them, so neither can drift.
+FINAL_TRUE: Final = ("true", "1", "yes")
+FINAL_FALSE: Final = ("false", "0", "no")
 
 
 class CandidateCreate(CandidateSpec, frozen=True, kw_only=True, forbid_unknown_fields=True):
