@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 async def suspects() -> None:
     from domain.endpoint import Endpoint
     from gateway.config import GatewayConfig
-    from gateway.mirror.lane import Lane
-    from gateway.mirror.ring import MemoryBudget
-    from gateway.mirror.sinks import InMemorySink
+    from gateway.mirror.replay.lane import Lane
+    from gateway.mirror.replay.ring import MemoryBudget
+    from gateway.mirror.replay.sinks import InMemorySink
     from gateway.server.upstream import make_client_session
 
     for label in ("first ClientSession+TCPConnector", "second ClientSession+TCPConnector"):

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-# Scoring copies (gateway/mirror/scoring.py), counted on the endpoint that was asked to score:
+# Scoring copies (gateway/mirror/scoring/forced.py), counted on the endpoint that was asked to
+# score:
 #   score_sampled = score_dropped + score_sent + score_pending
 #   score_sent    = score_ok + score_unsupported + score_failed
 SCORE_IDENTITY_FIELDS: Final = (

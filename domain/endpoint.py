@@ -95,7 +95,8 @@ def env_name_refusal(
 
 Reason = Annotated[str, Meta(max_length=2000, pattern=r"^[^\x00]*$")]
 Rate = Annotated[float, Meta(ge=0.0, le=1.0)]
-# Copies per second a candidate asks for (adaptive sampling, gateway.mirror.rate); the upper
+# Copies per second a candidate asks for (adaptive sampling, gateway.mirror.sampling.rate); the
+# upper
 # bound only keeps nonsense out: no host offers a million requests a second.
 MAX_TARGET_RPS = 1_000_000.0
 TargetRps = Annotated[float, Meta(gt=0.0, le=MAX_TARGET_RPS)]
@@ -172,7 +173,7 @@ class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         | None
     ) = None
     sampling: Annotated[Sampling, _doc("Sample by request or by whole session")] = "request"
-    # Teacher-forced scoring of production's answers (gateway/mirror/scoring.py); None: the
+    # Teacher-forced scoring of production's answers (gateway/mirror/scoring/forced.py); None: the
     # kind's default (domain.kinds.SCORE_RATES: 0.1 for quantized, 0 for the others).
     score_rate: (
         Annotated[

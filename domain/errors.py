@@ -35,7 +35,8 @@ imports every module and fails on an exception class outside it). Code raises th
     ├── AdminAPIError               (gateway.cli.client) the admin API refused: exit 2 (4xx) or 1
     ├── AdminUnreachable            (gateway.cli.client) no answer from the admin API: exit 1
     ├── GatewayUnreadable           (gateway.cli.commands.plan) /metrics unreadable: exit 1
-    ├── ScoringError                (gateway.mirror.scoring) a scoring answer unreadable: counted
+    ├── ScoringError                (gateway.mirror.scoring.forced) a scoring answer unreadable:
+    counted
     │   │                           score_failed inside the mirror process, never a boundary
     │   └── ScoringUnsupported      the engine refused the parameters: score_unsupported
     └── ClientGone                  (gateway.sim.state) the simulator's client left: not an error

@@ -1,7 +1,7 @@
 """Prometheus metric families: each declared once (name, type, help, label names), rendered here.
 
 Every metric the gateway exports is a `Family`. The metrics registry
-(`gateway.server.metrics.Registry`) holds the live counters, gauges and histograms, and its
+(`gateway.server.prometheus.Registry`) holds the live counters, gauges and histograms, and its
 collectors yield the families they export and their `Sample`s; `render` writes the text format,
 so a family's `# HELP` and `# TYPE` lines come from its one declaration and appear once. A
 collector may also yield plain text lines another process rendered with `render` (the mirror

@@ -22,7 +22,7 @@ GOALS: Final[dict[str, tuple[str, ...]]] = {
 GATES_FIRST_TURN: Final = frozenset({"bi-kv"})
 CONTROL: Final = "control"
 # Default share of a candidate's pairs scored with prompt logprobs (teacher forcing, see
-# gateway/mirror/scoring.py) when its `score_rate` is not set: on for quantized candidates,
+# gateway/mirror/scoring/forced.py) when its `score_rate` is not set: on for quantized candidates,
 # whose damage shows in token probabilities before greedy answers flip; off for the others.
 # Each scored pair costs the candidate and the control one full prefill of prompt + answer.
 SCORE_RATES: Final[dict[str, float]] = {"quantized": 0.1}

@@ -83,7 +83,8 @@ class Measured(msgspec.Struct, kw_only=True):
     # Hex xxh3_128 of the full output text (all of it, whatever was kept).
     output_hash: Annotated[str | None, Quantity(length=32)] = None
     text_truncated: bool = False  # the kept text is shorter than the output
-    # Scoring (gateway/mirror/scoring.py): this arm's engine scored production's answer on the
+    # Scoring (gateway/mirror/scoring/forced.py): this arm's engine scored production's answer on
+    # the
     # same conversation (teacher forcing with prompt logprobs). None: not scored. Production is
     # never scored. `score_tokens` = 0 with no scores: the engine refused the parameters
     # (scoring unsupported). `score_logprob`: mean log-likelihood of production's tokens;

@@ -2,7 +2,7 @@
 
 `ErrorKind` is the one set of failure labels. Every emitter uses a member, never a string
 literal: the proxy's upstream client and its disconnect path (metrics and observations), the
-mirror lanes and `gateway.mirror.observe.classify`, the capacity replay, the synthetic pair
+mirror lanes and `gateway.mirror.replay.observe.classify`, the capacity replay, the synthetic pair
 generator. Storage keeps the label (a `StrEnum` member is its own string); the evaluators code it
 as `ERROR_KINDS.index(label)`. tests/test_error_kinds.py scans the packages and fails on a literal
 kind, or on a member the evaluators' classification does not handle. Pure: no IO.

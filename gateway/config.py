@@ -109,7 +109,7 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # Production results awaited for copies already offered; a worker that died leaves its
     # exchanges here until this bound or their age evicts them (counted `results_lost`).
     mirror_results_max: PosInt = 100_000
-    # Scoring copies (gateway/mirror/scoring.py): top-k logprobs asked per position (vLLM's
+    # Scoring copies (gateway/mirror/scoring/forced.py): top-k logprobs asked per position (vLLM's
     # max_logprobs is 20 by default), scoring requests in flight per endpoint, and scoring jobs
     # held at once (each holds its arms' observations and a reference to the request body);
     # past it a pair is not scored (`score_dropped`).

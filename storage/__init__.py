@@ -1,9 +1,15 @@
 """Storage: SQLAlchemy 2.0 async models, the engine factory, typed queries, the observation
 writer (DESIGN.md §5). Imports neither `gateway` nor `evaluators`; raises only domain.errors.
 
-- engine.py      make_engine, schema_state, upgrade/downgrade, ensure_schema
-- queries.py     control-plane queries (endpoints, seed, promote/rollback, counters)
-- writer.py      ObservationWriter (bounded, batched, retrying; the mirror's sink)
-- models.py      the tables; migrations/ holds the Alembic revisions that create them
-- records.py     the msgspec records other packages exchange with storage
+- `engine`      make_engine, schema_state, upgrade/downgrade, ensure_schema
+- `migrate`     Alembic driven from code
+- `models`      the tables; migrations/ holds the Alembic revisions that create them
+- `sql`         dialect helpers shared by the queries
+- `queries`     control-plane queries (endpoints, seed, counters)
+- `promotions`  promote / rollback and their audit rows
+- `batch`       batched inserts of exchanges and observations
+- `writer`      ObservationWriter (bounded, batched, retrying; the mirror's sink)
+- `textguard`   output text bounded before it is stored
+- `segments`    stored report segments
+- `capacity/`   captured conversations and capacity runs of `canary capacity`
 """

@@ -151,8 +151,8 @@ def test_every_member_is_emitted_and_every_emitted_kind_is_a_member() -> None:
     assert {
         "gateway/server/upstream.py",
         "gateway/server/proxy.py",
-        "gateway/mirror/observe.py",
-        "gateway/mirror/lane.py",
+        "gateway/mirror/replay/observe.py",
+        "gateway/mirror/replay/lane.py",
         "gateway/capacity/replay.py",
         "evaluators/pairs/synthetic.py",
     } <= where

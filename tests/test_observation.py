@@ -13,7 +13,7 @@ from domain.observation import MEASURED, PER_PAIR, Measured, describe, kept_text
 from domain.records import ObservationRecord
 from evaluators.pairs.columns import ARM_FIELDS, pairset_from_pairs
 from evaluators.pairs.types import ArmColumns, ArmObs, Pair
-from gateway.mirror.observe import observation
+from gateway.mirror.replay.observe import observation
 from gateway.server.meter import MeterResult
 from storage.models import ObservationRow
 from storage.textguard import observation_row

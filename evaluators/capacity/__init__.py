@@ -1,2 +1,3 @@
-"""Pure statistics of a capacity run: SLOs, goodput per step, capacity at the SLO with bootstrap
-intervals, cost at capacity, and the renderings. No IO, no asyncio, no storage."""
+"""Pure statistics of a capacity run: `slo` (the SLOs), `goodput` (goodput per step),
+`estimate` (capacity at the SLO with bootstrap intervals, cost at capacity) and `render` (the
+renderings). No IO, no asyncio, no storage."""

@@ -1,6 +1,6 @@
 """What a metric is, what evidence it yields, and how one is judged from per-pair values.
 
-A metric evaluator (see `evaluators.metrics.registry`) turns the PairSet into per-pair values and
+A metric evaluator (see `evaluators.metrics.catalog`) turns the PairSet into per-pair values and
 calls `judge_mean` (unbounded, e.g. log-ratios) or `judge_bounded` (in [-1, 1], e.g. paired rate
 differences) with the mask of pairs they came from. Both average the values over units of
 independence first (`evaluators.stats.units`: session bursts when sampling by session, else

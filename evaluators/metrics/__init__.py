@@ -1,1 +1,2 @@
-"""Metric evaluators, one module per family; `registry` holds the one EVALUATORS list."""
+"""Metric evaluators, one module per family (`cost`, `divergence`, `errors`, `latency`,
+`quality`, `throughput`); `catalog` holds the one EVALUATORS list."""

@@ -1,7 +1,7 @@
 """Token-level divergence from the engines' own logprobs: `logprob_divergence`.
 
 On a sampled share of pairs the candidate and the control each scored production's answer on
-the same conversation (teacher forcing, gateway/mirror/scorer.py): per arm the share of
+the same conversation (teacher forcing, gateway/mirror/scoring/jobs.py): per arm the share of
 production's tokens that were its own top-1 choice (`score_top1`), the mean log-likelihood of
 production's tokens (`score_logprob`) and, on the candidate, a top-k KL(control || candidate)
 per token (`score_kl`). The gate is the paired top-1 disagreement rate, candidate minus control

@@ -1,2 +1,3 @@
 """Pairs: the column types (`types`, `columns`), text features (`text`), the synthetic
-generator (`synthetic`) and the loader (`load`: the only module that reads storage)."""
+generator (`synthetic`), the loader (`load`), stored report segments (`segments`) and columns
+spilled to a file (`spill`)."""

@@ -599,6 +599,6 @@ async def _batches(
 async def load_capacity(engine: AsyncEngine, candidate: str) -> CapacitySummary | None:
     """The candidate's newest `canary capacity` result younger than CAPACITY_MAX_AGE_S."""
     from evaluators.metrics.cost import CAPACITY_MAX_AGE_S
-    from storage.capacity import latest_capacity
+    from storage.capacity.runs import latest_capacity
 
     return await latest_capacity(engine, candidate, since=time.time() - CAPACITY_MAX_AGE_S)

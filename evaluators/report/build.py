@@ -19,7 +19,7 @@ from evaluators.judge.metric import EvalContext, MetricResult
 from evaluators.judge.settings import VerdictSettings
 from evaluators.judge.verdict import Reason, judge, summary
 from evaluators.metrics import cost, latency, throughput
-from evaluators.metrics.registry import run_all
+from evaluators.metrics.catalog import run_all
 from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import PairSet, ProgressFactory
 from evaluators.report.model import SCHEMA_VERSION, PairsSummary, Report

@@ -1,2 +1,2 @@
-"""Pure statistics: confidence sequences (`sequential`) and paired estimates (`paired`).
-Nothing here knows a PairSet."""
+"""Pure statistics: confidence sequences (`sequential`), paired estimates (`paired`) and the
+session units they resample (`units`). Nothing here knows a PairSet."""

@@ -1,2 +1,2 @@
 """The `canary` command: `main` (argument parsing), `commands/` (one module per subcommand),
-`client` (the admin API client), `progress` (progress bars)."""
+`client` (the admin API client), `progress` (progress bars), `escape` (terminal-safe text)."""

@@ -1,5 +1,7 @@
-"""The control plane: the registry of endpoints, the promotion use cases and the admin API.
+"""The control plane: the registry of endpoints, the promotion use cases, reports and the
+admin API.
 
 `registry` (in-memory snapshot reloaded from storage), `promotion` (promote, rollback, gate),
-`admin/` (handlers, boundary, auth, schema, openapi).
+`reports` (the host's report process and its client), `admin/` (handlers, boundary, auth,
+guard, schema, openapi, ui).
 """

@@ -1,12 +1,17 @@
-"""The mirror: sampled copies of production requests replayed against candidates.
+"""The mirror: sampled copies of production requests replayed against candidates, by stage.
 
-- `sampler` — deterministic sampling decisions and session keys (pure)
-- `ring` — per-candidate bounded, deduplicated, session-ordered buffers and the global budget (pure)
+- `channel/` — the worker side: `handoff` (the `RequestTee` a worker runs) and `frames` (the
+  byte layout of the worker -> mirror process channel)
+- `sampling/` — which requests become copies: `sampler` (deterministic decisions, session keys),
+  `rate` and `adaptive` (sampling toward `target_rps`), `loopguard` (shedding under overload)
+- `replay/` — copies to pairs: `ring` (bounded, deduplicated buffers), `order` (turn order),
+  `lane` (one candidate's workers), `observe` (metered answers to records), `sinks` (an
+  in-memory sink), `splits` (conversations split across replicas)
+- `scoring/` — teacher-forced scoring: `forced` (the pure requests and answers), `jobs` (the
+  scoring copies the mirror process runs)
+- `plane` — what the host's mirror process runs; `tee` — `Mirror`, owning every lane
 - `counters` — the accounting counters and their Prometheus lines (pure)
-- `observe` — metered responses to storage records (pure)
-- `dispatcher` — one candidate's lane: ring, workers, own HTTP session
-- `loopguard` — sheds new copies while the event loop lags or saturates its core
-- `tee` — `Mirror`, the `RequestTee` the proxy calls; `sinks` — an in-memory `ObservationSink`
+- `capture` — the opt-in sink of captured request bodies for `canary capacity`
 
 Importing this package imports none of its modules, so the pure ones stay free of aiohttp.
 """

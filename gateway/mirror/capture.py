@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from gateway.config import GatewayConfig
-    from storage.captures import CaptureWriter
+    from storage.capacity.captures import CaptureWriter
 
 __all__ = ["REDACTED", "CaptureSink", "redact_body", "redact_headers", "session_captured"]
 
@@ -269,7 +269,7 @@ def capture_writer_for(
     engine: AsyncEngine, sink: CaptureSink, config: GatewayConfig
 ) -> CaptureWriter:
     """The bounded writer that drains `sink` (its own task, off the request path)."""
-    from storage.captures import CaptureWriter
+    from storage.capacity.captures import CaptureWriter
 
     return CaptureWriter(
         engine,

@@ -2,7 +2,8 @@
 
 One mirror process per host serves every worker. It listens on a Unix socket; each worker
 connects once and writes COPY / RESULT / RELOAD / IDLE / ELIGIBLE frames
-(`gateway.mirror.wire`). The plane turns a COPY into `Mirror.on_request` (body parsing, session
+(`gateway.mirror.channel.frames`). The plane turns a COPY into `Mirror.on_request` (body parsing,
+session
 keys, turn indexes, model overrides, rings and lanes all happen here, never on a production
 loop), keeps the returned token until the worker's RESULT for that exchange arrives, then hands
 the exchange and production's observation to the storage writer. It runs its own registry
@@ -40,9 +41,9 @@ from domain.exposition import Exposed, Family, render
 from gateway.config import GatewayConfig
 from gateway.control.registry import Registry, Snapshot
 from gateway.credentials import REFUSALS
-from gateway.mirror import wire
 from gateway.mirror.capture import CaptureSink, capture_from_config, capture_writer_for
-from gateway.mirror.splits import SplitWatch
+from gateway.mirror.channel import frames
+from gateway.mirror.replay.splits import SplitWatch
 from gateway.mirror.tee import Mirror
 from gateway.server.hooks import LiveTarget
 from storage import queries
@@ -68,15 +69,15 @@ RESULTS_WAITING: Final = Family(
 _STATS_INTERVAL_S: Final = 0.5
 _STATS_BACKLOG: Final = 1 << 20  # bytes of unread STATS per worker before we skip sending
 _encode = msgspec.msgpack.Encoder().encode
-_decode_copy = msgspec.msgpack.Decoder(wire.CopyMeta).decode
-_decode_result = msgspec.msgpack.Decoder(wire.ResultMeta).decode
-_decode_idle = msgspec.msgpack.Decoder(wire.IdleMeta).decode
-_decode_eligible = msgspec.msgpack.Decoder(wire.EligibleMeta).decode
+_decode_copy = msgspec.msgpack.Decoder(frames.CopyMeta).decode
+_decode_result = msgspec.msgpack.Decoder(frames.ResultMeta).decode
+_decode_idle = msgspec.msgpack.Decoder(frames.IdleMeta).decode
+_decode_eligible = msgspec.msgpack.Decoder(frames.EligibleMeta).decode
 
 
-def rates_frame(msg: wire.RatesMeta) -> bytes:
+def rates_frame(msg: frames.RatesMeta) -> bytes:
     meta = _encode(msg)
-    return wire.frame_header(wire.KIND_RATES, len(meta), 0) + meta
+    return frames.frame_header(frames.KIND_RATES, len(meta), 0) + meta
 
 
 class _Plane:
@@ -141,8 +142,8 @@ class _Plane:
     async def answer_idle(self, writer: asyncio.StreamWriter, seq: int) -> None:
         await self.mirror.wait_idle()
         if not writer.is_closing():
-            meta = _encode(wire.IdleMeta(seq))
-            writer.write(wire.frame_header(wire.KIND_IDLE_ACK, len(meta), 0) + meta)
+            meta = _encode(frames.IdleMeta(seq))
+            writer.write(frames.frame_header(frames.KIND_IDLE_ACK, len(meta), 0) + meta)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One worker's connection: frames in order until EOF."""
@@ -155,8 +156,8 @@ class _Plane:
         try:
             while True:
                 try:
-                    head = await reader.readexactly(wire.FRAME.size)
-                    kind, mlen, blen = wire.FRAME.unpack(head)
+                    head = await reader.readexactly(frames.FRAME.size)
+                    kind, mlen, blen = frames.FRAME.unpack(head)
                     meta = await reader.readexactly(mlen)
                     body = await reader.readexactly(blen) if blen else b""
                 except (asyncio.IncompleteReadError, ConnectionError):
@@ -171,17 +172,17 @@ class _Plane:
             writer.close()
 
     def dispatch(self, kind: int, meta: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
-        if kind == wire.KIND_COPY:
+        if kind == frames.KIND_COPY:
             self.on_copy(meta, body)
-        elif kind == wire.KIND_RESULT:
+        elif kind == frames.KIND_RESULT:
             self.on_result(meta)
-        elif kind == wire.KIND_ELIGIBLE:
+        elif kind == frames.KIND_ELIGIBLE:
             m = _decode_eligible(meta)
             eligible = self.mirror.adaptive.control.eligible
             eligible.report(id(writer), m.count, m.interval_s, time.monotonic())
-        elif kind == wire.KIND_RELOAD:
+        elif kind == frames.KIND_RELOAD:
             self.reload.set()
-        elif kind == wire.KIND_IDLE:
+        elif kind == frames.KIND_IDLE:
             task = asyncio.get_running_loop().create_task(
                 self.answer_idle(writer, _decode_idle(meta).seq), name="mirror-idle-ack"
             )
@@ -203,7 +204,7 @@ class _Plane:
         items.extend(REFUSALS.prometheus_lines())
         lines = render(items)
         meta = _encode(
-            wire.StatsMeta(
+            frames.StatsMeta(
                 pid=os.getpid(),
                 priority=self.priority,
                 counters=mirror.counters(),
@@ -213,9 +214,9 @@ class _Plane:
                 rates=mirror.rate_stats(),
             )
         )
-        return wire.frame_header(wire.KIND_STATS, len(meta), 0) + meta
+        return frames.frame_header(frames.KIND_STATS, len(meta), 0) + meta
 
-    def send_rates(self, msg: wire.RatesMeta) -> None:
+    def send_rates(self, msg: frames.RatesMeta) -> None:
         """A new reference to every worker (tiny, sent even past the stats backlog: a worker
         that misses it samples differently from the others)."""
         frame = rates_frame(msg)

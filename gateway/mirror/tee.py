@@ -3,7 +3,8 @@
 It runs only in the host's mirror process (`gateway.mirror.plane`): the workers' `Handoff`
 samples on the request path and the plane turns each COPY frame into `on_request`. There it
 takes the worker's decision as given (`only`) or, for a request the worker handed off undecided,
-parses the body for the session key and takes the same decision (`gateway.mirror.sampler.decide`),
+parses the body for the session key and takes the same decision
+(`gateway.mirror.sampling.sampler.decide`),
 then offers one shared `Copy` to each chosen lane's ring — synchronous, O(candidates), never
 awaiting, never copying the body. `on_response` hands the exchange and production's observation
 to the sink; each lane hands its candidate's observation when the copy finishes. Both join on
@@ -14,7 +15,8 @@ queued copies where the new limits allow, removed ones drop their queue (counted
 what is in flight, paused ones get no new copies. `close()` stops offering, lets the lanes drain
 for up to `drain_timeout_s`, then cancels what is left (counted).
 
-Candidates with `target_rps` sample with an adaptive share (`gateway.mirror.rate`): once a second
+Candidates with `target_rps` sample with an adaptive share (`gateway.mirror.sampling.rate`): once a
+second
 the controller turns the host's eligible rate into references, and a change applies at the
 instant it names (here, and in every worker through the plane). A lowered session-mode threshold
 counts the conversations in progress it cuts; a raised one the conversations it joins mid-way.
@@ -36,15 +38,15 @@ from domain.ids import uuid7
 from domain.records import ExchangeRecord
 from gateway.config import GatewayConfig
 from gateway.mirror import counters as counters_mod
-from gateway.mirror.adaptive import AdaptiveRates
 from gateway.mirror.capture import CaptureSink
 from gateway.mirror.counters import MirrorCounters
-from gateway.mirror.lane import MIRROR_HEADER, Copy, Lane
-from gateway.mirror.loopguard import LoopLagGuard
-from gateway.mirror.observe import observation
-from gateway.mirror.order import TurnOrder
-from gateway.mirror.ring import MemoryBudget
-from gateway.mirror.sampler import (
+from gateway.mirror.replay.lane import MIRROR_HEADER, Copy, Lane
+from gateway.mirror.replay.observe import observation
+from gateway.mirror.replay.order import TurnOrder
+from gateway.mirror.replay.ring import MemoryBudget
+from gateway.mirror.sampling.adaptive import AdaptiveRates
+from gateway.mirror.sampling.loopguard import LoopLagGuard
+from gateway.mirror.sampling.sampler import (
     SALT,
     Offer,
     RequestView,
@@ -56,7 +58,7 @@ from gateway.mirror.sampler import (
     session_key,
     turn_index,
 )
-from gateway.mirror.scorer import Scorer
+from gateway.mirror.scoring.jobs import Scorer
 from gateway.server.hooks import LiveTarget, ObservationSink
 from gateway.server.meter import MeterResult
 

@@ -44,7 +44,7 @@ from gateway.config import GatewayConfig, parse_admin_tokens
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry, Snapshot
 from gateway.control.reports import RemoteReports
-from gateway.mirror.handoff import Handoff
+from gateway.mirror.channel.handoff import Handoff
 from gateway.process import simulator
 from gateway.process.children import PlaneProcess, ReportProcess, StartWatch, replica_name
 from gateway.server.app import (
@@ -55,7 +55,7 @@ from gateway.server.app import (
     start_gateway,
 )
 from gateway.server.hooks import LiveTarget
-from gateway.server.metrics import Registry as MetricsRegistry
+from gateway.server.prometheus import Exporter
 from storage import queries
 from storage.engine import ensure_schema, make_engine, masked
 
@@ -74,7 +74,7 @@ class Components:
     live: LiveTarget
     registry: Registry
     mirror: Handoff
-    metrics: MetricsRegistry
+    metrics: Exporter
     gateway: RunningGateway | None = None
     plane: PlaneProcess | None = None  # the mirror process, when this worker started it
     reports: RemoteReports | None = None  # the client of the host's report process
@@ -258,7 +258,7 @@ async def running(
         except storage_errors.StorageError as exc:
             raise UsageError(f"storage {masked(config.db_url)}: {exc}") from exc
         replica = replica_name(config)
-        metrics = MetricsRegistry()
+        metrics = Exporter()
         live = LiveTarget(seed)
         plane: PlaneProcess | None = None
         if plane_socket is None:

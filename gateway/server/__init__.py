@@ -2,6 +2,7 @@
 
 `app` (the aiohttp application), `proxy` (the hot path), `upstream` (the one HTTP client, used by
 the proxy and the mirror lanes), `headers` (the hop-by-hop policy), `meter` (the passive SSE/JSON
-response meter), `hooks` (the seams the other planes plug into), `metrics` (Prometheus).
-Imports neither storage nor evaluators.
+response meter), `hooks` (the seams the other planes plug into), `prometheus` (the Prometheus
+text-format exporter), `body` (bounded body reads), `connections` (client connection limits),
+`limits` (descriptor budgets). Imports neither storage nor evaluators.
 """

@@ -28,7 +28,7 @@ from gateway.config import GatewayConfig, split_host_port
 from gateway.server.connections import ConnectionStats, GatewayRunner
 from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.limits import EdgeLimits, descriptors_wanted, fit_file_limit, plan_limits
-from gateway.server.metrics import Collector, Registry
+from gateway.server.prometheus import Collector, Exporter
 from gateway.server.proxy import Proxy, ProxyMetrics
 from gateway.server.upstream import make_client_session
 
@@ -39,7 +39,7 @@ ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
 
 CONFIG = web.AppKey("canary_config", GatewayConfig)
 LIVE = web.AppKey("canary_live", LiveTarget)
-METRICS = web.AppKey("canary_metrics", Registry)
+METRICS = web.AppKey("canary_metrics", Exporter)
 PROXY = web.AppKey("canary_proxy", Proxy)
 UPSTREAM_SESSION = web.AppKey("canary_upstream_session", aiohttp.ClientSession)
 READY_CHECKS = web.AppKey("canary_ready_checks", dict[str, ReadyCheck])
@@ -102,11 +102,11 @@ def build_app(
     *,
     live: LiveTarget,
     tee: RequestTee | None = None,
-    metrics: Registry | None = None,
+    metrics: Exporter | None = None,
 ) -> web.Application:
     """The gateway application; compose more onto it before it starts (see module docstring)."""
     app = web.Application(client_max_size=config.max_body_bytes)
-    registry = metrics if metrics is not None else Registry()
+    registry = metrics if metrics is not None else Exporter()
     proxy = Proxy(config, live, ProxyMetrics(registry), tee)
     app[CONFIG] = config
     app[LIVE] = live
@@ -237,7 +237,7 @@ async def start_gateway(
     *,
     live: LiveTarget | None = None,
     tee: RequestTee | None = None,
-    metrics: Registry | None = None,
+    metrics: Exporter | None = None,
     customize: Sequence[AppCustomizer] = (),
     reuse_port: bool | None = None,
 ) -> RunningGateway:

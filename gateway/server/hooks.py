@@ -1,7 +1,8 @@
 """The seams between the proxy, the mirror and storage, as small protocols.
 
 The proxy knows only `RequestTee` and `LiveTarget` (the registry swaps it). In a worker the
-tee is `gateway.mirror.handoff.Handoff`: it samples and writes each chosen copy into the bounded
+tee is `gateway.mirror.channel.handoff.Handoff`: it samples and writes each chosen copy into the
+bounded
 channel to the host's mirror process, never parsing the body and never awaiting. In the mirror
 process the same interface is implemented by `gateway.mirror.tee.Mirror`, which hands finished
 records to an `ObservationSink` (storage's writer implements it; tests use an in-memory one).

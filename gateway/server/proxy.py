@@ -30,7 +30,7 @@ from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
 from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
 from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.meter import MeterResult, ResponseMeter
-from gateway.server.metrics import Registry
+from gateway.server.prometheus import Exporter
 from gateway.server.upstream import (
     CLIENT_WRITE,
     DeadlineSweeper,
@@ -128,7 +128,7 @@ class _RouteStats:
 class ProxyMetrics:
     """The proxy's series in a registry: requests, in-flight, TTFT, E2E, upstream errors."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Exporter) -> None:
         self.requests = registry.counter(
             "canary_proxy_requests_total",
             "Proxied requests by route and status.",

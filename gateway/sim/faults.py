@@ -16,7 +16,7 @@ import struct
 
 from aiohttp import web
 
-from gateway.sim import wire
+from gateway.sim import protocol
 from gateway.sim.state import ClientGone, SimState, pause
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # long prompts are legitimate; beyond this answer 413
@@ -27,7 +27,7 @@ _NOT_LINE_BREAKS = bytes(b for b in range(256) if b not in b"\r\n")
 
 def json_error(status: int, message: str, type_: str = "BadRequestError") -> web.Response:
     """An OpenAI-shaped error response."""
-    body = wire.error_body(message, type_, status)
+    body = protocol.error_body(message, type_, status)
     return web.Response(body=body, status=status, content_type="application/json")
 
 

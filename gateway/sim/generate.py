@@ -18,15 +18,15 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from gateway.sim import wire
+from gateway.sim import protocol
 from gateway.sim.engine import Plan, ToolSpec, render_chat, session_of_text
 from gateway.sim.faults import SSE_HEADERS, json_error, replace_answer, reset_connection
 from gateway.sim.score import prompt_logprobs
 from gateway.sim.state import ClientGone, SimState, pause
 
 _encode = msgspec.json.Encoder().encode
-_CHAT = msgspec.json.Decoder(wire.ChatRequest)
-_COMPLETION = msgspec.json.Decoder(wire.CompletionRequest)
+_CHAT = msgspec.json.Decoder(protocol.ChatRequest)
+_COMPLETION = msgspec.json.Decoder(protocol.CompletionRequest)
 
 
 def served_model(st: SimState, requested: str | None) -> str | web.Response:
@@ -107,7 +107,7 @@ async def _respond(
     if not stream:
         if not await _run(request, st, plan, None):
             return web.Response()
-        build = wire.chat_completion if chat else wire.text_completion
+        build = protocol.chat_completion if chat else protocol.text_completion
         body = build(plan, request_id, created, model, plan.steps)
         if st.profile.fault != "reset-mid-stream":
             return web.Response(body=body, content_type="application/json")
@@ -120,7 +120,7 @@ async def _respond(
 
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
-    enc = wire.ChunkEncoder(chat=chat, request_id=request_id, created=created, model=model)
+    enc = protocol.ChunkEncoder(chat=chat, request_id=request_id, created=created, model=model)
     pieces, offset = plan.pieces, int(plan.tool_name is not None)
     last = len(pieces) - 1 + offset  # step of the last piece
     cut = None if plan.eos else "length"
@@ -143,7 +143,7 @@ async def _respond(
     with contextlib.suppress(ConnectionError):
         if include_usage:
             await resp.write(enc.usage(plan, plan.steps))
-        await resp.write(wire.DONE)
+        await resp.write(protocol.DONE)
         await resp.write_eof()
     return resp
 
@@ -168,7 +168,7 @@ async def chat(
         return json_error(400, "messages must not be empty and n must be 1 in the simulator")
     tools = [ToolSpec(t.function.name, t.function.parameters) for t in req.tools or ()]
     choice, named = req.tool_choice, None
-    if isinstance(choice, wire.NamedToolChoice):
+    if isinstance(choice, protocol.NamedToolChoice):
         named, choice = choice.function.name, "required"
         if named not in {t.name for t in tools}:
             return json_error(400, f"tool_choice names `{named}`, which is not in tools")
@@ -237,7 +237,7 @@ async def completions(
 
 
 async def _score(
-    request: web.Request, st: SimState, req: wire.CompletionRequest, model: str
+    request: web.Request, st: SimState, req: protocol.CompletionRequest, model: str
 ) -> web.StreamResponse:
     """Prompt logprobs of a prompt of token ids (a scoring copy): one prefill, no answer."""
     profile = st.profile

@@ -19,15 +19,15 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from gateway.sim import generate, wire
+from gateway.sim import generate, protocol
 from gateway.sim.engine import embed, render_chat, tokenize
 from gateway.sim.faults import MAX_BODY_BYTES, json_error, read_body, replace_answer
 from gateway.sim.profiles import SimProfile, get_profile
 from gateway.sim.state import STATE, ClientGone, SimState, pause
 
 _encode = msgspec.json.Encoder().encode
-_EMBEDDING = msgspec.json.Decoder(wire.EmbeddingRequest)
-_TOKENIZE = msgspec.json.Decoder(wire.TokenizeRequest)
+_EMBEDDING = msgspec.json.Decoder(protocol.EmbeddingRequest)
+_TOKENIZE = msgspec.json.Decoder(protocol.TokenizeRequest)
 _SHUTDOWN_TIMEOUT_S = 0.5  # in-flight generations (and hung ones) are cut after this on close
 
 Handler = Callable[[web.Request, SimState, bytes, dict[str, Any]], Awaitable[web.StreamResponse]]

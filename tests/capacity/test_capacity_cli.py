@@ -16,7 +16,7 @@ from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import SimServer, start_sim
 from gateway.sim.workload import WorkloadSpec, run_workload
-from storage.capacity import latest_capacity
+from storage.capacity.runs import latest_capacity
 from storage.engine import make_engine
 
 pytestmark = pytest.mark.slow

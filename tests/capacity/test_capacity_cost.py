@@ -19,7 +19,7 @@ from evaluators.pairs.load import load_capacity
 from evaluators.report.build import build_report
 from evaluators.report.model import Report
 from storage import queries
-from storage.capacity import save_capacity
+from storage.capacity.runs import save_capacity
 
 LIVE = Endpoint(name="live", url="http://l", role="live", price_per_hour_usd=2.0)
 QUANT = Endpoint(name="int8", url="http://q", kind="quantized", price_per_hour_usd=2.0)

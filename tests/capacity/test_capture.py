@@ -26,7 +26,7 @@ from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim
 from gateway.sim.workload import WorkloadSpec, run_workload
-from storage.captures import capture_stats, load_sessions
+from storage.capacity.captures import capture_stats, load_sessions
 from storage.engine import make_engine
 
 SECRET = "sk-capture-test-secret"
@@ -220,7 +220,7 @@ async def test_retention_purge_and_turn_gaps(db_engine: AsyncEngine) -> None:
     byte budget counts); a conversation is cut at its first missing turn, and a retried turn
     stored twice is replayed once."""
     from domain.capture import CaptureRecord
-    from storage.captures import insert_captures, purge_captures
+    from storage.capacity.captures import insert_captures, purge_captures
 
     def rec(session: str, turn: int, at: float, suffix: str = "") -> CaptureRecord:
         return CaptureRecord(

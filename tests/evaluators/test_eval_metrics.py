@@ -13,7 +13,7 @@ from domain.endpoint import Endpoint
 from evaluators.judge.metric import EvalContext, MetricResult
 from evaluators.judge.settings import VerdictSettings
 from evaluators.metrics import cost, errors, latency, quality, throughput
-from evaluators.metrics.registry import EVALUATORS, run_all
+from evaluators.metrics.catalog import EVALUATORS, run_all
 from evaluators.pairs.columns import pairset_from_pairs
 from evaluators.pairs.types import ArmObs, Pair
 

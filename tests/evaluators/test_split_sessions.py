@@ -16,7 +16,7 @@ from evaluators.judge.settings import VerdictSettings
 from evaluators.metrics.latency import SPLIT_REASON
 from evaluators.pairs.load import load_pairs
 from evaluators.report.build import evaluate
-from gateway.mirror.splits import SplitWatch
+from gateway.mirror.replay.splits import SplitWatch
 from storage import queries
 from storage.models import ExchangeRow, ObservationRow
 from storage.textguard import exchange_row, observation_row

@@ -12,8 +12,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from domain.accounting import identity_holds
 from domain.endpoint import Endpoint
 from gateway.config import GatewayConfig
-from gateway.mirror import wire
-from gateway.mirror.handoff import Handoff
+from gateway.mirror.channel import frames
+from gateway.mirror.channel.handoff import Handoff
 from gateway.server.hooks import LiveTarget
 
 CHAT = "/v1/chat/completions"
@@ -39,9 +39,9 @@ class _Peer(asyncio.Protocol):
 def _frames(data: bytes) -> list[int]:
     kinds, at = [], 0
     while at < len(data):
-        kind, mlen, blen = wire.FRAME.unpack_from(data, at)
+        kind, mlen, blen = frames.FRAME.unpack_from(data, at)
         kinds.append(kind)
-        at += wire.FRAME.size + mlen + blen
+        at += frames.FRAME.size + mlen + blen
     return kinds
 
 
@@ -77,7 +77,7 @@ async def test_frames_of_several_copies_arrive_in_one_write(tmp_path: Path) -> N
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.02)
         data = b"".join(peer.reads)
-        assert _frames(data) == [wire.KIND_RELOAD] + [wire.KIND_COPY] * 5
+        assert _frames(data) == [frames.KIND_RELOAD] + [frames.KIND_COPY] * 5
         assert len(peer.reads) == 1, "the six frames were written (and read) apart"
         assert handoff.process["handed_off"] == 5
     finally:

@@ -20,7 +20,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from domain.endpoint import Endpoint
 from gateway.config import GatewayConfig
 from gateway.mirror.counters import identity_holds
-from gateway.mirror.sinks import InMemorySink
+from gateway.mirror.replay.sinks import InMemorySink
 from gateway.mirror.tee import Mirror
 from gateway.server.hooks import LiveTarget
 from gateway.server.meter import MeterResult

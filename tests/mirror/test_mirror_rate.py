@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.mirror import rate
-from gateway.mirror.rate import EligibleRates, RateControl, Reference, effective_rate
-from gateway.mirror.sampler import SALT, is_sampled, threshold_for
+from gateway.mirror.sampling import rate
+from gateway.mirror.sampling.rate import EligibleRates, RateControl, Reference, effective_rate
+from gateway.mirror.sampling.sampler import SALT, is_sampled, threshold_for
 
 WORKERS = 2
 

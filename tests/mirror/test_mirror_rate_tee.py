@@ -12,9 +12,9 @@ import xxhash
 
 from domain.endpoint import Endpoint
 from domain.exposition import render
-from gateway.mirror import wire
-from gateway.mirror.sampler import SALT
-from gateway.mirror.sinks import InMemorySink
+from gateway.mirror.channel import frames
+from gateway.mirror.replay.sinks import InMemorySink
+from gateway.mirror.sampling.sampler import SALT
 from gateway.mirror.tee import Mirror
 from tests.mirror.test_mirror_lane import chat, headers, make_mirror, send
 
@@ -58,7 +58,7 @@ def test_fixed_rate_candidates_are_left_alone() -> None:
     """A candidate without a target samples at `sample_rate` whatever the controller does."""
     fixed = Endpoint(name="f", url="http://127.0.0.1:9", sample_rate=0.3)
     mirror = make_mirror([fixed], InMemorySink())
-    mirror.adaptive.schedule(wire.RatesMeta(1, 0.0, 5.0, 5.0))
+    mirror.adaptive.schedule(frames.RatesMeta(1, 0.0, 5.0, 5.0))
     stats = mirror.rate_stats()["f"]
     assert stats["effective_sample_rate"] == 0.3 and stats["rate_changes"] == 0
     assert stats["target_rps"] is None
@@ -89,16 +89,16 @@ def test_session_changes_count_cut_and_joined_conversations() -> None:
     )
     mirror = make_mirror([cand], InMemorySink())
     sessions = [f"sess-{i}" for i in range(600)]
-    mirror.adaptive.schedule(wire.RatesMeta(1, 0.0, 100.0, 100.0))
+    mirror.adaptive.schedule(frames.RatesMeta(1, 0.0, 100.0, 100.0))
     for turn in (0, 1):
         mirrored = {s for s in sessions if _turn(mirror, s, turn)}
         assert mirrored == {s for s in sessions if _h(s) < 0.2}
-    mirror.adaptive.schedule(wire.RatesMeta(2, 0.0, 200.0, 200.0))
+    mirror.adaptive.schedule(frames.RatesMeta(2, 0.0, 200.0, 200.0))
     stats = mirror.rate_stats()["s"]
     cut = sum(1 for s in sessions if 0.1 <= _h(s) < 0.2)
     assert cut > 20 and stats["sessions_cut"] == cut
     assert stats["rate_changes"] == 2  # from the safe start to 0.2, then to 0.1
-    mirror.adaptive.schedule(wire.RatesMeta(3, 0.0, 50.0, 50.0))
+    mirror.adaptive.schedule(frames.RatesMeta(3, 0.0, 50.0, 50.0))
     mirrored = {s for s in sessions if _turn(mirror, s, 2)}
     assert mirrored == {s for s in sessions if _h(s) < 0.4}
     for s in sessions:

@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from gateway.mirror.counters import LaneCounters
-from gateway.mirror.ring import RECENT_MAX, Entry, MemoryBudget, Offer, RingBuffer
+from gateway.mirror.replay.ring import RECENT_MAX, Entry, MemoryBudget, Offer, RingBuffer
 
 
 def _ring(

@@ -8,7 +8,7 @@ import xxhash
 from hypothesis import given
 
 from domain.endpoint import Endpoint
-from gateway.mirror.sampler import (
+from gateway.mirror.sampling.sampler import (
     SALT,
     decide,
     hash_key,

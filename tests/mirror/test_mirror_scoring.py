@@ -14,9 +14,9 @@ import uvloop
 
 from domain.accounting import identity_holds
 from domain.endpoint import Endpoint
-from gateway.mirror import scoring
-from gateway.mirror.scorer import selected
-from gateway.mirror.sinks import InMemorySink
+from gateway.mirror.replay.sinks import InMemorySink
+from gateway.mirror.scoring import forced as scoring
+from gateway.mirror.scoring.jobs import selected
 from gateway.mirror.tee import Mirror
 from gateway.server.meter import MeterResult
 from gateway.sim.score import prompt_logprobs

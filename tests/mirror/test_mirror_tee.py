@@ -14,8 +14,8 @@ import uvloop
 from domain.endpoint import Endpoint
 from domain.exposition import render
 from gateway.mirror.counters import identity_holds
-from gateway.mirror.loopguard import LoopLagGuard
-from gateway.mirror.sinks import InMemorySink
+from gateway.mirror.replay.sinks import InMemorySink
+from gateway.mirror.sampling.loopguard import LoopLagGuard
 from gateway.mirror.tee import Mirror
 from gateway.server.meter import MeterResult
 from tests.mirror.test_mirror_lane import (

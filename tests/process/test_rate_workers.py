@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import xxhash
 from aiohttp import web
 
-from gateway.mirror.sampler import SALT
+from gateway.mirror.sampling.sampler import SALT
 from storage.engine import make_engine
 from tests.process.test_serve_cli import start_serve, stop
 

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from domain.timing import tpot_state
-from gateway.mirror.observe import classify, observation
+from gateway.mirror.replay.observe import classify, observation
 from gateway.server.meter import MeterResult, ResponseMeter
 from tests import fixtures_net
 from tests.server.test_proxy_streams import RecordingTee

@@ -1,4 +1,4 @@
-"""The Prometheus registry (gateway/server/metrics.py), /metrics, /healthz and /readyz."""
+"""The Prometheus registry (gateway/server/prometheus.py), /metrics, /healthz and /readyz."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.server.metrics import Registry
+from gateway.server.prometheus import Exporter
 from gateway.sim.server import start_sim
 from tests.upstreams import free_port
 
 
 def test_counter_gauge_and_labels_render() -> None:
     """Counters and gauges render HELP, TYPE and one line per label set, escaped."""
-    reg = Registry()
+    reg = Exporter()
     c = reg.counter("reqs_total", "Requests.", ("route", "status"))
     c.labels("/a", "200").inc()
     c.labels("/a", "200").inc(2)
@@ -34,7 +34,7 @@ def test_counter_gauge_and_labels_render() -> None:
 
 def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
     """Histogram buckets count values <= their bound, cumulated, with sum and count."""
-    reg = Registry()
+    reg = Exporter()
     h = reg.histogram("lat_seconds", "Latency.", ("route",), buckets=(0.1, 1.0))
     s = h.labels("/x")
     for v in (0.05, 0.1, 0.5, 2.0):
@@ -49,7 +49,7 @@ def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
 
 def test_labels_are_cached_and_checked() -> None:
     """labels() returns the same series object each time and refuses a wrong label count."""
-    reg = Registry()
+    reg = Exporter()
     c = reg.counter("x_total", "X.", ("a",))
     assert c.labels("1") is c.labels("1")
     with pytest.raises(ValueError, match="takes labels"):
@@ -60,7 +60,7 @@ def test_labels_are_cached_and_checked() -> None:
 
 def test_collectors_add_lines_and_a_broken_one_is_contained() -> None:
     """Collector lines are appended; a collector that raises leaves a comment, not a failure."""
-    reg = Registry()
+    reg = Exporter()
     reg.add_collector(lambda: ["# TYPE mirror_sent_total counter", "mirror_sent_total 7"])
 
     def broken() -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.capture import CaptureRecord
-from storage.captures import CaptureWriter
+from storage.capacity.captures import CaptureWriter
 from storage.queries import count_rows
 from storage.writer import ObservationWriter
 from tests.storage.test_storage_writer import wait_until

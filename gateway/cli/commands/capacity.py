@@ -174,8 +174,8 @@ async def _measure(
     from gateway.cli.commands.report import parse_time
     from gateway.cli.progress import Progress
     from storage import queries
-    from storage.capacity import save_capacity
-    from storage.captures import load_sessions
+    from storage.capacity.captures import load_sessions
+    from storage.capacity.runs import save_capacity
     from storage.engine import ensure_schema, make_engine
 
     engine = make_engine(url)

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from gateway.cli.progress import Progress
-    from gateway.sim.demo import DemoOptions, run_demo
+    from gateway.process.demo import DemoOptions, run_demo
 
     for flag in ("sessions", "turns", "concurrency"):
         if getattr(args, flag) < 1:

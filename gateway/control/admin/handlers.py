@@ -42,7 +42,7 @@ from gateway.control.admin.guard import AuthGuard
 from gateway.control.promotion import PromotionRefused, Promotions
 from gateway.control.reports import ReportDoc, Reports, ReportsUnavailable
 from gateway.server.app import ADMIN_COLLECTORS, ADMIN_READY_CHECKS, ReadyCheck
-from gateway.server.metrics import Collector
+from gateway.server.prometheus import Collector
 from storage import queries as q
 from storage.engine import DatabaseFileGuard
 

@@ -1,10 +1,10 @@
 """`AdaptiveRates`: the mirror's side of sampling toward a target rate (`target_rps`).
 
-It runs the controller (`gateway.mirror.rate`) once a second on the host's eligible rate,
+It runs the controller (`gateway.mirror.sampling.rate`) once a second on the host's eligible rate,
 applies a changed reference to the mirror's offers at the instant it names (and hands it to
 `on_change`, which the plane sends to every worker), and counts what a change cost: in session
 mode, the conversations in progress a lowered threshold cuts (from the recent-conversation
-ledger of `gateway.mirror.order`) and those a raised threshold joins after their first turn.
+ledger of `gateway.mirror.replay.order`) and those a raised threshold joins after their first turn.
 It never touches the request path except `count_joined`, called only for later turns of
 sampled conversations while some candidate has changed.
 """
@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Protocol
 
 from domain.endpoint import Endpoint
-from gateway.mirror import rate as rate_mod
-from gateway.mirror import wire
-from gateway.mirror.order import TurnOrder
-from gateway.mirror.sampler import threshold_for
+from gateway.mirror.channel import frames
+from gateway.mirror.replay.order import TurnOrder
+from gateway.mirror.sampling import rate as rate_mod
+from gateway.mirror.sampling.sampler import threshold_for
 
 __all__ = ["SESSION_ACTIVE_S", "AdaptiveRates", "OfferLike"]
 
@@ -75,8 +75,8 @@ class AdaptiveRates:
         self.control = rate_mod.RateControl()
         start = rate_mod.START_REFERENCE_RPS
         self.refs = (start, start)
-        self.msg = wire.RatesMeta(0, 0.0, start, start)  # the last one, sent to new workers
-        self.on_change: Callable[[wire.RatesMeta], None] | None = None
+        self.msg = frames.RatesMeta(0, 0.0, start, start)  # the last one, sent to new workers
+        self.on_change: Callable[[frames.RatesMeta], None] | None = None
         self._costs: dict[str, _Cost] = {}
         self._timers: set[asyncio.TimerHandle] = set()
         self._task: asyncio.Task[None] | None = None
@@ -111,7 +111,7 @@ class AdaptiveRates:
         if not self.control.tick(now, self._sampled()):
             return
         request_rps, session_rps = self.control.refs()
-        msg = wire.RatesMeta(
+        msg = frames.RatesMeta(
             self.control.seq, now + rate_mod.APPLY_LEAD_S, request_rps, session_rps
         )
         self.msg = msg
@@ -119,7 +119,7 @@ class AdaptiveRates:
         if self.on_change is not None:
             self.on_change(msg)
 
-    def schedule(self, msg: wire.RatesMeta) -> None:
+    def schedule(self, msg: frames.RatesMeta) -> None:
         """Apply `msg` at its instant (at once when it is due, or without a running loop)."""
         delay = msg.apply_at - time.monotonic()
         try:
@@ -138,7 +138,7 @@ class AdaptiveRates:
         timer = loop.call_later(delay, fire)
         self._timers.add(timer)
 
-    def _apply(self, msg: wire.RatesMeta) -> None:
+    def _apply(self, msg: frames.RatesMeta) -> None:
         if self._closed:
             return
         self.refs = (msg.request_rps, msg.session_rps)

@@ -1,5 +1,6 @@
 """Scoring copies: after a pair's latency copies finished, the candidate (and the control) score
-production's answer on the same conversation (`gateway.mirror.scoring` builds and reads them).
+production's answer on the same conversation (`gateway.mirror.scoring.forced` builds and reads
+them).
 
 Selection happens when a copy is offered: an exchange is scored for a candidate when
 `xxh3_64("score" + exchange id) / 2**64 < share` (the candidate's `score_rate`, else its kind's
@@ -29,8 +30,8 @@ import xxhash
 
 from domain.records import ObservationRecord
 from gateway.config import GatewayConfig
-from gateway.mirror import scoring
-from gateway.mirror.lane import Lane
+from gateway.mirror.replay.lane import Lane
+from gateway.mirror.scoring import forced as scoring
 from gateway.server.hooks import ObservationSink
 
 __all__ = ["Scorer", "selected"]

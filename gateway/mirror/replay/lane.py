@@ -35,8 +35,8 @@ from domain.records import ObservationRecord
 from gateway.config import GatewayConfig
 from gateway.credentials import candidate_credential
 from gateway.mirror.counters import LaneCounters
-from gateway.mirror.observe import classify, observation
-from gateway.mirror.ring import Entry, MemoryBudget, Offer, RingBuffer
+from gateway.mirror.replay.observe import classify, observation
+from gateway.mirror.replay.ring import Entry, MemoryBudget, Offer, RingBuffer
 from gateway.server.headers import COPY_SKIP, copy_end_to_end, copy_skip
 from gateway.server.hooks import ObservationSink
 from gateway.server.meter import MeterResult, ResponseMeter
@@ -121,7 +121,7 @@ class Lane:
         self._quiet: list[asyncio.Future[None]] = []  # wait_idle() callers
         self._stopping = False
         # Where a finished copy's observation goes: the sink, unless the scorer holds it until
-        # its pair is scored (`gateway.mirror.scorer.Scorer.hold`; returns True when held).
+        # its pair is scored (`gateway.mirror.scoring.jobs.Scorer.hold`; returns True when held).
         self.hold: Callable[[ObservationRecord], bool] = _never
         self.endpoint = endpoint
         self._configure(endpoint)

@@ -195,7 +195,7 @@ class Histogram(_Metric):
         return out
 
 
-class Registry:
+class Exporter:
     """Holds metrics in declaration order and renders them all as Prometheus text."""
 
     def __init__(self) -> None:

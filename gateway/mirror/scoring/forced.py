@@ -3,7 +3,7 @@
 A scoring copy asks an engine how likely production's answer was, token by token, on the same
 conversation: no generation, one prefill of prompt + answer with prompt logprobs (vLLM's
 `prompt_logprobs`, which skips the prefix cache). Three requests to the scored engine, built
-here, sent by `gateway.mirror.scorer`:
+here, sent by `gateway.mirror.scoring.jobs`:
 
 1. `POST /tokenize` of the conversation as the prompt production answered (chat: the messages
    with the generation prompt; completions: the prompt) -> the prefix length P;

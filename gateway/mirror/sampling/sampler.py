@@ -15,7 +15,8 @@ prompt-style request without a session header or `user`, the fallback key is (mo
 
 The body is decoded with Structs that declare only what sampling and the exchange record need;
 message contents stay `msgspec.Raw` (never decoded) except the two that feed the fallback key.
-`Offer` and `decide` are the one sampling decision: the worker (`gateway.mirror.handoff`) takes
+`Offer` and `decide` are the one sampling decision: the worker (`gateway.mirror.channel.handoff`)
+takes
 it on the request path from the request id and the session header; when a session-mode candidate
 needs a key only the body holds, the worker hands the request off undecided and the mirror process
 (`gateway.mirror.tee`) parses the body and takes the same decision with the same function.
@@ -32,7 +33,7 @@ import msgspec
 import xxhash
 
 from domain.endpoint import Endpoint
-from gateway.mirror.rate import endpoint_rate
+from gateway.mirror.sampling.rate import endpoint_rate
 
 __all__ = [
     "MIRRORED_ROUTES",
@@ -129,7 +130,7 @@ def is_sampled(salt: bytes, key: bytes, threshold: float) -> bool:
 class Offer:
     """One candidate that receives copies, as the sampling decision sees it: its share in force
     (`rate`, set from its `sample_rate` or its `target_rps` and the references) and the hash
-    threshold of that share. The adaptive controller (`gateway.mirror.adaptive`) may change
+    threshold of that share. The adaptive controller (`gateway.mirror.sampling.adaptive`) may change
     `rate` and `threshold` in place."""
 
     __slots__ = ("endpoint", "name", "rate", "session_mode", "threshold")

@@ -6,39 +6,39 @@ from __future__ import annotations
 
 import msgspec
 
-from gateway.mirror import wire
+from gateway.mirror.channel import frames
 
 _encode = msgspec.msgpack.Encoder().encode
 
 
 def test_frame_kinds_are_distinct() -> None:
     """Each frame kind has its own byte."""
-    kinds = [getattr(wire, n) for n in wire.__all__ if n.startswith("KIND_")]
+    kinds = [getattr(frames, n) for n in frames.__all__ if n.startswith("KIND_")]
     assert len(kinds) == len(set(kinds)) == 8
     assert all(0 < k < 256 for k in kinds)
 
 
 def test_header_layout() -> None:
     """A frame header is 9 bytes: kind, meta length, body length (network order)."""
-    head = wire.frame_header(wire.KIND_RATES, 300, 0)
-    assert len(head) == 9 and wire.FRAME.unpack(head) == (wire.KIND_RATES, 300, 0)
+    head = frames.frame_header(frames.KIND_RATES, 300, 0)
+    assert len(head) == 9 and frames.FRAME.unpack(head) == (frames.KIND_RATES, 300, 0)
 
 
 def test_rates_and_eligible_round_trip() -> None:
     """RATES and ELIGIBLE carry exactly what was sent, as compact arrays."""
-    rates = wire.RatesMeta(seq=7, apply_at=12345.678, request_rps=201.5, session_rps=180.0)
+    rates = frames.RatesMeta(seq=7, apply_at=12345.678, request_rps=201.5, session_rps=180.0)
     raw = _encode(rates)
-    assert msgspec.msgpack.decode(raw, type=wire.RatesMeta) == rates
+    assert msgspec.msgpack.decode(raw, type=frames.RatesMeta) == rates
     assert msgspec.msgpack.decode(raw) == [7, 12345.678, 201.5, 180.0]
-    eligible = wire.EligibleMeta(count=1234, interval_s=1.002)
+    eligible = frames.EligibleMeta(count=1234, interval_s=1.002)
     raw = _encode(eligible)
-    assert msgspec.msgpack.decode(raw, type=wire.EligibleMeta) == eligible
+    assert msgspec.msgpack.decode(raw, type=frames.EligibleMeta) == eligible
     assert len(raw) < 16  # the once-a-second counter frame stays tiny
 
 
 def test_stats_with_and_without_rates() -> None:
     """STATS carries each candidate's rate view; one without it decodes to an empty view."""
-    stats = wire.StatsMeta(
+    stats = frames.StatsMeta(
         pid=1,
         priority="normal",
         counters={"c": {"sampled": 3}},
@@ -47,7 +47,7 @@ def test_stats_with_and_without_rates() -> None:
         prometheus="",
         rates={"c": {"target_rps": 20.0, "effective_sample_rate": 0.1, "sessions_cut": 2}},
     )
-    assert msgspec.msgpack.decode(_encode(stats), type=wire.StatsMeta) == stats
+    assert msgspec.msgpack.decode(_encode(stats), type=frames.StatsMeta) == stats
     old = {"pid": 1, "priority": "normal", "counters": {}, "process": {}, "writer": {}}
-    decoded = msgspec.msgpack.decode(_encode({**old, "prometheus": ""}), type=wire.StatsMeta)
+    decoded = msgspec.msgpack.decode(_encode({**old, "prometheus": ""}), type=frames.StatsMeta)
     assert decoded.rates == {}

@@ -1,7 +1,8 @@
 """`Handoff`: the `RequestTee` a worker runs; hands sampled copies to the mirror process.
 
 The production loop does only this per request: decide the sample from the request id or the
-session header (`gateway.mirror.sampler.decide`: one xxh3 per candidate, no body parsing), and
+session header (`gateway.mirror.sampling.sampler.decide`: one xxh3 per candidate, no body parsing),
+and
 when a copy is chosen queue one frame (header, small msgpack meta, a reference to the body bytes
 it already read) for a Unix stream socket toward the host's mirror process. Frames are written
 together at most `_COALESCE_S` after the first (one write and one wake-up of the mirror process
@@ -48,10 +49,10 @@ from domain.endpoint import Endpoint
 from domain.exposition import Exposed, Family
 from domain.ids import uuid7
 from gateway.config import GatewayConfig
-from gateway.mirror import rate as rate_mod
-from gateway.mirror import wire
-from gateway.mirror.lane import MIRROR_HEADER
-from gateway.mirror.sampler import Offer, decide, mirrored_route, offers_for
+from gateway.mirror.channel import frames
+from gateway.mirror.replay.lane import MIRROR_HEADER
+from gateway.mirror.sampling import rate as rate_mod
+from gateway.mirror.sampling.sampler import Offer, decide, mirrored_route, offers_for
 from gateway.server.headers import COPY_SKIP
 from gateway.server.hooks import LiveTarget
 from gateway.server.meter import MeterResult
@@ -61,9 +62,9 @@ __all__ = ["Handoff"]
 log = logging.getLogger("canary.mirror.handoff")
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode_stats = msgspec.msgpack.Decoder(wire.StatsMeta).decode
-_decode_idle = msgspec.msgpack.Decoder(wire.IdleMeta).decode
-_decode_rates = msgspec.msgpack.Decoder(wire.RatesMeta).decode
+_decode_stats = msgspec.msgpack.Decoder(frames.StatsMeta).decode
+_decode_idle = msgspec.msgpack.Decoder(frames.IdleMeta).decode
+_decode_rates = msgspec.msgpack.Decoder(frames.RatesMeta).decode
 _SKIP: Final = COPY_SKIP | {MIRROR_HEADER.lower()}
 # Results are tiny and must not be refused when copies fill the channel: they get this headroom.
 _RESULT_HEADROOM: Final = 1 << 20
@@ -86,12 +87,12 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self._buf
         buf += data
-        while len(buf) >= wire.FRAME.size:
-            kind, mlen, blen = wire.FRAME.unpack_from(buf)
-            end = wire.FRAME.size + mlen + blen
+        while len(buf) >= frames.FRAME.size:
+            kind, mlen, blen = frames.FRAME.unpack_from(buf)
+            end = frames.FRAME.size + mlen + blen
             if len(buf) < end:
                 return
-            meta = bytes(buf[wire.FRAME.size : wire.FRAME.size + mlen])
+            meta = bytes(buf[frames.FRAME.size : frames.FRAME.size + mlen])
             del buf[:end]
             self._owner._on_frame(kind, meta)
 
@@ -137,7 +138,7 @@ class Handoff:
             "results_dropped": 0,
             "handed_off": 0,
         }
-        self.stats: wire.StatsMeta | None = None
+        self.stats: frames.StatsMeta | None = None
         self.stats_at = 0.0
         self._stats_event = asyncio.Event()
 
@@ -158,8 +159,8 @@ class Handoff:
         while True:
             await asyncio.sleep(ELIGIBLE_REPORT_S)
             now, count = time.monotonic(), self.eligible
-            meta = _encode(wire.EligibleMeta(count - sent, now - at))
-            if self._send_small(wire.KIND_ELIGIBLE, meta):
+            meta = _encode(frames.EligibleMeta(count - sent, now - at))
+            if self._send_small(frames.KIND_ELIGIBLE, meta):
                 sent, at = count, now
 
     async def _connect(self) -> bool:
@@ -221,12 +222,12 @@ class Handoff:
         self._rebuild()
         for offer in self._offers:
             self._lanes.setdefault(offer.name, [0, 0, 0])
-        self._send_small(wire.KIND_RELOAD, b"")
+        self._send_small(frames.KIND_RELOAD, b"")
 
     def _rebuild(self) -> None:
         self._offers = offers_for(self._candidates, self._refs)
 
-    def _on_rates(self, msg: wire.RatesMeta) -> None:
+    def _on_rates(self, msg: frames.RatesMeta) -> None:
         """Swap the references at the instant the mirror process named (the same for every
         worker of the host); late or repeated messages never go back in time."""
         loop = asyncio.get_running_loop()
@@ -274,7 +275,7 @@ class Handoff:
         hdrs = [(str(k), v) for k, v in headers.items() if k.lower() not in _SKIP]
         exchange_id = uuid7()
         meta = _encode(
-            wire.CopyMeta(
+            frames.CopyMeta(
                 exchange_id,
                 method,
                 path_qs,
@@ -287,7 +288,7 @@ class Handoff:
                 header_value,
             )
         )
-        size = wire.FRAME.size + len(meta) + len(body)
+        size = frames.FRAME.size + len(meta) + len(body)
         transport = self._transport
         failure: int | None = None
         if size > self._oversize:
@@ -305,7 +306,7 @@ class Handoff:
                 row[0] += 1
                 row[failure] += 1
             return None
-        self._queue(size, wire.frame_header(wire.KIND_COPY, len(meta), len(body)), meta, body)
+        self._queue(size, frames.frame_header(frames.KIND_COPY, len(meta), len(body)), meta, body)
         self._pending_chosen.append((chosen, undecided))
         self.process["handed_off"] += 1
         return exchange_id
@@ -314,8 +315,8 @@ class Handoff:
         """Send production's result for a handed-off copy (tiny; refused only if down)."""
         if not isinstance(token, str):
             return
-        meta = _encode(wire.ResultMeta(token, error_kind, result))
-        if not self._send_small(wire.KIND_RESULT, meta):
+        meta = _encode(frames.ResultMeta(token, error_kind, result))
+        if not self._send_small(frames.KIND_RESULT, meta):
             self.process["results_dropped"] += 1
 
     def _send_small(self, kind: int, meta: bytes) -> bool:
@@ -324,7 +325,7 @@ class Handoff:
             return False
         if transport.get_write_buffer_size() + self._pending_bytes > self._limit + _RESULT_HEADROOM:
             return False
-        self._queue(wire.FRAME.size + len(meta), wire.frame_header(kind, len(meta), 0), meta)
+        self._queue(frames.FRAME.size + len(meta), frames.frame_header(kind, len(meta), 0), meta)
         return True
 
     def _queue(self, size: int, *parts: bytes) -> None:
@@ -362,13 +363,13 @@ class Handoff:
         self._pending, self._pending_bytes, self._pending_chosen = [], 0, []
 
     def _on_frame(self, kind: int, meta: bytes) -> None:
-        if kind == wire.KIND_STATS:
+        if kind == frames.KIND_STATS:
             self.stats = _decode_stats(meta)
             self.stats_at = time.monotonic()
             self._stats_event.set()
-        elif kind == wire.KIND_RATES:
+        elif kind == frames.KIND_RATES:
             self._on_rates(_decode_rates(meta))
-        elif kind == wire.KIND_IDLE_ACK:
+        elif kind == frames.KIND_IDLE_ACK:
             fut = self._idle_waiters.pop(_decode_idle(meta).seq, None)
             if fut is not None and not fut.done():
                 fut.set_result(None)
@@ -379,12 +380,12 @@ class Handoff:
         seq = self._idle_seq
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._idle_waiters[seq] = fut
-        if not self._send_small(wire.KIND_IDLE, _encode(wire.IdleMeta(seq))):
+        if not self._send_small(frames.KIND_IDLE, _encode(frames.IdleMeta(seq))):
             self._idle_waiters.pop(seq, None)
             return
         await fut
 
-    async def wait_stats(self, after: float | None = None) -> wire.StatsMeta | None:
+    async def wait_stats(self, after: float | None = None) -> frames.StatsMeta | None:
         """The next STATS frame received after `after` (default: now), within 5 s."""
         after = time.monotonic() if after is None else after
         with contextlib.suppress(TimeoutError):

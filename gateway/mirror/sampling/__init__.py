@@ -1,0 +1,3 @@
+"""Which production requests become copies: `sampler` (deterministic hash decisions and
+session keys, pure), `rate` (the target-rate controller's math, pure), `adaptive` (the mirror
+process's side of it), `loopguard` (sheds new copies while the mirror process is overloaded)."""
