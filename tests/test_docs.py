@@ -1,12 +1,15 @@
 """The documentation is true: the commands, requests, keys, defaults and metric names that
 README.md, docs/ and the example configs show are checked against the real argument parser, a
-real gateway in front of simulated engines, the real config types and a real /metrics scrape.
+real gateway in front of simulated engines, the real config types and a real /metrics scrape;
+README.md stays a landing page whose Quickstart is what .ci/run runs, and the docs site
+(mkdocs.yml, docs/hooks.py) holds every page and generates the API and command references.
 
 Conventions the docs follow so that this module can read them: shell examples sit in ```bash
 blocks, with `\\` continuations; a curl example is followed by a `# → STATUS …` comment naming
 the status(es) it answers; examples use `http://canary-gateway:8080` for the gateway, `$TOKEN`
 for an admin token and the placeholder URLs in `URL_PLACEHOLDERS`; tables whose first header is
-`key`, `setting` or `metric` list config keys, verdict settings and metric names.
+`key`, `setting` or `metric` list config keys, verdict settings and metric names. The examples
+build on one another in the order of `WALKTHROUGH` (register, report, promote, roll back).
 """
 
 from __future__ import annotations
@@ -14,17 +17,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import re
 import shlex
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
 import pytest
+import yaml
 
 from domain.endpoint import Endpoint
 from evaluators.judge.metric import MetricResult
@@ -43,7 +51,30 @@ from gateway.sim.server import start_sim
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-DOCS = (README, *sorted((ROOT / "docs").glob("*.md")))
+DOCS_DIR = ROOT / "docs"
+# The pages whose examples run against one gateway, in the order they build on one another.
+WALKTHROUGH = tuple(
+    DOCS_DIR / name
+    for name in (
+        "getting-started.md",
+        "candidates.md",
+        "reports-and-statistics.md",
+        "promoting.md",
+    )
+)
+DOCS = (
+    README,
+    *WALKTHROUGH,
+    *sorted(p for p in DOCS_DIR.rglob("*.md") if p not in WALKTHROUGH),
+)
+# Generated from the config's declaration and checked against it by its own test.
+CONFIG_PAGE = DOCS_DIR / "configuration.md"
+README_MAX_LINES = 250
+# The Quickstart's two blocks, exactly as .ci/run extracts and runs them.
+QUICKSTART = (
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && canary demo\n",
+    ". .venv/bin/activate && pip install -e '.[dev]' && pytest\n",
+)
 DEMO_CONFIG = ROOT / "configs" / "demo.toml"
 DEPLOY_CONFIG = ROOT / "configs" / "production-postgres.toml"
 SCHEMA_DOC = ROOT / "docs" / "report-schema.md"
@@ -135,8 +166,10 @@ def tables(path: Path) -> list[tuple[list[str], list[list[str]]]]:
 
 
 def table_column(header: str) -> list[list[str]]:
-    """Body rows of every docs table whose first header cell is `header`."""
-    found = [body for path in DOCS for head, body in tables(path) if head[0] == header]
+    """Body rows of every docs table whose first header cell is `header` (the generated
+    configuration page aside: its own test keeps it in step with the config)."""
+    pages = [path for path in DOCS if path != CONFIG_PAGE]
+    found = [body for path in pages for head, body in tables(path) if head[0] == header]
     return [row for body in found for row in body]
 
 
@@ -268,9 +301,10 @@ def test_canary_commands_parse() -> None:
 
 
 async def test_curl_examples_answer_as_documented(tmp_path: Path) -> None:
-    """Each curl example of the README, run in order against a real gateway, answers with a
-    status its `# →` comment names (the gate says 425: a fresh candidate is on hold)."""
-    examples = [c for c in shell_commands(README) if c.text.startswith("curl ")]
+    """Each curl example of README.md and docs/, run in the pages' order against a real gateway,
+    answers with a status its `# →` comment names (the gate says 425: a fresh candidate is on
+    hold)."""
+    examples = [c for p in DOCS for c in shell_commands(p) if c.text.startswith("curl ")]
     assert len(examples) >= 9
     async with stage(tmp_path) as st, aiohttp.ClientSession() as http:
         for cmd in examples:
@@ -289,11 +323,12 @@ async def test_curl_examples_answer_as_documented(tmp_path: Path) -> None:
 async def test_cli_admin_examples_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The README's candidates, report, promote and rollback lines run against a real gateway:
-    each exits 0, except an unforced promote of a candidate on hold and a rollback with nothing
-    to undo, which exit 2 as documented."""
+    """The docs' candidates, report, promote and rollback lines, in the pages' order, run
+    against a real gateway: each exits 0, except an unforced promote of a candidate on hold and
+    a rollback with nothing to undo, which exit 2 as documented."""
     admin = ("candidates", "report", "promote", "rollback")
-    lines = [line for where, line in canary_lines() if where == README.name]
+    pages = {p.name for p in DOCS}
+    lines = [line for where, line in canary_lines() if where in pages]
     runnable = [line for line in lines if line.split()[1] in admin]
     assert len(runnable) >= 10
     monkeypatch.chdir(tmp_path)
@@ -324,15 +359,15 @@ def _default_text(value: Any) -> str:
 
 
 def test_config_keys_and_defaults_in_docs_are_real() -> None:
-    """Every key in a `key` table is a gateway or candidate setting with the stated default, and
-    every `setting` a verdict setting with its default."""
+    """Every key in a `key` table (a candidate's settings) is a gateway or candidate setting with
+    the stated default, and every `setting` a verdict setting with its default."""
     defaults = {f.name: f.default for f in msgspec.structs.fields(GatewayConfig)}
     for f in msgspec.structs.fields(CandidateConfig):
         defaults.setdefault(f.name, f.default)
     defaults["verdict"] = {}
     verdict = msgspec.structs.asdict(VerdictSettings())
     keys, settings = table_column("key"), table_column("setting")
-    assert len(keys) >= 20
+    assert len(keys) >= 10
     assert len(settings) >= 5
     for rows, known in ((keys, defaults), (settings, verdict)):
         for row in rows:
@@ -371,7 +406,7 @@ def test_example_configs_load_and_agree_with_the_readme() -> None:
 
 
 async def test_documented_metrics_are_the_exported_ones(tmp_path: Path) -> None:
-    """The README's metric table names exactly the metric families a real gateway exports at
+    """The docs' metric table names exactly the metric families a real gateway exports at
     /metrics, after proxying a request mirrored to a candidate."""
     documented = {unquote(row[0]) for row in table_column("metric")}
     async with stage(tmp_path) as st, aiohttp.ClientSession() as http:
@@ -406,13 +441,108 @@ def test_admin_urls_in_docs_are_real_routes() -> None:
 
 
 def test_relative_links_in_docs_resolve() -> None:
-    """Every relative markdown link in README.md and docs/ points at a file of the repository."""
+    """Every relative markdown link in README.md and docs/ points at a file of the repository,
+    and a docs page's links stay inside docs/ (the site holds nothing else)."""
+    checked = 0
     for path in DOCS:
         text = _FENCE.sub("", path.read_text(encoding="utf-8"))
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
             if "://" in target:
                 continue
-            assert (path.parent / target).exists(), f"{path.name}: {target}"
+            checked += 1
+            resolved = (path.parent / target).resolve()
+            assert resolved.exists(), f"{path.name}: {target}"
+            if path != README:
+                assert resolved.is_relative_to(DOCS_DIR), f"{path.name}: {target} leaves docs/"
+    assert checked >= 20
+
+
+def test_readme_is_a_landing_page_whose_quickstart_ci_runs() -> None:
+    """README.md is at most 250 lines, and the two blocks .ci/run's own extraction code finds
+    under its Quickstart are exactly the install-and-demo and dev-install-and-pytest commands."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    extract = ci.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    for index, expected in enumerate(QUICKSTART):
+        run = subprocess.run(
+            [sys.executable, "-c", extract, str(index)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert run.stdout == expected + "\n", (index, run.stdout)
+
+
+def _nav_pages(entries: Any) -> Iterator[str]:
+    """Every page path of an mkdocs nav, sections flattened."""
+    for entry in entries:
+        if isinstance(entry, str):
+            yield entry
+        elif isinstance(entry, dict):
+            for value in entry.values():
+                yield from [value] if isinstance(value, str) else _nav_pages(value)
+
+
+def _hooks() -> ModuleType:
+    """docs/hooks.py, the mkdocs hook module, imported from its file."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS_DIR / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_docs_page_is_in_the_nav() -> None:
+    """Every markdown page under docs/ and every page docs/hooks.py generates is in mkdocs.yml's
+    nav, and the README's links into docs/ name pages of that nav."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    nav = set(_nav_pages(config["nav"]))
+    on_disk = {p.relative_to(DOCS_DIR).as_posix() for p in DOCS_DIR.rglob("*.md")}
+    assert on_disk - nav == set()
+    assert set(_hooks().GENERATED) - nav == set()
+    readme = README.read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\(docs/([^)#\s]+\.md)", readme))
+    assert len(linked) >= 8
+    assert linked - nav == set()
+
+
+def test_api_reference_renders_every_operation() -> None:
+    """The generated API page has a section for every path and method of the OpenAPI document,
+    with its summary, every request body field and every response status."""
+    doc = openapi_document()
+    page = _hooks().render_api(doc)
+    schemas = doc["components"]["schemas"]
+    operations = 0
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            operations += 1
+            section = page.split(f"\n## {method.upper()} /admin{path}\n", 1)[1].split("\n## ")[0]
+            assert op["summary"] in section
+            body = op.get("requestBody")
+            if body is not None:
+                name = body["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+                for field in schemas[name]["properties"]:
+                    assert f"| `{field}` |" in section, (path, method, field)
+            for status in op["responses"]:
+                assert f"\n| {status} |" in section, (path, method, status)
+    assert operations >= 10
+
+
+def test_cli_reference_and_index_are_generated() -> None:
+    """The generated command page holds the help of every `canary` subcommand, and the site's
+    index is README.md with its links kept inside the site."""
+    hooks = _hooks()
+    parser = cli.build_parser()
+    page = hooks.render_cli(parser)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        assert f"## `canary {name}`" in page
+        assert sub.format_usage().split()[1:3] == ["canary", name]
+    index = hooks.render_index(README.read_text(encoding="utf-8"))
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", _FENCE.sub("", index)):
+        assert "://" in target or (DOCS_DIR / target).exists(), target
 
 
 def _synthetic_report() -> Report:
