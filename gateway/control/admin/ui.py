@@ -21,6 +21,7 @@ from aiohttp import web
 
 # Route names the admin boundary serves without a token (see `is_public`).
 ROUTE_PREFIX = "ui"
+PAGE_PATH = "/ui/"  # the page, under the admin app's mount point (`/admin`)
 _FILES = {  # served name -> content type
     "index.html": "text/html",
     "app.js": "text/javascript",
@@ -71,5 +72,5 @@ def add_routes(router: web.UrlDispatcher) -> None:
         raise web.HTTPFound(request.path + "/")
 
     router.add_get("/ui", to_slash, name="ui_redirect")
-    router.add_get("/ui/", index, name="ui_index")
+    router.add_get(PAGE_PATH, index, name="ui_index")
     router.add_get("/ui/{file}", asset, name="ui_asset")
