@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 
 from evaluators.judge.metric import MetricResult
 from evaluators.judge.settings import VerdictSettings
+from evaluators.metrics.divergence import NAME as SCORED_METRIC
 from evaluators.stats.sequential import BoundedStat, MeanStat
 
 # Longest experiment sized, in units: past this a margin is "out of reach".
@@ -298,11 +299,14 @@ def measured_rows(
     values (`detail.unit_sd`), each rate from its share of discordant pairs and pairs per unit,
     similarity from its unit sd. Guardrails are sized for a candidate truly at the reference
     (ratio 1, difference 0); the goal for `goal_ratio`, else the improvement measured so far
-    (when there is one), else 0.8.
+    (when there is one), else 0.8. The scored divergence test is not a row: its units are
+    scored pairs, a share of the pairs (`needs` sizes it from `measured_scoring`).
     """
     rows: list[Row] = []
     for r in metrics:
         if not r.gating or r.status in ("ungated", "n/a") or r.n == 0:
+            continue
+        if r.name == SCORED_METRIC:
             continue
         sd = r.detail.get("unit_sd")
         if isinstance(sd, float) and r.scale == "ratio":
@@ -338,6 +342,19 @@ def measured_rows(
             elif isinstance(sd, float):
                 rows.append(BoundedRow(label, margin, r.margin, sd))
     return rows
+
+
+def measured_scoring(metrics: list[MetricResult], pairs: int) -> tuple[float, float] | None:
+    """(share of the pairs scored, sd of one scored pair's difference) that the divergence test
+    of a running experiment measured, for `Traffic.score_rate` and `score_sd`; None when it is
+    not gated or has no scored pair yet."""
+    for r in metrics:
+        if r.name != SCORED_METRIC or not r.gating or r.status in ("ungated", "n/a"):
+            continue
+        scored, sd = r.detail.get("pairs_scored"), r.detail.get("unit_sd")
+        if isinstance(scored, int) and scored > 0 and pairs > 0 and isinstance(sd, float):
+            return min(1.0, scored / pairs), sd
+    return None
 
 
 def noise_rows(traffic: Traffic, s: VerdictSettings, *, goal: bool, first_turn: bool) -> list[Row]:

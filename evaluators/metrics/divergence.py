@@ -35,13 +35,14 @@ from evaluators.judge.metric import (
 
 UNSUPPORTED = "scoring unsupported: the candidate refused prompt logprobs (an older engine?)"
 NO_CONTROL = "no control scored the same pairs: register a control (kind = control)"
+NAME = "logprob_divergence"
 
 
 def spec_for(ctx: EvalContext) -> MetricSpec:
     s = ctx.settings
     critical = ctx.candidate.kind in SCORE_CRITICAL
     return MetricSpec(
-        name="logprob_divergence",
+        name=NAME,
         label="top-1 disagreement",
         role="critical" if critical else "guardrail",
         harm="higher",

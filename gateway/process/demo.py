@@ -30,6 +30,7 @@ import aiohttp
 import msgspec
 
 from domain.errors import CanaryError
+from gateway.control.admin.ui import PAGE_PATH
 from gateway.lifecycle import die_with_parent
 from gateway.sim.workload import WorkloadSpec, run_workload
 
@@ -351,6 +352,7 @@ async def _keep_running(gateway: str, urls: dict[str, str], config: Path, db: Pa
         f"""
 Everything is still running (Ctrl-C stops it all):
   gateway      {gateway}   (metrics: {gateway}/metrics, admin: {gateway}/admin/status)
+  live page    {gateway}/admin{PAGE_PATH}   (open it in a browser: no token on loopback)
   production   {urls["live"]}
   candidates   control {urls["control"]}, bi-kv {urls["bi-kv"]}, quantized {urls["quantized"]}
   config       {config}

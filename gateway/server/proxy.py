@@ -90,6 +90,18 @@ _BAD_TARGET_BODY = error_body(
     "invalid_request_error", "bad_request_target",
 )  # fmt: skip
 SLOW_READER = "client_slow_reader"
+# Every `kind` of canary_proxy_upstream_errors_total, exported at 0 from start (a series that
+# appears only with its first error leaves dashboards empty and rate() alerts unwritable): the
+# error kinds of the live exchange (a timeout by its Watchdog phase; a connect timeout counts
+# as connect) and the client's.
+TIMEOUT_LABELS = {phase: f"timeout_{phase}" for phase in ("ttfb", "idle", "total")}
+UPSTREAM_ERROR_LABELS: tuple[str, ...] = (
+    ErrorKind.CONNECT,
+    ErrorKind.RESET,
+    *TIMEOUT_LABELS.values(),
+    ErrorKind.CLIENT_DISCONNECT,
+    SLOW_READER,
+)
 
 
 def _result(meter: ResponseMeter | None, now: float, status: int) -> MeterResult:
@@ -167,13 +179,13 @@ class ProxyMetrics:
         )
         self.routes = {route: _RouteStats(route, self) for route in ROUTES}
         self.other = _RouteStats("other", self)
-        self._errors: dict[str, object] = {}
+        self._errors = {kind: self.upstream_errors.labels(kind) for kind in UPSTREAM_ERROR_LABELS}
 
     def error(self, kind: str) -> None:
         series = self._errors.get(kind)
-        if series is None:
+        if series is None:  # a kind outside the declared set: still counted, never dropped
             series = self._errors[kind] = self.upstream_errors.labels(kind)
-        series.inc()  # type: ignore[attr-defined]
+        series.inc()
 
 
 class Proxy:
@@ -394,7 +406,7 @@ class Proxy:
         timeout = isinstance(exc, UpstreamTimeoutError)
         if timeout and exc.phase == CLIENT_WRITE:  # type: ignore[attr-defined]
             return self._slow_reader(request, stats, upstream, meter, token, out)
-        self.metrics.error(f"timeout_{exc.phase}" if timeout else kind)  # type: ignore[attr-defined]
+        self.metrics.error(TIMEOUT_LABELS.get(exc.phase, ErrorKind.TIMEOUT) if timeout else kind)  # type: ignore[attr-defined]
         if upstream is not None:
             upstream.close()  # drop the connection: the engine must stop generating
         end = perf_counter()

@@ -1,4 +1,5 @@
-"""What the browser tests run against: a real `canary serve` process (SQLite, admin token)
+"""What the browser tests run against: a real `canary serve` process (SQLite, admin token, or
+an open admin API with `insecure_admin = true`)
 proxying to a simulated live engine and mirroring to a simulated A/A control and a simulated
 bi-KV candidate, plus Playwright's chromium (the system's, `executable_path`). Holds no tests.
 """
@@ -64,8 +65,9 @@ def _toml(value: Any) -> str:
     return json.dumps(value)  # strings, numbers and booleans are spelled alike in TOML
 
 
-def config_text(db: Path, sims: dict[str, SimServer]) -> str:
+def config_text(db: Path, sims: dict[str, SimServer], *, insecure: bool = False) -> str:
     lines = [
+        *(["insecure_admin = true"] if insecure else []),
         f"live_url = {_toml(sims['live'].url)}",
         f"db_url = {_toml(f'sqlite+aiosqlite:///{db}')}",
         # The simulators run in the test's process on two shared cores: a lenient guard keeps
@@ -107,17 +109,19 @@ async def _ready(url: str, proc: asyncio.subprocess.Process, log: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running_stack(tmp: Path) -> AsyncIterator[Stack]:
+async def running_stack(tmp: Path, *, token: bool = True) -> AsyncIterator[Stack]:
+    """The gateway and its engines; with `token` False, no admin token and an open admin API."""
     sims: dict[str, SimServer] = {}
     proc: asyncio.subprocess.Process | None = None
     try:
         for name, profile in (("live", "baseline"), ("control", "control"), (CANDIDATE, "bi-kv")):
             sims[name] = await start_sim(get_profile(profile, time_scale=TIME_SCALE))
         config = tmp / "canary.toml"
-        config.write_text(config_text(tmp / "canary.db", sims))
+        config.write_text(config_text(tmp / "canary.db", sims, insecure=not token))
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
-        env["CANARY_ADMIN_TOKEN"] = f"ops:{TOKEN}"
+        if token:
+            env["CANARY_ADMIN_TOKEN"] = f"ops:{TOKEN}"
         log = tmp / "gateway.log"
         with log.open("wb") as out:  # a file, not a pipe nobody reads (it would fill and block)
             proc = await asyncio.create_subprocess_exec(

@@ -83,6 +83,8 @@ async def test_page_refuses_without_a_token(tmp_path: Path) -> None:
         assert "unsafe-inline" not in csp
         await page.wait_for_selector("#login:not([hidden])")
         assert await page.is_hidden("#list-view") and await page.is_hidden("#detail-view")
+        what = await page.inner_text("#login-what")  # the prompt says what to type
+        assert "admin_token" in what and "CANARY_ADMIN_TOKEN" in what
         html = await page.content()
         assert CANDIDATE not in html and "control" not in html  # the page itself holds no data
         status = await page.evaluate(
@@ -116,6 +118,24 @@ async def test_page_refuses_without_a_token(tmp_path: Path) -> None:
             await page.evaluate(VISIBILITY, False)
     # The only errors are the two 401s this test asked for (the browser logs each refused call).
     assert all("401" in e for e in console.errors), console.errors
+
+
+async def test_open_admin_api_shows_no_token_prompt(tmp_path: Path) -> None:
+    """With `insecure_admin = true` and no token the page asks for nothing and lists the
+    candidates at once; its rates show 3 significant digits and 0 below 0.005/s."""
+    async with running_stack(tmp_path, token=False) as stack, page_on(stack) as (page, console):
+        await page.goto(stack.ui)
+        await page.wait_for_selector(f"#candidates tr[data-candidate='{CANDIDATE}']")
+        assert await page.is_hidden("#login") and await page.is_hidden("#forget")
+        assert await page.evaluate("sessionStorage.length") == 0
+        cell = page.locator(f"#candidates tr[data-candidate='{CANDIDATE}'] td").nth(8)
+        assert re.fullmatch(r"– / (–|0|[\d.,]+)", await cell.inner_text())
+        shown = await page.evaluate(
+            "[0.00000619, 0.004999, 0.005, 0.0123456, 1.23456, 12.3456, 1234.56, null]"
+            ".map(perSecond)"
+        )
+        assert shown == ["0", "0", "0.005", "0.0123", "1.23", "12.3", "1,230", "–"]
+    assert console.errors == []
 
 
 # One step of agent sessions through the proxy: 24 six-turn sessions, 144 pairs.

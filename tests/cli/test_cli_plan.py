@@ -139,28 +139,28 @@ async def test_plan_reads_the_live_rate_from_a_running_gateway(tmp_path: Path) -
         await sim.close()
 
 
-def test_plan_from_a_running_experiment_measures_each_gating_test(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`canary plan --candidate` reads the candidate's pairs so far (here 120 three-turn sessions
-    drawn from the independent world at real engines' noise): one row per gating test as the
-    verdict gates it, turn-1 TTFT apart from the later-turn goal, sized from the noise each
-    showed — the turn-1 row, one noisy pair per session, needs the most sessions of the latency
-    rows and about what the noise model says at a pair sd of 1.1."""
+def _experiment(url: str, kind: str, scored_every: int = 0) -> None:
+    """Store 120 three-turn sessions drawn from the independent world at real engines' noise as
+    the pairs so far of candidate `cand` (of `kind`) and its control; with `scored_every`, every
+    such pair carries both arms' logprob scores (as teacher forcing writes them)."""
     import msgspec
 
     from domain.endpoint import Endpoint
-    from gateway.cli.main import main
     from storage import queries
     from storage.engine import make_engine, upgrade
     from tests.evaluators import world
     from tests.evaluators.test_eval_pairs import store
 
-    url = f"sqlite+aiosqlite:///{tmp_path / 'plan.db'}"
     case = next(c for c in world.PLANNED if c.label.startswith("A/A bi-kv, real"))
     pairs = world.draw(case.world, 120, np.random.default_rng(3))
     t0 = time.time() - 3600
     pairs = [msgspec.structs.replace(p, received_at=t0 + p.received_at) for p in pairs]
+    for i, p in enumerate(pairs):
+        if scored_every and i % scored_every == 0 and p.candidate and p.control:
+            score = {"score_tokens": 40, "score_logprob": -0.4, "score_kl": 0.003}
+            cand = msgspec.structs.replace(p.candidate, score_top1=0.95 + 0.01 * (i % 3), **score)
+            ctrl = msgspec.structs.replace(p.control, score_top1=0.96, **score)
+            pairs[i] = msgspec.structs.replace(p, candidate=cand, control=ctrl)
 
     async def setup() -> None:
         await upgrade(url)
@@ -169,9 +169,9 @@ def test_plan_from_a_running_experiment_measures_each_gating_test(
             await queries.create_endpoint(
                 engine, Endpoint(name="live", url="http://l", role="live")
             )
-            for name, kind in (("cand", "bi-kv"), ("ctrl", "control")):
+            for name, k in (("cand", kind), ("ctrl", "control")):
                 ep = Endpoint(
-                    name=name, url="http://c", kind=kind, sampling="session",
+                    name=name, url="http://c", kind=k, sampling="session",
                     verdict=dict(world.REAL_MARGINS),
                 )  # fmt: skip
                 await queries.create_endpoint(engine, ep)
@@ -180,6 +180,21 @@ def test_plan_from_a_running_experiment_measures_each_gating_test(
             await engine.dispose()
 
     asyncio.run(setup())
+
+
+def test_plan_from_a_running_experiment_measures_each_gating_test(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`canary plan --candidate` reads the candidate's pairs so far (here 120 three-turn sessions
+    drawn from the independent world at real engines' noise): one row per gating test as the
+    verdict gates it, turn-1 TTFT apart from the later-turn goal, sized from the noise each
+    showed — the turn-1 row, one noisy pair per session, needs the most sessions of the latency
+    rows and about what the noise model says at a pair sd of 1.1."""
+    from gateway.cli.main import main
+    from tests.evaluators import world
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'plan.db'}"
+    _experiment(url, "bi-kv")
     args = ["plan", "--candidate", "cand", "--db", url, "--since", "2h", "--format", "json"]
     assert main(args) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -192,7 +207,10 @@ def test_plan_from_a_running_experiment_measures_each_gating_test(
     # The horizon is the sessions by which 95 % of runs show every session-unit test together:
     # at least the slowest one's own, within 2 % of the search's precision; the divergence row
     # counts scored pairs (its own units), sized at that horizon.
-    sized = [r["units"] for r in doc["needs"] if not r["metric"].startswith("logprob divergence")]
+    # A bi-kv candidate scores nothing: no divergence row (--score-rate's default is the noise
+    # model's, not a running candidate's).
+    assert not [r for r in doc["needs"] if "divergence" in r["metric"]]
+    sized = [r["units"] for r in doc["needs"]]
     assert doc["horizon_units"] >= max(sized) * 0.98
     slowest = max(r["seconds"] for r in doc["needs"] if r["seconds"] is not None)
     if doc["seconds_to_decide"] > slowest:  # the horizon, when it is past every test's own
@@ -205,3 +223,36 @@ def test_plan_from_a_running_experiment_measures_each_gating_test(
     noise_first = next(n for n in model if n.metric == "TTFT, turn 1")
     assert noise_first.units is not None
     assert 0.5 < first["units"] / noise_first.units < 2.0, (first, noise_first)
+
+
+def test_plan_of_a_scoring_candidate_lists_its_divergence_test_once_in_a_narrow_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`canary plan --candidate` of a quantized candidate that scored one pair in ten lists the
+    divergence test once, sized on that measured share of scored pairs, and its table keeps
+    every column aligned within a 60-column terminal, cutting long test names."""
+    from gateway.cli.main import main
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'plan.db'}"
+    _experiment(url, "quantized", scored_every=10)
+    base = ["plan", "--candidate", "cand", "--db", url, "--since", "2h"]
+    assert main([*base, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (row,) = [r for r in doc["needs"] if "divergence" in r["metric"]]
+    share = 36 / 360  # every 10th of 360 pairs scored
+    assert row["metric"].startswith(f"logprob divergence ({share:g} scored)")
+    assert row["pairs"] == math.ceil(row["units"] / share)
+    monkeypatch.setenv("COLUMNS", "60")
+    assert main(base) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = out.index("") + 1
+    table = out[start : out.index("", start)]
+    assert table[0].split() == ["test", "margin", "sessions", "pairs", "time"]
+    assert len(table) == len(doc["needs"]) + 1
+    assert sum("divergence" in line for line in table) == 1
+    assert any("…" in line for line in table)  # the longest names were cut, not the layout
+    assert all(len(line) <= 60 for line in table)
+    # Right-aligned numbers: every row's pairs column ends where the header's does.
+    end = table[0].index("pairs") + len("pairs")
+    for line, r in zip(table[1:], doc["needs"], strict=True):
+        assert line[:end].endswith(f"{r['pairs']:,}"), line

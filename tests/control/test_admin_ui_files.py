@@ -48,6 +48,22 @@ async def test_page_is_404_when_the_admin_api_is_disabled(tmp_path: Path) -> Non
                 assert resp.status == 404
 
 
+async def test_page_says_whether_the_api_needs_a_token(tmp_path: Path) -> None:
+    """The served page states "token" when the admin API takes tokens and "open" under
+    --insecure-admin (so it shows no prompt there); the API answers it without one then."""
+    meta = re.compile(r'<meta name="canary-admin-auth" content="(\w+)">')
+    for tokens, insecure, expected in ((None, False, "token"), ({}, True, "open")):
+        async with (
+            admin_server(sqlite_url(tmp_path), tokens=tokens, insecure=insecure) as srv,
+            aiohttp.ClientSession() as http,
+        ):
+            async with http.get(srv.admin + "/ui/") as resp:
+                found = meta.search(await resp.text())
+            assert found is not None and found.group(1) == expected
+            status = (await call(http, "GET", srv.admin + "/status", headers={}))[0]
+            assert status == (200 if insecure else 401)
+
+
 def test_page_loads_nothing_from_elsewhere_and_runs_no_inline_script() -> None:
     """Every asset the HTML names is one of the page's own files; no inline script or style;
     the JavaScript sends the token only as a header and reads only the admin API."""

@@ -104,3 +104,25 @@ async def test_readyz_fails_when_live_is_down(
         assert resp.status == 503
         body = await resp.json()
     assert body["checks"]["live"]["ok"] is False
+
+
+async def test_a_fresh_gateway_exports_every_closed_label_set_at_zero(
+    gateway: Callable[..., Awaitable[Any]], http: aiohttp.ClientSession
+) -> None:
+    """Before any request, /metrics has an upstream-error series at 0 for every declared kind
+    (each live-exchange error kind, each timeout phase, the client's) and every body-refusal
+    reason at 0, so dashboards and rate() alerts have a series from start."""
+    from domain.outcomes import ErrorKind
+    from gateway.server import upstream
+    from gateway.server.proxy import UPSTREAM_ERROR_LABELS
+
+    raised = {cls.kind for cls in (upstream.UpstreamConnectError, upstream.UpstreamResetError)}
+    assert raised | {ErrorKind.CLIENT_DISCONNECT} <= set(UPSTREAM_ERROR_LABELS)
+    assert {"timeout_ttfb", "timeout_idle", "timeout_total"} <= set(UPSTREAM_ERROR_LABELS)
+    gw = await gateway(f"http://127.0.0.1:{free_port()}")
+    async with http.get(gw.url + "/metrics") as resp:
+        text = await resp.text()
+    for kind in UPSTREAM_ERROR_LABELS:
+        assert f'canary_proxy_upstream_errors_total{{kind="{kind}"}} 0\n' in text, kind
+    for reason in ("budget", "timeout"):
+        assert f'canary_proxy_body_refused_total{{reason="{reason}"}} 0\n' in text, reason

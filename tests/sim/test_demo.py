@@ -64,3 +64,37 @@ async def test_interrupting_the_demo_stops_every_child(tmp_path: Path, sig: int)
     assert code == 130, rest.decode()[-2000:]
     assert b"interrupted" in rest
     assert not [pid for pid in children if _alive(pid)]
+
+
+async def test_demo_keep_prints_the_live_page_and_it_is_served(tmp_path: Path) -> None:
+    """`canary demo --keep` lists the live page among its URLs, and that URL serves the page."""
+    import aiohttp
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "gateway.cli.main", "demo", "--keep", "--sessions", "2", "--turns", "1"),
+        *("--out-dir", str(tmp_path)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None
+    page = None
+    try:
+        async with asyncio.timeout(120):
+            while (line := (await proc.stdout.readline()).decode()) and "Try:" not in line:
+                if line.split()[:2] == ["live", "page"]:
+                    page = line.split()[2]
+        assert page is not None and page.endswith("/admin/ui/"), page
+        async with aiohttp.ClientSession() as http, http.get(page) as resp:
+            assert resp.status == 200
+            assert resp.content_type == "text/html"
+            assert "canary-gateway" in await resp.text()
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(60):
+            await proc.stdout.read()
+            await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -121,8 +121,11 @@ def dump_json(obj: object) -> str:
     return msgspec.json.format(msgspec.json.encode(obj), indent=2).decode()
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], flex: int = -1) -> str:
-    """Left-aligned columns; column `flex` is cut (with …) so lines fit the terminal."""
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], flex: int = -1, align: str = ""
+) -> str:
+    """Columns as wide as their content, left-aligned unless `align` has a ">" at the column's
+    index; column `flex` is cut (with …) so lines fit the terminal."""
     width = max(shutil.get_terminal_size((80, 24)).columns, 40)
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     flex %= len(headers)
@@ -133,8 +136,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], flex: int = -1)
         out = []
         for i, cell in enumerate(cells):
             w = widths[i]
-            out.append(cell if len(cell) <= w else cell[: w - 1] + "…")
-        return "  ".join(c.ljust(widths[i]) for i, c in enumerate(out)).rstrip()
+            cell = cell if len(cell) <= w else cell[: w - 1] + "…"
+            out.append(cell.rjust(w) if align[i : i + 1] == ">" else cell.ljust(w))
+        return "  ".join(out).rstrip()
 
     return "\n".join([line(headers), *(line(r) for r in rows)])
 

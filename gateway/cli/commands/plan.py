@@ -245,11 +245,13 @@ class Plan(msgspec.Struct, kw_only=True):
 
 def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> Plan:
     """The plan from the flags' noise model, or from `measured` (a candidate's report)."""
+    from domain.kinds import score_rate as kind_score_rate
     from evaluators.judge import plan as core
 
     s = _settings(args)
     turns = args.turns
     source = "noise model"
+    scoring: dict[str, float] = {"score_rate": args.score_rate}
     if measured is not None:
         report, s = measured
         ps = report.pairs
@@ -266,6 +268,14 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
             + (f" in {ps.sessions:,} sessions" if ps.sessions else "")
             + " so far"
         )
+        # The divergence test once, on the scored pairs: the share and noise they measured,
+        # else (nothing scored yet) the candidate kind's default share, never the flag's.
+        found = core.measured_scoring(list(report.metrics.values()), ps.n)
+        scoring = (
+            {"score_rate": found[0], "score_sd": found[1]}
+            if found is not None
+            else {"score_rate": kind_score_rate(report.kind, None)}
+        )
     traffic = core.Traffic(
         rate_rps=rate,
         sample_rate=args.sample_rate if measured is None else 1.0,
@@ -274,7 +284,7 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
         discordance=args.failures,
         disagreement=args.disagreement,
         goal_ratio=args.goal_ratio if args.goal_ratio is not None else 0.8,
-        score_rate=args.score_rate,
+        **scoring,
     )
     if measured is None:
         rows = core.noise_rows(traffic, s, goal=True, first_turn=True)
@@ -328,6 +338,7 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
 
 def render_text(plan: Plan) -> str:
     from evaluators.judge.verdict import fmt_duration
+    from gateway.cli.commands.candidates import table
 
     unit = plan.unit + "s"
     head = (
@@ -341,14 +352,19 @@ def render_text(plan: Plan) -> str:
         + (f" ({plan.turns:.3g} pairs each)" if plan.turns > 1 else "")
         + f"; α = {plan.alpha:g} one-sided",
         "",
-        f"{'test':<34} {'margin':>9} {unit:>9} {'pairs':>9} {'time':>10}",
-        f"{'-' * 34} {'-' * 9} {'-' * 9} {'-' * 9} {'-' * 10}",
     ]
-    for r in plan.needs:
-        units = "out of reach" if r.units is None else f"{r.units:,}"
-        pairs = "" if r.pairs is None else f"{r.pairs:,}"
-        secs = "" if r.seconds is None else fmt_duration(r.seconds)
-        lines.append(f"{r.metric:<34} {r.margin:>9} {units:>9} {pairs:>9} {secs:>10}")
+    rows = [
+        [
+            r.metric,
+            r.margin,
+            "out of reach" if r.units is None else f"{r.units:,}",
+            "" if r.pairs is None else f"{r.pairs:,}",
+            "" if r.seconds is None else fmt_duration(r.seconds),
+        ]
+        for r in plan.needs
+    ]
+    # Widths from the content; a test's name too long for the terminal is cut with "…".
+    lines.append(table(["test", "margin", unit, "pairs", "time"], rows, flex=0, align="<>>>>"))
     lines.append("")
     if plan.seconds_to_decide is None:
         lines.append(f"dominates: {plan.dominant} (not within reach: loosen its margin)")

@@ -350,7 +350,8 @@ def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> w
     settings when None). Raises ConfigError for `insecure` on a public listener."""
     from gateway.control.admin.openapi import openapi_document
 
-    enabled = admin_mode(ctx.tokens, ctx.insecure, ctx.listen_host) != "disabled"
+    mode = admin_mode(ctx.tokens, ctx.insecure, ctx.listen_host)
+    enabled = mode != "disabled"
     settings = config if config is not None else GatewayConfig()
     guard = AuthGuard(
         settings.admin_auth_failures_allowed,
@@ -397,5 +398,5 @@ def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> w
     r.add_post("/rollback", rollback)
     r.add_get("/status", status)
     r.add_get("/openapi.json", openapi_json, name="openapi")
-    ui.add_routes(r)  # the live page: static files that call the routes above
+    ui.add_routes(r, token_required=mode == "tokens")  # the live page: calls the routes above
     return app

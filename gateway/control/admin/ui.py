@@ -8,9 +8,12 @@ computes), draws the intervals in SVG, and promotes or rolls back through the sa
 the page goes with it.
 
 The three files are served without authentication (they reveal nothing: no names, no
-numbers); every API call the page makes carries the operator's bearer token, typed into the
-page, kept in the tab's sessionStorage and sent only as an `Authorization` header, never in a
-URL. A strict Content-Security-Policy forbids every asset from elsewhere and any inline script.
+numbers). When the admin API takes tokens, every API call the page makes carries the
+operator's bearer token, typed into the page, kept in the tab's sessionStorage and sent only as
+an `Authorization` header, never in a URL; when it is open (`insecure_admin`, loopback only)
+the page asks for nothing. Which of the two is written into the page once, at start-up (a
+`<meta>` value: the page learns it without a probe that would count as a failed login). A
+strict Content-Security-Policy forbids every asset from elsewhere and any inline script.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from aiohttp import web
 
 # Route names the admin boundary serves without a token (see `is_public`).
 ROUTE_PREFIX = "ui"
+PAGE_PATH = "/ui/"  # the page, under the admin app's mount point (`/admin`)
 _FILES = {  # served name -> content type
     "index.html": "text/html",
     "app.js": "text/javascript",
@@ -45,15 +49,23 @@ def is_public(route_name: str | None) -> bool:
     return bool(route_name) and str(route_name).startswith(ROUTE_PREFIX)
 
 
-def _load() -> dict[str, bytes]:
+# index.html's placeholder for whether API calls need a token: "token" or "open".
+_AUTH_MARK = b"__CANARY_ADMIN_AUTH__"
+
+
+def _load(token_required: bool) -> dict[str, bytes]:
     static = resources.files("gateway.control.admin").joinpath("static")
-    return {name: static.joinpath(name).read_bytes() for name in _FILES}
+    files = {name: static.joinpath(name).read_bytes() for name in _FILES}
+    auth = b"token" if token_required else b"open"
+    files["index.html"] = files["index.html"].replace(_AUTH_MARK, auth)
+    return files
 
 
-def add_routes(router: web.UrlDispatcher) -> None:
+def add_routes(router: web.UrlDispatcher, *, token_required: bool = True) -> None:
     """Add `/ui`, `/ui/` and `/ui/{file}` to the admin sub-app's router (read once, kept in
-    memory: three small files)."""
-    files = _load()
+    memory: three small files). `token_required` is False for an open admin API
+    (`insecure_admin`): the page then shows no token prompt."""
+    files = _load(token_required)
 
     def serve(name: str) -> web.Response:
         return web.Response(body=files[name], content_type=_FILES[name], headers=HEADERS)
@@ -71,5 +83,5 @@ def add_routes(router: web.UrlDispatcher) -> None:
         raise web.HTTPFound(request.path + "/")
 
     router.add_get("/ui", to_slash, name="ui_redirect")
-    router.add_get("/ui/", index, name="ui_index")
+    router.add_get(PAGE_PATH, index, name="ui_index")
     router.add_get("/ui/{file}", asset, name="ui_asset")

@@ -2,11 +2,14 @@
 // It reads what the report path computes (GET /admin/candidates, /admin/status, one
 // candidate's /report) and draws it; promote and rollback go through the API, which gates
 // them and writes the audit log. The token lives in this tab's sessionStorage and leaves only
-// as an Authorization header.
+// as an Authorization header; an open admin API (insecure_admin) asks for none.
 "use strict";
 
 const API = new URL("..", location.href).pathname.replace(/\/$/, ""); // "/admin"
 const TOKEN_KEY = "canary-admin-token";
+// Written into the page by the server at start-up: "open" when the admin API takes no token.
+const OPEN = document.querySelector('meta[name="canary-admin-auth"]')?.content === "open";
+const RATE_FLOOR = 0.005; // per second: below it a rate shows as 0 (traffic stopped)
 const LIST_MS = 5000; // the candidate list (cheap: the registry and the rate controller)
 const LIST_REPORT_MS = 20000; // each candidate's report on the list, one at a time
 const DETAIL_MS = 3000; // the open candidate's report
@@ -62,6 +65,15 @@ function fmt(v, digits = 3) {
   return Number(x.toPrecision(digits)).toString();
 }
 
+// A rate per second: 3 significant digits, 0 below RATE_FLOOR (a decaying average that
+// would otherwise print 0.00000619 after traffic stops).
+function perSecond(v) {
+  const x = num(v);
+  if (x === null) return "–";
+  if (Math.abs(x) < RATE_FLOOR) return "0";
+  return x.toLocaleString("en", { maximumSignificantDigits: 3 });
+}
+
 function pct(v) {
   const x = num(v);
   return x === null ? "–" : `${(100 * x).toFixed(1)} %`;
@@ -94,12 +106,18 @@ function row(cells, attrs) {
 
 class Unauthorized extends Error {}
 
+function authorized() {
+  return OPEN || Boolean(sessionStorage.getItem(TOKEN_KEY));
+}
+
 async function api(method, path, body) {
   const token = sessionStorage.getItem(TOKEN_KEY);
-  if (!token) throw new Unauthorized("no token");
+  if (!OPEN && !token) throw new Unauthorized("no token");
   const init = {
     method,
-    headers: { Authorization: `Bearer ${token}`, Accept: "application/json" },
+    headers: OPEN
+      ? { Accept: "application/json" }
+      : { Authorization: `Bearer ${token}`, Accept: "application/json" },
     cache: "no-store",
     credentials: "omit",
     referrerPolicy: "no-referrer",
@@ -122,6 +140,11 @@ function apiError(res) {
 
 function showLogin(message) {
   stopPolling();
+  if (OPEN) {
+    // The API was open when this page was served; a 401 now means the gateway changed.
+    $("updated").textContent = "The admin API now asks for a token: reload the page.";
+    return;
+  }
   sessionStorage.removeItem(TOKEN_KEY);
   for (const id of ["list-view", "detail-view"]) $(id).hidden = true;
   $("forget").hidden = true;
@@ -189,7 +212,7 @@ async function tick() {
 
 document.addEventListener("visibilitychange", () => {
   if (document.hidden) stopPolling();
-  else if (sessionStorage.getItem(TOKEN_KEY) && state.view) schedule(0);
+  else if (authorized() && state.view) schedule(0);
 });
 
 // --- the list ---------------------------------------------------------------------------------
@@ -253,7 +276,7 @@ function renderList(candidates, rates) {
         rate.effective_sample_rate != null
           ? `${pct(rate.effective_sample_rate)} (max ${pct(c.sample_rate)})`
           : pct(c.sample_rate),
-        `${c.target_rps != null ? fmt(c.target_rps) : "–"} / ${fmt(rate.realized_copies_per_second)}`,
+        `${perSecond(c.target_rps)} / ${perSecond(rate.realized_copies_per_second)}`,
       ],
       { "data-candidate": c.name },
     );
@@ -476,7 +499,7 @@ function rollbackDialog() {
 // --- navigation -------------------------------------------------------------------------------
 
 function route() {
-  if (!sessionStorage.getItem(TOKEN_KEY)) {
+  if (!authorized()) {
     showLogin("");
     return;
   }
@@ -514,9 +537,9 @@ document.addEventListener("DOMContentLoaded", () => {
   $("c-cancel").addEventListener("click", () => $("confirm").close());
   $("c-ok").addEventListener("click", guard(confirmed));
   window.addEventListener("hashchange", route);
-  if (sessionStorage.getItem(TOKEN_KEY)) {
+  if (authorized()) {
     $("login").hidden = true;
-    $("forget").hidden = false;
+    $("forget").hidden = OPEN;
   }
   route();
 });
