@@ -59,6 +59,14 @@ ACCOUNTING_KEYS: Final = (
 )
 # Copies that reached the candidate and came to an end.
 OBSERVED_FIELDS: Final = ("observed_ok", "observed_error", "timed_out")
+# A replica's snapshot older than this no longer counts its gauges (a replica that died without
+# its final flush would report its last "pending" for ever), and a replica whose snapshot is
+# older while its exchanges kept arriving is stale: a dozen flush intervals at the default.
+# Storage sums the counters by it; the report's loader counts stale replicas by it.
+GAUGE_MAX_AGE_S: Final = 60.0
+# The report's accounting key: replicas whose counters lag the exchanges they stored (then the
+# counters under-count and the report must not trust them for coverage).
+STALE_REPLICAS: Final = "stale_replicas"
 
 
 def identity_holds(c: Mapping[str, int]) -> bool:

@@ -6,7 +6,14 @@ Plain msgspec Structs, no IO. Times are epoch seconds; durations are seconds.
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
+
+# A capacity measurement ages with the deployment (engine versions, traffic mix); past a week
+# the report falls back to the mirrored-load estimate rather than trust an old run. Storage
+# selects the run by it, the cost metric explains it.
+CAPACITY_MAX_AGE_S: Final = 7 * 86400.0
 
 
 class CaptureRecord(msgspec.Struct, kw_only=True):

@@ -16,7 +16,7 @@ The names are the same everywhere (`ttft_s` in the meter, the table, the evaluat
 Output text is cut to the stored length here and nowhere else (`kept_text`).
 
 Adding a measured per-pair quantity: a field here, the meter (or lane) code that measures it,
-the metric that reads it, and an Alembic revision adding the column.
+the metric that reads it, and an Alembic revision adding the column (docs/add-a-metric.md).
 """
 
 from __future__ import annotations

@@ -10,6 +10,6 @@ writer (DESIGN.md §5). Imports neither `gateway` nor `evaluators`; raises only 
 - `batch`       batched inserts of exchanges and observations
 - `writer`      ObservationWriter (bounded, batched, retrying; the mirror's sink)
 - `textguard`   output text bounded before it is stored
-- `segments`    stored report segments
+- `reports/`    the report path's SQL: pairs of a window, stored report segments
 - `capacity/`   captured conversations and capacity runs of `canary capacity`
 """

@@ -278,7 +278,7 @@ class ReportSegmentRow(Base):
     ends_at: Mapped[float] = mapped_column(Float)
     exchanges: Mapped[int] = mapped_column(Integer)  # all exchanges in the span when computed
     watermark: Mapped[int] = mapped_column(BigInteger)  # observations.id checked up to
-    # Its observations with id > watermark - RECHECK_IDS when checked (see storage.segments).
+    # Its observations with id > watermark - RECHECK_IDS when checked (storage.reports.segments).
     recent: Mapped[int] = mapped_column(Integer)
     rows: Mapped[int] = mapped_column(Integer)  # the candidate's pairs in the span
     sample_size: Mapped[int] = mapped_column(Integer)  # similarity computed for ranks below

@@ -19,7 +19,7 @@ from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from domain.accounting import GAUGE_FIELDS
+from domain.accounting import GAUGE_FIELDS, GAUGE_MAX_AGE_S
 from domain.endpoint import Endpoint
 from domain.errors import DuplicateName, EndpointNotFound, InvalidEndpoint, PromotionConflict
 from storage.engine import write_transaction
@@ -232,7 +232,6 @@ async def upsert_counters(
 # its last ones forever (a copy "pending" for ever inflates coverage), so they count only while
 # the replica keeps reporting. Cumulative counters always count.
 GAUGES = frozenset(GAUGE_FIELDS)  # domain.accounting: point-in-time values, scoring's too
-GAUGE_MAX_AGE_S = 60.0
 
 
 async def sum_counters(

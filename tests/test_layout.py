@@ -103,7 +103,8 @@ def test_storage_imports_only_domain() -> None:
 
 
 def test_evaluators_reach_storage_only_through_the_loader() -> None:
-    """Only `evaluators.pairs.load` reads storage; no evaluator imports the gateway."""
+    """Only `evaluators.pairs.load` reads storage, and only the report path's SQL
+    (`storage.reports`); no evaluator imports the gateway."""
     bad = []
     for module in MODULES:
         if not module.startswith("evaluators"):
@@ -113,6 +114,35 @@ def test_evaluators_reach_storage_only_through_the_loader() -> None:
                 bad.append(f"{module} imports {target}")
             if target.startswith("storage") and module != "evaluators.pairs.load":
                 bad.append(f"{module} imports {target} (only evaluators.pairs.load may)")
+            if target.startswith("storage") and not target.startswith("storage.reports"):
+                bad.append(f"{module} imports {target} (the loader reads storage.reports)")
+    assert bad == []
+
+
+# SQL toolkits and database drivers: storage's business, never the evaluators'.
+_DATABASE_LIBRARIES = ("sqlalchemy", "aiosqlite", "asyncpg", "psycopg", "psycopg2", "alembic")
+
+
+def _foreign_imports(source: str) -> Iterator[str]:
+    """Every top-level package name the source imports, at any depth, `TYPE_CHECKING` included
+    (an annotation that needs SQLAlchemy is SQLAlchemy's business too)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            yield node.module.split(".")[0]
+
+
+def test_evaluators_import_no_sql_and_no_driver() -> None:
+    """No module under evaluators/ imports SQLAlchemy, Alembic or a database driver, at any
+    depth: the evaluators are pure, and their SQL lives in `storage.reports`."""
+    bad = [
+        f"{module} imports {name}"
+        for module in MODULES
+        if module.startswith("evaluators")
+        for name in _foreign_imports(MODULES[module].read_text())
+        if name in _DATABASE_LIBRARIES
+    ]
     assert bad == []
 
 
@@ -226,7 +256,10 @@ def test_no_import_cycles() -> None:
 def test_the_rules_see_imports() -> None:
     """The checker finds imports at all depths (a rule that sees nothing passes vacuously)."""
     assert "domain.endpoint" in set(_imports("storage.queries", top_level_only=False))
-    assert "storage.models" in set(_imports("evaluators.pairs.load", top_level_only=False))
+    assert "storage.reports.pairs" in set(_imports("evaluators.pairs.load", top_level_only=False))
+    assert "sqlalchemy" in set(_foreign_imports(MODULES["storage.reports.pairs"].read_text()))
+    deep = "def f():\n    if TYPE_CHECKING:\n        from asyncpg.pool import Pool\n"
+    assert list(_foreign_imports(deep)) == ["asyncpg"]
     deferred = set(_imports("gateway.cli.commands.report", top_level_only=False))
     assert "evaluators.report.build" in deferred
     assert "evaluators.report.build" not in set(

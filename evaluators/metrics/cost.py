@@ -6,10 +6,10 @@ both would be run at the same concurrency and takes throughput ∝ per-request d
 per pair, log(cost ratio) = log(price×gpus ratio) + log(TPOT_candidate / TPOT_reference), with
 the decode-speed reference the control when present. The goal of a `quantized` candidate.
 
-When the candidate has a `canary capacity` result younger than CAPACITY_MAX_AGE_S, the metric
-uses it instead (and says so): cost ratio = price ratio / capacity ratio, i.e. dollars per
-request served within the SLO at each arm's measured capacity, with the run's bootstrap
-interval; the goal is shown when the interval lies below it.
+When the candidate has a `canary capacity` result younger than CAPACITY_MAX_AGE_S (a week,
+`domain.capture`), the metric uses it instead (and says so): cost ratio = price ratio /
+capacity ratio, i.e. dollars per request served within the SLO at each arm's measured
+capacity, with the run's bootstrap interval; the goal is shown when the interval lies below it.
 """
 
 from __future__ import annotations
@@ -39,11 +39,6 @@ CAVEAT = (
     "$/1M tokens at mirrored load overstates cost; the cost ratio assumes equal concurrency "
     "and throughput proportional to per-request decode speed"
 )
-
-
-# A capacity measurement ages with the deployment (engine versions, traffic mix); past a week
-# the report falls back to the mirrored-load estimate rather than trust an old run.
-CAPACITY_MAX_AGE_S = 7 * 86400.0
 
 
 def caveat(ctx: EvalContext) -> str:

@@ -1,11 +1,13 @@
 """Load aligned (production, candidate[, control]) observations from storage: the evaluators' IO.
 
-The only evaluator module that touches the database. One streaming query (a server-side cursor,
-read in partitions of `batch_size`) joins each exchange of a span to production's observation,
-the candidate's and the control's; rows go straight into the compact columns of a `PairSet`
-(about 230 bytes per pair), so memory stays flat whatever the number of rows. A report reads
-the closed spans of its window from their stored segments (`evaluators.pairs.segments`) and
-runs that query only for the spans that are missing, stale, or still open.
+The only evaluator module that reads the database, and only through `storage.reports` (which
+holds every query; this module imports no SQLAlchemy and no driver). One streaming query
+(`storage.reports.pairs.window_rows`, read in partitions of `batch_size`) joins each exchange
+of a span to production's observation, the candidate's and the control's; rows go straight
+into the compact columns of a `PairSet` (about 230 bytes per pair), so memory stays flat
+whatever the number of rows. A report reads the closed spans of its window from their stored
+segments (`evaluators.pairs.segments`) and runs that query only for the spans that are missing,
+stale, stored under another layout, or still open.
 
 Texts are only fetched where they can matter: when two arms' output hashes differ or are
 unknown (divergence, similarity, exact match) or the request asked for JSON.
@@ -18,16 +20,15 @@ window (`columns.mark_split`); its turns could reach the candidate out of order 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeAlias
 
 import numpy as np
-from sqlalchemy import ColumnElement, and_, case, func, literal, null, or_, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from domain.accounting import ACCOUNTING_KEYS
+from domain.accounting import ACCOUNTING_KEYS, STALE_REPLICAS
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from domain.errors import ReportTooLarge, StorageError
@@ -44,22 +45,26 @@ from evaluators.pairs.columns import (
 from evaluators.pairs.segments import Assembly
 from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import PairSet, ProgressFactory
-from storage import queries
-from storage import segments as seg_store
-from storage.models import ExchangeRow, MirrorCounterRow, ObservationRow
+from storage.reports import pairs as store
+from storage.reports import segments as seg_store
+from storage.reports.pairs import RowLayout
 
 log = logging.getLogger("canary.report")
 
+# The store the loader reads (`storage.engine.make_engine` builds it); its callers name its type
+# from here, without importing SQLAlchemy.
+Engine: TypeAlias = store.Engine
+
 
 async def load_endpoints(
-    engine: AsyncEngine, candidate: str
+    engine: Engine, candidate: str
 ) -> tuple[Endpoint, Endpoint | None, Endpoint | None]:
     """(candidate, live endpoint, control) — LookupError when the candidate does not exist.
 
     The control is the most recently updated active endpoint of kind "control" other than the
     candidate itself (so a control's own report compares it with production).
     """
-    _, endpoints = await queries.load_endpoints(engine)
+    endpoints = await store.endpoints(engine)
     by_name = {ep.name: ep for ep in endpoints}
     if candidate not in by_name:
         raise LookupError(f"no candidate named {candidate!r}")
@@ -73,153 +78,35 @@ async def load_endpoints(
     return by_name[candidate], live, controls[0] if controls else None
 
 
-# A replica's counters are stale when its last snapshot is older than this (the age after which
-# its gauges stop counting: a dozen flush intervals at the default) while its exchanges for the
-# candidate kept arriving after the snapshot, i.e. it died (kill -9, OOM) without a final flush.
-STALE_COUNTERS_AFTER_S = queries.GAUGE_MAX_AGE_S
-STALE_REPLICAS = "stale_replicas"  # accounting key: replicas whose counters lag their pairs
-
-
 async def load_accounting(
-    engine: AsyncEngine, candidate: str, *, now: float | None = None
+    engine: Engine, candidate: str, *, now: float | None = None
 ) -> dict[str, int]:
     """The candidate's copy accounting: each counter summed over every replica's snapshot, and
     `stale_replicas`, how many replicas' counters lag the exchanges they stored (then the
     counters under-count and the report must not trust them for coverage)."""
     totals = dict.fromkeys(ACCOUNTING_KEYS, 0)
-    totals.update((await queries.sum_counters(engine, now=now)).get(candidate, {}))
-    totals[STALE_REPLICAS] = await _stale_replicas(engine, candidate, now)
+    totals.update(await store.counters(engine, candidate, now=now))
+    totals[STALE_REPLICAS] = await store.stale_replicas(engine, candidate, now=now)
     return totals
 
 
-async def _stale_replicas(engine: AsyncEngine, candidate: str, now: float | None) -> int:
-    e = ExchangeRow.__table__
-    m = MirrorCounterRow.__table__
-    old = (time.time() if now is None else now) - STALE_COUNTERS_AFTER_S
-    last = (
-        select(e.c.replica, func.max(e.c.received_at).label("last"))
-        .where(e.c.targets.contains(f",{candidate},", autoescape=True))
-        .group_by(e.c.replica)
-        .subquery()
-    )
-    flushed = select(m.c.replica, m.c.updated_at).where(m.c.endpoint == candidate).subquery()
-    stmt = (
-        select(func.count())
-        .select_from(last.outerjoin(flushed, flushed.c.replica == last.c.replica))
-        .where(
-            or_(
-                # reported, stopped reporting, and stored exchanges after its last report
-                and_(flushed.c.updated_at < old, last.c.last > flushed.c.updated_at),
-                # never reported, though its exchanges are older than a report would take
-                and_(flushed.c.updated_at.is_(None), last.c.last < old),
-            )
-        )
-    )
-    async with engine.connect() as conn:
-        return int((await conn.execute(stmt)).scalar_one())
-
-
-def _candidate_rows(
-    candidate: str, since: float | None, until: float | None
-) -> tuple[Any, Any, list[ColumnElement[bool]]]:
-    """(exchanges, the candidate's observations alias, conditions) selecting the exchanges that
-    are this candidate's pairs: those its ring accepted (`targets`) or that it observed."""
-    e = ExchangeRow.__table__
-    c = ObservationRow.__table__.alias("c")
-    cond: list[ColumnElement[bool]] = [
-        or_(c.c.id.is_not(None), e.c.targets.contains(f",{candidate},", autoescape=True))
-    ]
-    if since is not None:
-        cond.append(e.c.received_at >= since)
-    if until is not None:
-        cond.append(e.c.received_at < until)
-    return e, c, cond
+# The row layout the builder reads (`evaluators.pairs.columns`): the query selects it in order.
+_LAYOUT = RowLayout(
+    exchange=PAIR_FIELDS,
+    arm=ARM_FIELDS,
+    unused_by_production_with_control=PRODUCTION_UNUSED_WITH_CONTROL,
+)
 
 
 async def count_pairs(
-    engine: AsyncEngine, candidate: str, *, since: float | None = None, until: float | None = None
+    engine: Engine, candidate: str, *, since: float | None = None, until: float | None = None
 ) -> int:
     """How many rows load_pairs will read for the candidate in the window."""
-    e, c, cond = _candidate_rows(candidate, since, until)
-    joined = e.outerjoin(c, and_(c.c.exchange_id == e.c.id, c.c.endpoint == candidate))
-    async with engine.connect() as conn:
-        stmt = select(func.count()).select_from(joined).where(*cond)
-        return int((await conn.execute(stmt)).scalar_one())
-
-
-def _query(
-    candidate: str,
-    control: str | None,
-    since: float | None,
-    until: float | None,
-    suffixes: tuple[str, ...] | None,
-) -> Any:
-    """The one streaming query: exchanges in arrival order with the three arms' fields.
-
-    Hash equality with production is computed in SQL (a small integer instead of three hash
-    strings per row); a text is fetched only where it will be read: JSON requested, or the
-    output differs from production's and the request is at temperature 0 (first divergence)
-    or in the similarity sample.
-    """
-    e, c, cond = _candidate_rows(candidate, since, until)
-    p = ObservationRow.__table__.alias("p")
-    k = ObservationRow.__table__.alias("k") if control else None
-    suffix = func.substr(e.c.id, func.length(e.c.id) - 1, 2)
-    sampled: ColumnElement[bool] = literal(True) if suffixes is None else suffix.in_(suffixes)
-
-    def match(a: Any) -> Any:
-        if a is None:
-            return null()
-        unknown = or_(a.c.output_hash.is_(None), p.c.output_hash.is_(None))
-        return case((unknown, null()), (a.c.output_hash == p.c.output_hash, 1), else_=0)
-
-    def needs_text(a: Any) -> ColumnElement[bool]:
-        if a is None:
-            return literal(False)
-        unknown = or_(a.c.output_hash.is_(None), p.c.output_hash.is_(None))
-        differs = or_(unknown, a.c.output_hash != p.c.output_hash)
-        # Unknown hashes always fetch the texts: exact match never depends on the sample.
-        return or_(
-            e.c.json_requested.is_(True),
-            and_(
-                a.c.id.is_not(None),
-                or_(unknown, and_(differs, or_(e.c.temperature == 0, sampled))),
-            ),
-        )
-
-    need_c, need_k = needs_text(c), needs_text(k)
-
-    def arm(a: Any, need: ColumnElement[bool], unused: tuple[str, ...] = ()) -> list[Any]:
-        if a is None:
-            return [null()] * len(ARM_FIELDS)
-        cols = []
-        for name in ARM_FIELDS:
-            col = a.c[name]
-            if name in unused:
-                col = null()  # a NULL costs the driver almost nothing; a number does not
-            elif name in ("output_text", "text_truncated"):
-                col = case((need, col), else_=null())
-            cols.append(col)
-        return cols
-
-    head = [e.c[name] for name in PAIR_FIELDS[:-1]] + [suffix]
-    p_unused = PRODUCTION_UNUSED_WITH_CONTROL if k is not None else ()
-    arms = arm(p, or_(need_c, need_k), p_unused) + arm(c, need_c) + arm(k, need_k)
-    joined = e.join(p, and_(p.c.exchange_id == e.c.id, p.c.arm == "production")).outerjoin(
-        c, and_(c.c.exchange_id == e.c.id, c.c.endpoint == candidate)
-    )
-    if k is not None:
-        joined = joined.outerjoin(k, and_(k.c.exchange_id == e.c.id, k.c.endpoint == control))
-    return (
-        select(*head, *arms, match(c), match(k))
-        .select_from(joined)
-        .where(*cond)
-        .order_by(e.c.received_at, e.c.id)
-    )
+    return await store.count_pairs(engine, candidate, since=since, until=until)
 
 
 async def load_pairs(
-    engine: AsyncEngine,
+    engine: Engine,
     candidate: str,
     *,
     since: float | None = None,
@@ -289,7 +176,7 @@ def _check_size(pairs: int, limit: int | None) -> None:
 
 
 async def refresh_segments(
-    engine: AsyncEngine,
+    engine: Engine,
     candidate: str,
     *,
     similarity_max_pairs: int = 10_000,
@@ -321,7 +208,7 @@ class _Window:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: Engine,
         candidate: str,
         control: str | None,
         max_chars: int,
@@ -337,6 +224,7 @@ class _Window:
         self.lost_before = lost_before
         self.batch_size = batch_size
         self.read_only = False  # set when the store refused to keep a segment
+        self.unreadable = 0  # stored segments of another layout rebuilt from the rows
 
     async def build(
         self,
@@ -354,20 +242,27 @@ class _Window:
             max_chars=self.max_chars,
             lost_before=self.lost_before,
         )
-        stmt = _query(self.candidate, self.control, since, until, suffixes)
-        async with self.engine.connect() as conn:
-            batches = _batches(conn, stmt, self.batch_size)
-            # The next batch is fetched while this one is converted: the driver's thread
-            # (aiosqlite) or socket (asyncpg) works while numpy does. At most one batch waits:
-            # memory stays flat. Converting runs in a worker thread so a report read inside a
-            # running process never holds its event loop for a whole batch.
-            async with asyncio.TaskGroup() as tasks:
+        rows = store.window_rows(
+            self.engine,
+            _LAYOUT,
+            self.candidate,
+            control=self.control,
+            since=since,
+            until=until,
+            suffixes=suffixes,
+            batch_size=self.batch_size,
+        )
+        # The next batch is fetched while this one is converted: the driver's thread
+        # (aiosqlite) or socket (asyncpg) works while numpy does. At most one batch waits:
+        # memory stays flat. Converting runs in a worker thread so a report read inside a
+        # running process never holds its event loop for a whole batch.
+        async with contextlib.aclosing(rows) as batches, asyncio.TaskGroup() as tasks:
+            ahead = tasks.create_task(anext(batches, None))
+            while part := await ahead:
                 ahead = tasks.create_task(anext(batches, None))
-                while part := await ahead:
-                    ahead = tasks.create_task(anext(batches, None))
-                    await asyncio.to_thread(builder.add, part)
-                    if progress is not None:
-                        progress(len(part))
+                await asyncio.to_thread(builder.add, part)
+                if progress is not None:
+                    progress(len(part))
         return builder.finish()
 
     async def by_segments(
@@ -548,7 +443,8 @@ class _Window:
     ) -> None:
         """Append the spans' columns in order, reading their bytes a few spans at a time. A
         span with no stored segment, or one whose similarity sample is smaller than the
-        window's (a larger `similarity_max_pairs` since), is built from the rows."""
+        window's (a larger `similarity_max_pairs` since), is built from the rows; so is one
+        stored under another layout (or unreadable), which is then stored again."""
         need = sample_size(suffixes)
         order = [metas.get(span) for span, _ in spans]
         for lo in range(0, len(order), _READ_SPANS):
@@ -558,47 +454,52 @@ class _Window:
             for (span, _), meta in zip(spans[lo : lo + _READ_SPANS], chunk, strict=True):
                 blob = data.pop(meta.id, None) if meta is not None else None
                 if blob is not None and meta is not None:
-                    await asyncio.to_thread(whole.add_bytes, blob, meta.rows)
-                    continue
+                    try:
+                        await asyncio.to_thread(whole.add_bytes, blob, meta.rows)
+                        continue
+                    except StorageError as exc:  # another layout, or not a segment at all
+                        part = await self.build(*span, suffixes, rows[span])
+                        await self._replace(meta, part, suffixes, exc)
+                        whole.add_set(part)
+                        continue
                 whole.add_set(await self.build(*span, suffixes, rows[span]))
+
+    async def _replace(
+        self,
+        meta: seg_store.SegmentMeta,
+        part: PairSet,
+        suffixes: tuple[str, ...] | None,
+        exc: StorageError,
+    ) -> None:
+        """Store a span rebuilt from the rows over one this code cannot read (its counts were
+        found current by `refresh`, so its watermark still holds). Logged once per report."""
+        if not self.unreadable:
+            log.warning("report segments of %r: %s; rebuilt from the rows", self.candidate, exc)
+        self.unreadable += 1
+        data = await asyncio.to_thread(segments.encode, part)
+        candidate, control, params = self._key()
+        stored = seg_store.put(
+            self.engine,
+            candidate=candidate,
+            control=control,
+            params=params,
+            starts_at=meta.starts_at,
+            ends_at=meta.ends_at,
+            exchanges=meta.exchanges,
+            watermark=meta.watermark,
+            recent=meta.recent,
+            rows=part.n,
+            sample_size=sample_size(suffixes),
+            data=data,
+        )
+        await self._writing(stored)
 
 
 # Segments read per query while assembling: bounded memory (a few MB per span at 100 pairs/s).
 _READ_SPANS = 16
 
 
-async def _batches(
-    conn: AsyncConnection, stmt: Any, batch_size: int
-) -> AsyncIterator[Sequence[Sequence[Any]]]:
-    """The query's rows in batches, through a server-side cursor.
-
-    On aiosqlite and asyncpg the compiled statement runs on the driver's own cursor: plain
-    tuples / records, without SQLAlchemy's per-row Result machinery (about a tenth of the CPU
-    of a million-pair report). The only bound values are names, times and id suffixes, rendered
-    as escaped literals by SQLAlchemy's compiler. Other drivers use SQLAlchemy's stream.
-    """
-    driver = conn.dialect.driver
-    if driver in ("aiosqlite", "asyncpg"):
-        sql = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-        raw: Any = (await conn.get_raw_connection()).driver_connection
-        if driver == "aiosqlite":
-            async with raw.execute(sql) as cursor:
-                while rows := await cursor.fetchmany(batch_size):
-                    yield rows
-        else:
-            async with raw.transaction():
-                cursor = await raw.cursor(sql)
-                while rows := await cursor.fetch(batch_size):
-                    yield rows
-        return
-    result = await conn.stream(stmt.execution_options(yield_per=batch_size))
-    while rows := await result.fetchmany(batch_size):
-        yield rows
-
-
-async def load_capacity(engine: AsyncEngine, candidate: str) -> CapacitySummary | None:
-    """The candidate's newest `canary capacity` result younger than CAPACITY_MAX_AGE_S."""
-    from evaluators.metrics.cost import CAPACITY_MAX_AGE_S
-    from storage.capacity.runs import latest_capacity
-
-    return await latest_capacity(engine, candidate, since=time.time() - CAPACITY_MAX_AGE_S)
+async def load_capacity(engine: Engine, candidate: str) -> CapacitySummary | None:
+    """The candidate's newest `canary capacity` result younger than CAPACITY_MAX_AGE_S
+    (`domain.capture`)."""
+    return await store.capacity(engine, candidate)

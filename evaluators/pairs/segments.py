@@ -18,14 +18,22 @@ order and then does what depends on the whole window, never on one span:
 
 So the assembled PairSet is equal, column for column, to the one a single load over the window
 builds; tests/evaluators/test_report_segments.py compares them.
+
+The stored layout's version (`LAYOUT`) is derived, never typed: a digest of the ordered (column,
+dtype) list a segment stores and of the header and framing around them. Declaring a per-pair
+quantity (`domain.observation`) adds columns and so changes it. Reading a stored segment of
+another layout, other columns, or bytes that do not decode raises a `StorageError` naming both
+versions, and the loader rebuilds that span from the rows and stores it again. A column whose
+meaning changes under the same name and dtype takes a new name (a digest cannot see meaning).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import fields
 from typing import Any
 
@@ -33,6 +41,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from domain.errors import StorageError
 from evaluators.pairs.columns import mark_split, sample_fraction, sample_size
 from evaluators.pairs.spill import Spill, SpillFile, file_size
 from evaluators.pairs.types import ArmColumns, Comparison, PairSet
@@ -45,13 +54,13 @@ log = logging.getLogger("canary.reports")
 # (1.4 MB of columns), the open span read from the rows at every report stays small, and a
 # million pairs are ~160 spans.
 GRID_S = 64.0
-# The stored format; a change of layout or of how a column is computed bumps it.
-FORMAT = 1
 
 
 def params(max_chars: int) -> str:
-    """The inputs a span's columns depend on besides the rows (stored segments match on it)."""
-    return f"v{FORMAT}:chars={max_chars}"
+    """The inputs a span's columns depend on besides the rows (stored segments match on it).
+    The layout is not one of them: it is in each segment's header, checked when it is read, so
+    a segment of an older layout is found, replaced in place, and said so."""
+    return f"chars={max_chars}"
 
 
 def plan(since: float, until: float) -> tuple[tuple[float, float] | None, float, float]:
@@ -90,13 +99,40 @@ def _columns(
             yield from _columns(value, f"{prefix}{f.name}.")
 
 
+# A header written before the layout was derived (they carried a typed `format`) has none.
+UNVERSIONED = "unversioned"
+
+
 class _Header(msgspec.Struct, frozen=True):
-    format: int
     n: int
     has_control: bool
     models: list[str]
     replicas: list[str]
     columns: list[tuple[str, str]]  # (path, numpy dtype)
+    layout: str = UNVERSIONED
+
+
+# How a segment is framed: a little-endian u32 header length, the msgspec JSON header, then each
+# column's rows raw, in `columns` order. Part of the layout's digest.
+_FRAMING = "u32le-length json-header raw-columns"
+
+
+def layout_version(columns: Iterable[tuple[str, str]]) -> str:
+    """The version of a layout storing these (column, numpy dtype) pairs, in order: a digest of
+    them, the header's fields and the framing. Any change of one changes it."""
+    spec = [_FRAMING, list(_Header.__struct_fields__), [list(c) for c in columns]]
+    return hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:16]
+
+
+# What a segment stores, in order, and its version: derived from the PairSet's declaration.
+COLUMNS = [(path, array.dtype.str) for path, array, _, _ in _columns(PairSet.empty(0))]
+LAYOUT = layout_version(COLUMNS)
+
+
+def _unreadable(found: str, reason: str) -> StorageError:
+    """A stored segment this code cannot read: another layout, other columns, or bytes that do
+    not decode. Never reaches a report's caller: the loader rebuilds the span from the rows."""
+    return StorageError(f"stored under layout {found}, this code reads {LAYOUT} ({reason})")
 
 
 def encode(ps: PairSet) -> bytes:
@@ -104,12 +140,12 @@ def encode(ps: PairSet) -> bytes:
     n = ps.n
     cols = list(_columns(ps))
     header = _Header(
-        FORMAT,
         n,
         ps.has_control,
         list(ps.models),
         list(ps.replicas),
         [(path, array.dtype.str) for path, array, _, _ in cols],
+        LAYOUT,
     )
     head = msgspec.json.encode(header)
     parts = [struct.pack("<I", len(head)), head]
@@ -123,23 +159,31 @@ class Decoded(msgspec.Struct):
     replicas: list[str]
 
 
+def _header(data: bytes) -> tuple[_Header, int]:
+    """A segment's header and where its columns start; StorageError when it is not one
+    this code reads (checked whole before any row is copied)."""
+    try:
+        (size,) = struct.unpack_from("<I", data)
+        header = msgspec.json.decode(data[4 : 4 + size], type=_Header)
+    except (struct.error, msgspec.DecodeError) as exc:
+        raise _unreadable("unknown", f"header does not decode: {exc}") from exc
+    if header.layout != LAYOUT:
+        raise _unreadable(header.layout, "another layout")
+    if [tuple(c) for c in header.columns] != COLUMNS:
+        raise _unreadable(header.layout, "columns differ from the PairSet's")
+    if len(data) != 4 + size + header.n * ROW_BYTES:
+        raise _unreadable(header.layout, f"{len(data)} bytes for {header.n} rows")
+    return header, 4 + size
+
+
 def decode_into(dst: PairSet, start: int, data: bytes) -> Decoded:
-    """Copy an encoded span's columns into dst's rows [start, start + n)."""
-    (size,) = struct.unpack_from("<I", data)
-    header = msgspec.json.decode(data[4 : 4 + size], type=_Header)
-    if header.format != FORMAT:
-        raise ValueError(f"report segment format {header.format}, expected {FORMAT}")
-    n, offset = header.n, 4 + size
-    targets = {path: array for path, array, _, _ in _columns(dst)}
-    if [p for p, _ in header.columns] != list(targets):
-        raise ValueError("report segment columns differ from the PairSet's")
-    for path, dtype in header.columns:
-        array = targets[path]
-        if np.dtype(dtype) != array.dtype:
-            raise ValueError(f"report segment column {path} is {dtype}, not {array.dtype}")
-        width = n * array.dtype.itemsize
-        array[start : start + n] = np.frombuffer(data, array.dtype, n, offset)
-        offset += width
+    """Copy an encoded span's columns into dst's rows [start, start + n); a StorageError
+    (nothing copied) when the bytes are not a segment of this layout."""
+    header, offset = _header(data)
+    n = header.n
+    for (_, array, _, _), (_, dtype) in zip(_columns(dst), COLUMNS, strict=True):
+        array[start : start + n] = np.frombuffer(data, np.dtype(dtype), n, offset)
+        offset += n * array.dtype.itemsize
     return Decoded(n, header.models, header.replicas)
 
 
@@ -155,7 +199,7 @@ def copy_into(dst: PairSet, start: int, src: PairSet) -> Decoded:
 # walks the whole mapping, so not after every span (1,500 of them at ten million pairs).
 RELEASE_BYTES = 64 << 20
 # Bytes of columns per pair (every column of a PairSet, one row).
-ROW_BYTES = sum(array.dtype.itemsize for _, array, _, _ in _columns(PairSet.empty(0)))
+ROW_BYTES = sum(np.dtype(dtype).itemsize for _, dtype in COLUMNS)
 
 
 def spilled(rows: int, spill: Spill) -> PairSet:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
@@ -23,6 +23,9 @@ from evaluators.metrics.catalog import run_all
 from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import PairSet, ProgressFactory
 from evaluators.report.model import SCHEMA_VERSION, PairsSummary, Report
+
+if TYPE_CHECKING:  # the loader (and the storage it reads) is imported when a report is loaded
+    from evaluators.pairs.load import Engine
 
 __all__ = ["ProgressFactory", "build_report", "coverage_of", "evaluate"]
 
@@ -246,7 +249,7 @@ def build_report(
 
 
 async def evaluate(
-    engine: AsyncEngine,
+    engine: Engine,
     candidate_name: str,
     *,
     since: float | None = None,

@@ -9,10 +9,10 @@ import time
 import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from domain.capture import CapacitySummary
+from domain.capture import CAPACITY_MAX_AGE_S, CapacitySummary
 from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
-from evaluators.metrics.cost import CAPACITY_MAX_AGE_S, CAVEAT
+from evaluators.metrics.cost import CAVEAT
 from evaluators.pairs import synthetic
 from evaluators.pairs.columns import pairset_from_pairs
 from evaluators.pairs.load import load_capacity

@@ -41,8 +41,8 @@ from evaluators.pairs.load import load_pairs
 from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import Pair
 from evaluators.report.build import evaluate
-from storage import segments as seg_store
 from storage.models import ExchangeRow, ObservationRow, ReportSegmentRow
+from storage.reports import segments as seg_store
 from storage.textguard import observation_row
 from tests.evaluators import world
 from tests.evaluators.test_eval_pairs import assert_same, pair_exchange, register

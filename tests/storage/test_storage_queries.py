@@ -10,6 +10,7 @@ import time
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from domain.accounting import GAUGE_MAX_AGE_S
 from domain.endpoint import DEFAULT_SAMPLE_RATE, Endpoint
 from domain.errors import (
     DuplicateName,
@@ -167,7 +168,7 @@ async def test_stale_replicas_gauges_count_as_zero(db_engine: AsyncEngine) -> No
     assert await queries.sum_counters(db_engine, now=now) == {
         "a": {"sampled": 8, "sent": 6, "pending": 2}
     }
-    later = now + queries.GAUGE_MAX_AGE_S + 1
+    later = now + GAUGE_MAX_AGE_S + 1
     await queries.upsert_counters(db_engine, "alive", counters)  # still reporting...
     async with db_engine.begin() as conn:  # ...as of `later`; "gone" last reported at `now`
         await conn.execute(

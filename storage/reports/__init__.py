@@ -1,0 +1,8 @@
+"""The report path's SQL: everything `evaluators.pairs.load` reads or stores, as functions that
+return numpy arrays, row tuples, msgspec records or domain types (never a SQLAlchemy object
+the evaluators would have to understand).
+
+- `pairs`     the pairs of a window (counts, the streaming rows), the copy accounting, the
+              candidate's endpoints and capacity result
+- `segments`  stored report segments: stored spans and the counts that say whether they hold
+"""
