@@ -8,54 +8,100 @@ imports every module and fails on an exception class outside it). Code raises th
 - the proxy (`gateway.server.proxy`): OpenAI-shaped JSON errors (502, 504; 499 counted);
 - the admin API (`gateway.control.admin.boundary.map_exception`): a status and
   `{"error": {"message", "type", "code", "field"?, "detail"?}}`;
-- the CLI (`gateway.cli.main`): a message on stderr and `exit_code`.
+- the report process (`gateway.control.reports`): the admin API's same function;
+- the CLI (`gateway.cli.errors.cli_errors`, around every command): `canary: <message>` on
+  stderr and `exit_code`.
 
-    CanaryError                     exit 1; admin 500 unless mapped below
-    ├── UsageError                  exit 2; admin 422: bad operator input (flag, file, argument)
-    │   └── ConfigError             names the source, the key and the reason
-    ├── StorageError                admin 503 (the proxy keeps serving)
-    │   ├── StorageUnavailable      admin 503
-    │   ├── DuplicateName           admin 409
-    │   ├── InvalidEndpoint         admin 422 (also a ValueError)
-    │   ├── EndpointNotFound        admin 404
-    │   ├── PromotionConflict       admin 409 with `detail.reason`
-    │   │   └── PromotionRefused    (gateway.control.promotion) 409, the report's reasons
-    │   └── SchemaBehind            exit 2, admin 503; the message names the command to run
-    │       └── SchemaAhead
-    ├── UpstreamError               (gateway.server.upstream) `kind` is its `ErrorKind`;
-    │   ├── UpstreamConnectError    proxy 502 upstream_unreachable
-    │   ├── UpstreamResetError      proxy 502 upstream_reset, or the connection cut
-    │   └── UpstreamTimeoutError    proxy 504 upstream_timeout, or the connection cut
-    ├── ApiError                    (gateway.control.admin.boundary) an admin answer: its status
-    ├── ReportsUnavailable          (gateway.control.reports) admin 503 reports_unavailable: the
-    │                               host's report process is down, its queue full, or too slow
-    │                               (or this replica has none: report_process = false)
-    ├── ReportTooLarge              admin 422 report_too_large: the window holds more pairs than
-    │                               report_max_pairs (checked on counts, before its columns load)
-    ├── AdminAPIError               (gateway.cli.client) the admin API refused: exit 2 (4xx) or 1
-    ├── AdminUnreachable            (gateway.cli.client) no answer from the admin API: exit 1
-    ├── GatewayUnreadable           (gateway.cli.commands.plan) /metrics unreadable: exit 1
-    ├── ScoringError                (gateway.mirror.scoring.forced) a scoring answer unreadable:
-    counted
-    │   │                           score_failed inside the mirror process, never a boundary
-    │   └── ScoringUnsupported      the engine refused the parameters: score_unsupported
-    └── ClientGone                  (gateway.sim.state) the simulator's client left: not an error
-                                    anyone sees, it ends the simulated answer
+Each class declares its mapping as class attributes (`exit_code`, `http_status`, `code`) and
+the edges read them; the table says the same and tests/test_exception_tree.py holds the two
+equal (exit code, admin status and `code`, then what it means):
+
+    CanaryError                  exit 1  admin 500 internal_error: a bug, logged
+    ├── UsageError               exit 2  admin 422 invalid_request: bad operator input
+    │   ├── ConfigError          exit 2  admin 422 invalid_request: names source, key, reason
+    │   └── InvalidSettings      exit 2  admin 422 validation_error: a verdict setting (field)
+    ├── NotFound                 exit 2  admin 404 not_found: nothing by that name
+    ├── StorageError             exit 1  admin 503 storage_unavailable (the proxy keeps serving)
+    │   ├── StorageUnavailable   exit 1  admin 503 storage_unavailable
+    │   ├── DuplicateName        exit 1  admin 409 conflict
+    │   ├── InvalidEndpoint      exit 1  admin 422 invalid_request (also a ValueError)
+    │   ├── EndpointNotFound     exit 2  admin 404 not_found (also a NotFound)
+    │   ├── PromotionConflict    exit 1  admin 409 conflict, `detail.reason`
+    │   │   └── PromotionRefused exit 1  admin 409 promotion_refused (gateway.control.promotion):
+    │   │                                `detail` holds the report's verdict and reasons
+    │   └── SchemaBehind         exit 2  admin 503 storage_unavailable: names the command to run
+    │       └── SchemaAhead      exit 2  admin 503 storage_unavailable
+    ├── UpstreamError            exit 1  admin 502 upstream_error (gateway.server.upstream); the
+    │   │                                proxy answers by its `kind` (an `ErrorKind`)
+    │   ├── UpstreamConnectError exit 1  admin 502 upstream_unreachable
+    │   ├── UpstreamResetError   exit 1  admin 502 upstream_reset (or the connection cut)
+    │   └── UpstreamTimeoutError exit 1  admin 504 upstream_timeout (or the connection cut)
+    ├── ApiError                 exit 1  admin 500 internal_error (gateway.control.admin.boundary):
+    │                                    an admin answer, its own status and type per instance
+    ├── ReportsUnavailable       exit 1  admin 503 reports_unavailable (gateway.control.reports):
+    │                                    the report process is down, its queue full, too slow
+    │                                    (or this replica has none: report_process = false)
+    ├── ReportTooLarge           exit 1  admin 422 report_too_large: more pairs than
+    │                                    report_max_pairs (checked on counts, before columns)
+    ├── AdminAPIError            exit 1  admin 502 admin_api_error (gateway.cli.client): the
+    │                                    admin API refused; per instance exit 2 on a 4xx
+    ├── AdminUnreachable         exit 1  admin 502 admin_unreachable (gateway.cli.client)
+    ├── GatewayUnreadable        exit 1  admin 500 internal_error (gateway.cli.commands.plan):
+    │                                    /metrics unreadable, a CLI error only
+    ├── ScoringError             exit 1  admin 500 internal_error (gateway.mirror.scoring.forced):
+    │   │                                counted score_failed in the mirror, never a boundary
+    │   └── ScoringUnsupported   exit 1  admin 500 internal_error: counted score_unsupported
+    └── ClientGone               exit 1  admin 500 internal_error (gateway.sim.state): the
+                                         simulator's client left; it ends the simulated answer
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class CanaryError(Exception):
-    """Base of every error canary-gateway raises on purpose."""
+    """Base of every error canary-gateway raises on purpose.
 
-    exit_code = 1
+    The class attributes are its mapping, which the edges read (the table above says the same):
+    `exit_code` for the CLI, `http_status` and `code` (the error's `type` in the JSON body) for
+    the admin API; `http_message`, when set, is said over HTTP instead of the message (which
+    may name a database URL); `http_field` names the offending input."""
+
+    exit_code: int = 1
+    http_status: int = 500
+    code: str = "internal_error"
+    http_message: str | None = None
+    http_field: str | None = None
+
+    def http_detail(self) -> dict[str, Any] | None:
+        """Machine-readable detail for the JSON error body, if the class has any."""
+        return None
 
 
 class UsageError(CanaryError):
     """Bad input from the operator: a flag, a config file, an argument. Exit code 2."""
 
     exit_code = 2
+    http_status = 422
+    code = "invalid_request"
+
+
+class InvalidSettings(UsageError, ValueError):
+    """A verdict setting or a candidate's `verdict` override the statistics cannot use. Also a
+    ValueError, so validation code can catch it with the other bad-input errors."""
+
+    code = "validation_error"
+    http_field = "verdict"
+
+
+class NotFound(CanaryError):
+    """No such thing by that name (an endpoint, a candidate, a report format). Exit code 2:
+    the operator named it."""
+
+    exit_code = 2
+    http_status = 404
+    code = "not_found"
 
 
 class ConfigError(UsageError):
@@ -66,7 +112,13 @@ class ConfigError(UsageError):
 
 
 class StorageError(CanaryError):
-    """Base of every error storage raises on purpose."""
+    """Base of every error storage raises on purpose. Over HTTP it says only that storage is
+    unavailable: bodies are validated before storage sees them, so what storage still refuses
+    is the database's state (down, read-only, full), and its message may name the database."""
+
+    http_status = 503
+    code = "storage_unavailable"
+    http_message: str | None = "storage is unavailable, retry later"
 
 
 class StorageUnavailable(StorageError):
@@ -80,14 +132,26 @@ class DuplicateName(StorageError):
         super().__init__(f"an endpoint named {name!r} already exists")
         self.name = name
 
+    http_status = 409
+    code = "conflict"
+    http_message = None
+
 
 class InvalidEndpoint(StorageError, ValueError):
     """An endpoint field the schema cannot hold: unknown, ill-typed, or longer than its column.
     Also a ValueError, so validation code can catch it with the other bad-input errors."""
 
+    http_status = 422
+    code = "invalid_request"
+    http_message = None
 
-class EndpointNotFound(StorageError):
+
+class EndpointNotFound(NotFound, StorageError):
     """No endpoint has that name."""
+
+    http_status = 404
+    code = "not_found"
+    http_message = None
 
     def __init__(self, name: str, message: str | None = None) -> None:
         super().__init__(message or f"no endpoint named {name!r}")
@@ -103,10 +167,20 @@ class PromotionConflict(StorageError):
         super().__init__(message)
         self.reason = reason
 
+    http_status = 409
+    code = "conflict"
+    http_message = None
+
+    def http_detail(self) -> dict[str, Any] | None:
+        return {"reason": self.reason}
+
 
 class ReportTooLarge(CanaryError):
     """A report's window holds more pairs than the process computing it may hold in memory
     (`report_max_pairs`); the message says how many, the limit, and what to do."""
+
+    http_status = 422
+    code = "report_too_large"
 
     @classmethod
     def of(cls, pairs: int, limit: int) -> ReportTooLarge:
@@ -123,6 +197,7 @@ class SchemaBehind(StorageError):
     Exit code 2: the operator fixes it (`canary db upgrade`)."""
 
     exit_code = 2
+    http_message = None  # names the command to run, never the database URL
 
 
 class SchemaAhead(SchemaBehind):

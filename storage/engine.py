@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from domain.errors import SchemaAhead, SchemaBehind, StorageError
+from domain.errors import SchemaAhead, SchemaBehind, StorageError, UsageError
 from storage import migrate
 from storage.migrate import SchemaState
 from storage.sql import translated
@@ -234,11 +234,12 @@ def sqlite_path(db_url: str) -> str | None:
 
 
 def require_existing_database(db_url: str) -> None:
-    """Raise StorageError when a SQLite URL names a file that does not exist: a read-only
-    command must never create an empty database where the operator expected their data."""
+    """Raise UsageError (the operator's --db) when a SQLite URL names a file that does not exist:
+    a read-only command must never create an empty database where the operator expected their
+    data."""
     path = sqlite_path(db_url)
     if path is not None and not os.path.exists(path):
-        raise StorageError(
+        raise UsageError(
             f"no database at {path} (from {masked(db_url)}): check --db or CANARY_DB_URL; "
             "a read-only command never creates one"
         )

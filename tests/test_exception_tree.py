@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,9 @@ import pytest
 from domain import errors
 from domain.errors import CanaryError, UsageError
 from gateway.cli.client import AdminAPIError, AdminUnreachable
+from gateway.cli.errors import cli_errors
 from gateway.control.admin.boundary import ApiError, map_exception
+from gateway.control.reports import ReportDoc
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("domain", "gateway", "evaluators", "storage")
@@ -74,3 +77,89 @@ def test_cli_exit_codes_follow_the_tree() -> None:
     assert AdminAPIError(503, "down").exit_code == 1
     assert AdminUnreachable("refused").exit_code == 1
     assert UsageError("x").exit_code == 2 and CanaryError("x").exit_code == 1
+
+
+# One row of the tree's docstring table: the class, its exit code, admin status and code.
+_ROW = re.compile(r"^[\s│├└─]*(\w+)\s+exit (\d+)\s+admin (\d{3}) (\w+)", re.MULTILINE)
+# A value for each constructor parameter the tree's classes take, by its annotation.
+_ARGS: dict[str, object] = {
+    "str": "x",
+    "int": 500,  # a status (ApiError, AdminAPIError): the instance's own, the table's default
+    "bool": False,
+    "ReportDoc": ReportDoc("hold", b'{"verdict": "hold", "reasons": []}'),
+    "type_": "internal_error",  # ApiError's code, by parameter name: the table's default
+}
+
+
+def _documented() -> dict[str, tuple[int, int, str]]:
+    rows = _ROW.findall(errors.__doc__ or "")
+    return {name: (int(code), int(status), kind) for name, code, status, kind in rows}
+
+
+def _tree() -> list[type[CanaryError]]:
+    classes: dict[str, type[CanaryError]] = {}
+    for name in _module_names():
+        module = importlib.import_module(name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == name and issubclass(cls, CanaryError):
+                classes[f"{name}.{cls.__name__}"] = cls
+    classes["domain.errors.CanaryError"] = CanaryError
+    return [classes[k] for k in sorted(classes)]
+
+
+def _instance(cls: type[CanaryError]) -> CanaryError:
+    """`cls` built from the parameters its constructor requires (keyword-only ones too)."""
+    args: list[object] = []
+    kwargs: dict[str, object] = {}
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is not p.empty:
+            continue
+        value = _ARGS.get(p.name, _ARGS.get(str(p.annotation)))
+        if p.kind is p.KEYWORD_ONLY:
+            kwargs[p.name] = value
+        else:
+            args.append(value)
+    if not params or params[0].kind is p.VAR_POSITIONAL:  # Exception's own (*args)
+        args = ["x"]
+    return cls(*args, **kwargs)
+
+
+def test_the_table_documents_the_whole_tree() -> None:
+    """Every CanaryError subclass of every module has one row in domain/errors.py's table,
+    and the table names no class that does not exist."""
+    documented = _documented()
+    names = {cls.__name__ for cls in _tree()}
+    assert len(names) >= 20
+    assert names == set(documented), names ^ set(documented)
+
+
+@pytest.mark.parametrize("cls", _tree(), ids=lambda c: c.__name__)
+def test_each_edge_maps_the_class_as_documented(
+    cls: type[CanaryError], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The admin API's one mapping and the CLI's one context manager answer an instance of
+    each class with the exit code, HTTP status and code the table documents."""
+    exit_code, status, code = _documented()[cls.__name__]
+    exc = _instance(cls)
+    assert (cls.exit_code, cls.http_status, cls.code) == (exit_code, status, code)
+    mapped = map_exception(exc)
+    assert (mapped.status, mapped.type) == (status, code)
+    with cli_errors() as outcome:
+        raise exc
+    assert outcome.code == exit_code
+    assert capsys.readouterr().err == f"canary: {exc}\n"
+
+
+def test_foreign_errors_at_the_edges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stray KeyError or LookupError is a 500 at the HTTP edge, not a 404; at the CLI edge
+    an OSError exits 1 naming the path."""
+    for exc in (KeyError("name"), LookupError("no such thing"), ValueError("bad")):
+        mapped = map_exception(exc)
+        assert (mapped.status, mapped.type) == (500, "internal_error")
+    missing = tmp_path / "nowhere" / "report.html"
+    with cli_errors() as outcome:
+        missing.write_text("x")
+    assert outcome.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("canary: ") and str(missing) in err

@@ -1,7 +1,7 @@
 """Service-level objectives of a capacity run: `ttft=0.5s`, `tpot=50ms`, `e2e=10s`.
 
 A request meets the SLO when it succeeded and each set bound holds (vLLM's `--goodput`: a TPOT
-of a one-token answer counts as 0). Parsing raises ValueError with a message naming the input.
+of a one-token answer counts as 0). Parsing raises UsageError with a message naming the input.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import re
 from collections.abc import Sequence
 
 import msgspec
+
+from domain.errors import UsageError
 
 _NUMBER = r"([0-9]*\.?[0-9]+(?:e-?\d+)?)"
 _ITEM = re.compile(r"^\s*(ttft|tpot|e2e|e2el)\s*(?:=|:|<=)\s*" + _NUMBER + r"\s*(ms|s)?\s*$")
@@ -47,7 +49,7 @@ def parse_slo(items: Sequence[str]) -> Slo:
             continue
         m = _ITEM.match(raw.lower())
         if m is None:
-            raise ValueError(
+            raise UsageError(
                 f"--slo {raw.strip()!r}: expected KEY=VALUE with KEY one of ttft, tpot, e2e and "
                 "VALUE in seconds or with a unit, e.g. ttft=0.5s, tpot=50ms, e2e=10"
             )
@@ -55,10 +57,10 @@ def parse_slo(items: Sequence[str]) -> Slo:
         key = "e2e" if key == "e2el" else key
         seconds = value / 1000.0 if unit == "ms" else value
         if not seconds > 0:
-            raise ValueError(f"--slo {raw.strip()!r}: the bound must be positive")
+            raise UsageError(f"--slo {raw.strip()!r}: the bound must be positive")
         if key in bounds:
-            raise ValueError(f"--slo: {key} is given twice")
+            raise UsageError(f"--slo: {key} is given twice")
         bounds[key] = seconds
     if not bounds:
-        raise ValueError("--slo: give at least one objective, e.g. --slo ttft=0.5s")
+        raise UsageError("--slo: give at least one objective, e.g. --slo ttft=0.5s")
     return Slo(ttft_s=bounds.get("ttft"), tpot_s=bounds.get("tpot"), e2e_s=bounds.get("e2e"))

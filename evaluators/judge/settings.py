@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from domain.errors import InvalidSettings
+
 # The horizon when none is set: a typical experiment of a few hundred sessions.
 DEFAULT_HORIZON_UNITS = 300
 # Share of alpha spent on the boundary planned to the horizon (bench/RESULTS.md, issue 19).
@@ -105,22 +107,23 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     bootstrap_max_units: int = 20_000
 
     def with_overrides(self, overrides: dict[str, float]) -> VerdictSettings:
-        """A copy with `overrides` applied; ValueError names an unknown field or a bad value."""
+        """A copy with `overrides` applied; InvalidSettings (a UsageError, and a ValueError) names
+        an unknown field or a bad value."""
         fields = set(self.__struct_fields__)
         changes: dict[str, Any] = {}
         for name, value in overrides.items():
             if name in _RETIRED:
-                raise ValueError(_RETIRED[name])
+                raise InvalidSettings(_RETIRED[name])
             if name not in fields:
-                raise ValueError(
+                raise InvalidSettings(
                     f"unknown verdict setting {name!r}; known: {', '.join(sorted(fields))}"
                 )
             default = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"verdict setting {name!r} must be a number, got {value!r}")
+                raise InvalidSettings(f"verdict setting {name!r} must be a number, got {value!r}")
             if isinstance(default, int):
                 if float(value) != int(value):
-                    raise ValueError(f"verdict setting {name!r} must be a whole number")
+                    raise InvalidSettings(f"verdict setting {name!r} must be a whole number")
                 changes[name] = int(value)
             else:
                 changes[name] = float(value)
@@ -129,7 +132,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         return result
 
     def validate(self) -> None:
-        """Raise ValueError when a value is out of its meaningful range."""
+        """Raise InvalidSettings when a value is out of its meaningful range."""
         problems: list[str] = []
         for name in self.__struct_fields__:
             value = getattr(self, name)
@@ -179,7 +182,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         if self.min_discordant < 0:
             problems.append("min_discordant must be >= 0")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise InvalidSettings("; ".join(problems))
 
 
 # The strict preset (`--strict`): the margins of a slow, careful rollout. At least 4,708 units

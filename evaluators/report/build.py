@@ -15,6 +15,7 @@ import numpy as np
 
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
+from domain.errors import EndpointNotFound
 from evaluators.judge.metric import EvalContext, MetricResult
 from evaluators.judge.settings import VerdictSettings
 from evaluators.judge.verdict import Reason, judge, summary
@@ -263,8 +264,9 @@ async def evaluate(
 ) -> Report:
     """Load the candidate's pairs and accounting from storage and build its report.
 
-    The candidate's `verdict` apply on top of `settings` (a ValueError names a bad
-    one). `since` defaults to the candidate's creation. LookupError when no endpoint has that name.
+    The candidate's `verdict` apply on top of `settings` (InvalidSettings names a bad
+    one). `since` defaults to the candidate's creation. EndpointNotFound when no endpoint has that
+    name.
     `segmented` False builds the pairs from the rows in one pass instead of reading the stored
     segments (the same report; tests compare the two). `max_pairs`: ReportTooLarge for a
     window holding more pairs (the report process's `report_max_pairs`). `spill`: where a
@@ -272,8 +274,11 @@ async def evaluate(
     """
     from evaluators.pairs import load as store
 
-    cand, live, control = await store.load_endpoints(engine, candidate_name)
-    effective = settings.with_overrides(cand.verdict)  # raises ValueError on a bad override
+    try:
+        cand, live, control = await store.load_endpoints(engine, candidate_name)
+    except LookupError as exc:  # the loader's own signal; callers see the domain's error
+        raise EndpointNotFound(candidate_name, str(exc)) from exc
+    effective = settings.with_overrides(cand.verdict)  # InvalidSettings on a bad override
     start = since if since is not None else (cand.created_at or None)
     ps = await store.load_pairs(
         engine,

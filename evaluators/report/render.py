@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from domain.errors import UsageError
 from evaluators.report.html import render_html
 from evaluators.report.model import FORMATS, Format, Report, report_to_json
 from evaluators.report.text import render_markdown, render_text
@@ -17,4 +18,4 @@ def render(report: Report, fmt: Format) -> str:
         return render_markdown(report)
     if fmt == "text":
         return render_text(report)
-    raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    raise UsageError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")

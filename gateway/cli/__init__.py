@@ -1,2 +1,3 @@
 """The `canary` command: `main` (argument parsing), `commands/` (one module per subcommand),
-`client` (the admin API client), `progress` (progress bars), `escape` (terminal-safe text)."""
+`errors` (the one place an error becomes a message and an exit code), `client` (the admin API
+client), `progress` (progress bars), `escape` (terminal-safe text)."""

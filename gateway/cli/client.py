@@ -25,6 +25,9 @@ class AdminAPIError(CanaryError):
     """The admin API answered with an error status: exit 2 for a refusal (4xx, the operator's
     to fix), 1 for a server failure."""
 
+    http_status = 502
+    code = "admin_api_error"
+
     def __init__(self, status: int, message: str, error: s.ErrorInfo | None = None) -> None:
         super().__init__(message)
         self.status = status
@@ -34,6 +37,9 @@ class AdminAPIError(CanaryError):
 
 class AdminUnreachable(CanaryError):
     """The admin API did not answer (refused, reset, timed out, not HTTP). Exit code 1."""
+
+    http_status = 502
+    code = "admin_unreachable"
 
 
 def admin_base(url: str) -> str:

@@ -2,8 +2,9 @@
 
 Each module in `gateway.cli.commands` exposes `register(subparsers)`, which adds its parser(s) and
 sets `func` (a callable taking the parsed namespace and returning an exit code). Heavy imports
-happen inside those functions, so `canary --help` stays fast. Usage errors and bad configuration
-exit with code 2 and one readable message; never a traceback.
+happen inside those functions, so `canary --help` stays fast. Every command runs inside
+`gateway.cli.errors.cli_errors`, the one place errors become a message and an exit code (usage
+errors and bad configuration: 2); never a traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from domain.errors import CanaryError, UsageError
+from gateway.cli.errors import cli_errors
 
 _COMMANDS = ("serve", "sim", "db", "candidates", "promote", "report", "plan", "capacity", "demo")
 
@@ -38,17 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        code: int = args.func(args)
-    except UsageError as exc:
-        print(f"canary {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except CanaryError as exc:
-        print(f"canary {args.command}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
-    return code
+    with cli_errors() as outcome:
+        outcome.code = args.func(args)
+    return outcome.code
 
 
 if __name__ == "__main__":

@@ -33,9 +33,14 @@ class PromotionRefused(de.PromotionConflict):
         )
         self.report = report
 
+    code = "promotion_refused"
+
     @property
     def detail(self) -> dict[str, object]:
         return {"verdict": self.report.verdict, "reasons": self.report.reasons()}
+
+    def http_detail(self) -> dict[str, object]:
+        return self.detail
 
 
 class Promotions:

@@ -18,9 +18,11 @@ closed spans as columns and builds only the last minute or two from the rows.
 Wire (HTTP/1.1 over the Unix socket, never exposed on a TCP port):
 
     GET /report/{name}?final=0|1  -> 200 report JSON, header X-Canary-Verdict
-                                     404 {"error": ...} unknown candidate
-                                     422 {"error": ...} a bad verdict override
-                                     503 {"error": ...} queue full (counted)
+                                     else the admin API's error body and status, from its
+                                     one map (`boundary.map_exception`): 404 not_found,
+                                     422 validation_error (a bad verdict override) or
+                                     report_too_large, 503 reports_unavailable (queue full,
+                                     counted) or storage_unavailable, 500 a bug
     GET /stats                     -> 200 {"computed": n, "refused": n, "failed": n, ...}
 """
 
@@ -42,6 +44,8 @@ from aiohttp import web
 
 from domain import errors as de
 from domain.exposition import Family, Sample
+from gateway.control.admin.boundary import error_response, map_exception
+from gateway.control.admin.schema import ErrorBody
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -64,6 +68,9 @@ REPORTS: Final = Family(
 class ReportsUnavailable(de.CanaryError):
     """The report process is down, restarting, too busy (its queue is full) or too slow.
     The admin API answers 503 with this message; production is not concerned."""
+
+    http_status = 503
+    code = "reports_unavailable"
 
 
 class _Reason(msgspec.Struct):
@@ -148,7 +155,7 @@ class LocalReports:
     async def report(self, name: str, *, final: bool = False) -> ReportDoc:
         """The candidate's report over all its pairs (`final`: a planned look).
 
-        EndpointNotFound for an unknown name, ValueError for a bad verdict override,
+        EndpointNotFound for an unknown name, InvalidSettings for a bad verdict override,
         ReportsUnavailable when `queue_max` reports already wait."""
         key = (name, final)
         shared = self._inflight.get(key)
@@ -169,7 +176,7 @@ class LocalReports:
         except BaseException as exc:
             if isinstance(exc, de.ReportTooLarge):
                 self.stats["too_large"] += 1
-            elif not isinstance(exc, de.EndpointNotFound | ValueError | asyncio.CancelledError):
+            elif not isinstance(exc, de.NotFound | de.UsageError | asyncio.CancelledError):
                 self.stats["failed"] += 1
             future.set_exception(exc)
             future.exception()  # retrieved: sharers re-raise it, nobody logs it as lost
@@ -190,17 +197,15 @@ class LocalReports:
             self.stats["running"] += 1
             started = time.perf_counter()
             try:
-                try:  # the candidate's `verdict` overrides apply on top (ValueError: a bad one)
-                    report = await evaluate(
-                        self.engine,
-                        name,
-                        settings=self.settings,
-                        planned_look=final,
-                        max_pairs=self._max_pairs,
-                        spill=self._spill,
-                    )
-                except LookupError as exc:  # unknown, or removed while we were evaluating it
-                    raise de.EndpointNotFound(name) from exc
+                # EndpointNotFound (unknown, or removed meanwhile); InvalidSettings (a bad override)
+                report = await evaluate(
+                    self.engine,
+                    name,
+                    settings=self.settings,
+                    planned_look=final,
+                    max_pairs=self._max_pairs,
+                    spill=self._spill,
+                )
                 body = await asyncio.to_thread(report_to_json, report)
             finally:
                 self.stats["running"] -= 1
@@ -256,10 +261,6 @@ class LocalReports:
         return self.stats | {"waiting": float(self._waiting)}
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
-
-
 def report_app(reports: LocalReports) -> web.Application:
     """The report process's HTTP application (served on its Unix socket only)."""
 
@@ -267,19 +268,8 @@ def report_app(reports: LocalReports) -> web.Application:
         final = request.query.get("final", "0") in ("1", "true")
         try:
             doc = await reports.report(request.match_info["name"], final=final)
-        except de.EndpointNotFound as exc:
-            return _error(404, str(exc))
-        except ValueError as exc:
-            return _error(422, f"verdict overrides: {exc}")
-        except de.ReportTooLarge as exc:
-            return _error(413, str(exc))
-        except ReportsUnavailable as exc:
-            return _error(503, str(exc))
-        except de.StorageError as exc:
-            return _error(503, f"storage: {exc}")
-        except Exception as exc:  # reported to the worker as a 500, logged here
-            log.exception("report of %s failed", request.match_info["name"])
-            return _error(500, f"report failed: {type(exc).__name__}")
+        except Exception as exc:  # the admin API's one map; a bug is logged here, a 500
+            return error_response(map_exception(exc))
         return web.Response(
             body=doc.body, content_type="application/json", headers={VERDICT_HEADER: doc.verdict}
         )
@@ -375,10 +365,10 @@ class RemoteReports:
             doc = await self._ask(name, final)
             outcome = "ok"
             return doc
-        except de.EndpointNotFound:
+        except de.NotFound:
             outcome = "not_found"
             raise
-        except ValueError:
+        except de.UsageError:
             outcome = "invalid"
             raise
         except de.ReportTooLarge:
@@ -405,12 +395,14 @@ class RemoteReports:
             ) from exc
         if status == 200:
             return ReportDoc(verdict, body)
-        message = _message(body)
-        if status == 404:
+        # The answer's `type` is the error's `code`: the worker raises the same domain error
+        # (its own admin boundary then maps it as the report process did).
+        code, message = _error(body)
+        if code == de.EndpointNotFound.code:
             raise de.EndpointNotFound(name, message)
-        if status == 422:
-            raise ValueError(message)
-        if status == 413:
+        if code == de.InvalidSettings.code:
+            raise de.InvalidSettings(message)
+        if code == de.ReportTooLarge.code:
             raise de.ReportTooLarge(message)
         raise ReportsUnavailable(message)
 
@@ -419,8 +411,10 @@ class RemoteReports:
             await self._session.close()
 
 
-def _message(body: bytes) -> str:
+def _error(body: bytes) -> tuple[str, str]:
+    """(code, message) of the report process's error body (the admin API's shape)."""
     try:
-        return str(msgspec.json.decode(body)["error"])
-    except (msgspec.DecodeError, KeyError, TypeError):
-        return body[:200].decode("utf-8", "replace")
+        error = msgspec.json.decode(body, type=ErrorBody).error
+    except msgspec.MsgspecError:
+        return "", body[:200].decode("utf-8", "replace")
+    return error.type, error.message

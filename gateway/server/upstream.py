@@ -48,6 +48,8 @@ class UpstreamError(CanaryError):
     """The upstream failed; `kind` is the error label used in metrics and observations."""
 
     kind: ErrorKind = ErrorKind.OTHER  # each subclass names its own
+    http_status = 502
+    code = "upstream_error"
     #: True when nothing of the response reached us (the proxy can still answer with an error).
     before_response = True
 
@@ -56,12 +58,14 @@ class UpstreamConnectError(UpstreamError):
     """The connection was refused or could not be opened (DNS, TLS, unreachable)."""
 
     kind = ErrorKind.CONNECT
+    code = "upstream_unreachable"
 
 
 class UpstreamResetError(UpstreamError):
     """The upstream closed or reset the connection before the response was complete."""
 
     kind = ErrorKind.RESET
+    code = "upstream_reset"
 
     def __init__(self, message: str, *, before_response: bool) -> None:
         super().__init__(message)
@@ -72,6 +76,8 @@ class UpstreamTimeoutError(UpstreamError):
     """A deadline passed; `phase` is ttfb, idle or total."""
 
     kind = ErrorKind.TIMEOUT
+    http_status = 504
+    code = "upstream_timeout"
 
     def __init__(self, phase: str, *, before_response: bool) -> None:
         super().__init__(f"upstream {phase} timeout")

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from domain.errors import UsageError
+
 FAULTS: tuple[str, ...] = (
     "hang",  # reads the request, never answers until the client goes away
     "reset-mid-stream",  # headers and a few chunks, then a TCP reset
@@ -61,11 +63,11 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     def __post_init__(self) -> None:
         if not self.name:
-            raise ValueError("profile name must not be empty")
+            raise UsageError("profile name must not be empty")
         if self.fault is not None and self.fault not in FAULTS:
-            raise ValueError(f"unknown fault {self.fault!r}; valid faults: {', '.join(FAULTS)}")
+            raise UsageError(f"unknown fault {self.fault!r}; valid faults: {', '.join(FAULTS)}")
         if not 0.0 <= self.divergence <= 1.0:
-            raise ValueError(f"divergence must be in [0, 1], got {self.divergence}")
+            raise UsageError(f"divergence must be in [0, 1], got {self.divergence}")
         delays = {
             "prefill_s_per_token": self.prefill_s_per_token,
             "decode_s_per_token": self.decode_s_per_token,
@@ -79,15 +81,15 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         }
         for key, value in delays.items():
             if not value >= 0.0:  # also rejects NaN
-                raise ValueError(f"{key} must be >= 0, got {value}")
+                raise UsageError(f"{key} must be >= 0, got {value}")
         if self.prefix_cache_blocks < 0 or self.session_kv_max_sessions < 1:
-            raise ValueError("prefix_cache_blocks must be >= 0 and session_kv_max_sessions >= 1")
+            raise UsageError("prefix_cache_blocks must be >= 0 and session_kv_max_sessions >= 1")
         if self.max_num_seqs < 1 or self.max_model_len < 16:
-            raise ValueError("max_num_seqs must be >= 1 and max_model_len >= 16")
+            raise UsageError("max_num_seqs must be >= 1 and max_model_len >= 16")
         if not 1 <= self.min_output_tokens <= self.max_output_tokens:
-            raise ValueError("need 1 <= min_output_tokens <= max_output_tokens")
+            raise UsageError("need 1 <= min_output_tokens <= max_output_tokens")
         if not self.served_model_names:
-            raise ValueError("served_model_names must name at least one model")
+            raise UsageError("served_model_names must name at least one model")
 
 
 _BASELINE = SimProfile(name="baseline")
@@ -132,20 +134,20 @@ for _fault in FAULTS:
 def get_profile(name: str, **overrides: Any) -> SimProfile:
     """Return the named profile with `overrides` applied (the name itself stays unless given).
 
-    Raises `ValueError` naming the valid profiles (unknown name) or fields (unknown knob), or
+    Raises `UsageError` naming the valid profiles (unknown name) or fields (unknown knob), or
     saying which knob is out of range.
     """
     try:
         base = PROFILES[name]
     except KeyError:
-        raise ValueError(
+        raise UsageError(
             f"unknown sim profile {name!r}; valid profiles: {', '.join(PROFILES)}"
         ) from None
     if not overrides:
         return base
     unknown = sorted(set(overrides) - set(SimProfile.__struct_fields__))
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"unknown SimProfile field(s) {', '.join(unknown)}; "
             f"valid fields: {', '.join(SimProfile.__struct_fields__)}"
         )

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from domain.errors import UsageError
 from evaluators.capacity.estimate import ArmInput, StepData, estimate
 from evaluators.capacity.goodput import Sample, step_stats
 from evaluators.capacity.render import render_html, render_text, to_json
@@ -26,7 +27,7 @@ def test_slo_parsing_units_and_errors() -> None:
         (["ttft=1s", "ttft=2s"], "twice"),
         ([], "at least one"),
     ):
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(UsageError, match=match):
             parse_slo(bad)
 
 

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
-from domain.errors import EndpointNotFound
+from domain.errors import EndpointNotFound, InvalidSettings
 from evaluators.judge.settings import VerdictSettings
 from gateway.control.reports import LocalReports, ReportsUnavailable
 from storage import queries
@@ -54,7 +54,7 @@ async def test_unknown_candidate_and_bad_override(db_engine: AsyncEngine) -> Non
     reports = LocalReports(db_engine, VerdictSettings())
     with pytest.raises(EndpointNotFound):
         await reports.report("ghost")
-    with pytest.raises(ValueError, match="nonsense"):
+    with pytest.raises(InvalidSettings, match="nonsense"):
         await reports.report("odd")
     assert reports.stats["failed"] == 0  # an operator's mistake is not a failure of the process
 

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from domain.endpoint import Endpoint
+from domain.errors import UsageError
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs import synthetic
 from evaluators.pairs.columns import pairset_from_pairs
@@ -161,7 +162,7 @@ def test_every_format_renders() -> None:
     drawn = sum(1 for m in r.metrics.values() if m.gating and len(m.trajectory) >= 2)
     assert drawn >= 5 and "interval against pairs" in page
     assert page.startswith("<!doctype html>") and page.count("<svg") == 4 + drawn
-    with pytest.raises(ValueError, match="unknown format"):
+    with pytest.raises(UsageError, match="unknown format"):
         render(r, "pdf")  # type: ignore[arg-type]
 
 

@@ -9,6 +9,7 @@ import statistics
 import msgspec
 import pytest
 
+from domain.errors import UsageError
 from gateway.sim import engine as eng
 from gateway.sim.engine import (
     BLOCK_SIZE,
@@ -78,15 +79,15 @@ def test_get_profile_applies_overrides_and_rejects_bad_input() -> None:
     quick = get_profile("bi-kv", time_scale=0.01, served_model_names=["a", "b"])
     assert quick.time_scale == 0.01 and quick.session_kv and quick.name == "bi-kv"
     assert quick.served_model_names == ("a", "b")
-    with pytest.raises(ValueError, match="valid profiles: baseline, control"):
+    with pytest.raises(UsageError, match="valid profiles: baseline, control"):
         get_profile("nope")
-    with pytest.raises(ValueError, match="valid fields"):
+    with pytest.raises(UsageError, match="valid fields"):
         get_profile("baseline", warp_speed=9)
-    with pytest.raises(ValueError, match="divergence"):
+    with pytest.raises(UsageError, match="divergence"):
         get_profile("quantized", divergence=1.5)
-    with pytest.raises(ValueError, match="unknown fault"):
+    with pytest.raises(UsageError, match="unknown fault"):
         SimProfile(name="x", fault="meltdown")
-    with pytest.raises(ValueError, match="time_scale"):
+    with pytest.raises(UsageError, match="time_scale"):
         get_profile("baseline", time_scale=-1.0)
 
 

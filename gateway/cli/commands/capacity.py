@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from domain.errors import StorageUnavailable, UsageError
+from domain.errors import UsageError
 
 if TYPE_CHECKING:
     from domain.endpoint import Endpoint
@@ -126,10 +126,7 @@ def _check(args: argparse.Namespace) -> tuple[str, Slo, tuple[int, ...]]:
     from evaluators.capacity.slo import parse_slo
     from gateway.config import check_http_url, load_config
 
-    try:
-        slo = parse_slo(args.slo or ["ttft=0.5s"])
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
+    slo = parse_slo(args.slo or ["ttft=0.5s"])
     loads = parse_loads(args.loads)
     if not 0 < args.attainment <= 1:
         raise UsageError(f"--attainment: must be in (0, 1], got {args.attainment}")
@@ -295,26 +292,14 @@ def summary_values(result: CapacityResult) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from domain.errors import SchemaBehind, StorageError
     from evaluators.capacity.render import render_html, render_text, to_json
-    from storage.engine import masked
 
     url, slo, loads = _check(args)
-    try:
-        result = asyncio.run(_measure(url, args, slo, loads))
-    except SchemaBehind as exc:
-        raise UsageError(str(exc)) from exc
-    except StorageError as exc:
-        raise StorageUnavailable(str(exc)) from exc
-    except OSError as exc:
-        raise StorageUnavailable(f"cannot reach {masked(url)}: {exc}") from exc
+    result = asyncio.run(_measure(url, args, slo, loads))
     render = {"text": render_text, "json": to_json, "html": render_html}[args.format]
     text = render(result)
     if args.out:
-        try:
-            Path(args.out).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"--out: cannot write {args.out}: {exc}") from exc
+        Path(args.out).write_text(text, encoding="utf-8")
         print(f"{result.candidate.endpoint}: capacity result written to {args.out}")
     else:
         sys.stdout.write(text)

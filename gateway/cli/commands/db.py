@@ -11,7 +11,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from domain.errors import StorageUnavailable, UsageError
+from domain.errors import UsageError
 
 _URL_HELP = (
     "database URL, e.g. sqlite+aiosqlite:///./canary.db or "
@@ -73,24 +73,16 @@ async def _act(action: str, url: str, revision: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from alembic.util import CommandError
 
-    from domain.errors import StorageError
     from storage.engine import masked, require_existing_database
 
     url = _db_url(args)
     if args.db_action == "current":  # read-only: never creates a database
-        try:
-            require_existing_database(url)
-        except StorageError as exc:
-            raise UsageError(str(exc)) from exc
+        require_existing_database(url)
     try:
         if args.db_action == "current":
             print(f"{masked(url)}: {asyncio.run(_current(url))}")
         else:
             asyncio.run(_act(args.db_action, url, args.revision))
-    except CommandError as exc:
+    except CommandError as exc:  # Alembic's own (an unknown revision): the operator's input
         raise UsageError(str(exc)) from exc
-    except StorageError as exc:
-        raise StorageUnavailable(str(exc)) from exc
-    except OSError as exc:
-        raise StorageUnavailable(f"cannot reach {masked(url)}: {exc}") from exc
     return 0

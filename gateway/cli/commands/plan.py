@@ -175,10 +175,7 @@ def _settings(args: argparse.Namespace) -> Any:
         overrides["agreement_critical"] = min(0.99, overrides["agreement_delta"])
     if overrides.get("latency_delta", 0) > s.latency_critical:
         overrides["latency_critical"] = overrides["latency_delta"]
-    try:
-        return s.with_overrides(overrides)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
+    return s.with_overrides(overrides)
 
 
 async def _scrape(url: str) -> float:
@@ -411,14 +408,9 @@ async def _measured(args: argparse.Namespace) -> tuple[Any, Any]:
     try:
         await ensure_schema(engine, url, auto_upgrade_empty_sqlite=False)
         cand, _, _ = await store.load_endpoints(engine, args.candidate)
-        try:
-            s = settings.with_overrides(cand.verdict)
-            since = parse_time(args.since) if args.since else None
-            report = await evaluate(
-                engine, args.candidate, since=since, settings=settings, spill=spill
-            )
-        except ValueError as exc:
-            raise UsageError(f"candidate {args.candidate!r}: verdict overrides: {exc}") from exc
+        s = settings.with_overrides(cand.verdict)
+        since = parse_time(args.since) if args.since else None
+        report = await evaluate(engine, args.candidate, since=since, settings=settings, spill=spill)
     finally:
         await engine.dispose()
     return report, s
@@ -427,7 +419,7 @@ async def _measured(args: argparse.Namespace) -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from domain.errors import SchemaBehind, StorageError, StorageUnavailable
+    from domain.errors import EndpointNotFound
 
     _check(args)
     if args.budget:
@@ -437,12 +429,8 @@ def run(args: argparse.Namespace) -> int:
     if args.candidate is not None:
         try:
             measured = asyncio.run(_measured(args))
-        except LookupError as exc:
-            raise UsageError(f"{exc}; `canary candidates list` shows the names") from exc
-        except SchemaBehind as exc:
-            raise UsageError(str(exc)) from exc
-        except (StorageError, OSError) as exc:
-            raise StorageUnavailable(str(exc)) from exc
+        except LookupError as exc:  # evaluators.pairs.load's own signal for an unknown name
+            raise EndpointNotFound(args.candidate, str(exc)) from exc
         rate = 1.0
     elif args.rate is not None:
         rate = args.rate

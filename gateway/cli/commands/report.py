@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from domain.errors import StorageUnavailable, UsageError
+from domain.errors import UsageError
 
 if TYPE_CHECKING:
     from evaluators.judge.settings import VerdictSettings
@@ -115,20 +115,13 @@ def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings, Spill]:
         raise UsageError(
             f"--db: must start with sqlite+aiosqlite:// or postgresql+asyncpg://, got {url!r}"
         )
-    from domain.errors import StorageError
     from storage.engine import require_existing_database
 
-    try:
-        require_existing_database(url)  # a report never creates an empty database
-    except StorageError as exc:
-        raise UsageError(str(exc)) from exc
+    require_existing_database(url)  # a report never creates an empty database
     # A large window's columns go to a file, as in the gateway's report process.
     spill = Spill(cfg.report_spill_dir or default_dir(url), cfg.report_spill_over_bytes)
-    try:
-        settings = VerdictSettings().with_overrides(cfg.verdict)
-        return url, settings.with_overrides(STRICT) if args.strict else settings, spill
-    except ValueError as exc:
-        raise UsageError(f"[verdict]: {exc}") from exc
+    settings = VerdictSettings().with_overrides(cfg.verdict)
+    return url, settings.with_overrides(STRICT) if args.strict else settings, spill
 
 
 async def _report(
@@ -149,48 +142,31 @@ async def _report(
     engine = make_engine(url)
     try:
         await ensure_schema(engine, url, auto_upgrade_empty_sqlite=False)
-        try:
-            return await evaluate(
-                engine,
-                args.name,
-                since=since,
-                until=until,
-                settings=settings,
-                planned_look=args.planned_look,
-                progress=progress,
-                spill=spill,
-            )
-        except ValueError as exc:
-            raise UsageError(f"candidate {args.name!r}: verdict overrides: {exc}") from exc
+        return await evaluate(
+            engine,
+            args.name,
+            since=since,
+            until=until,
+            settings=settings,
+            planned_look=args.planned_look,
+            progress=progress,
+            spill=spill,
+        )
     finally:
         await engine.dispose()
 
 
 def run(args: argparse.Namespace) -> int:
-    from domain.errors import SchemaBehind, StorageError
     from evaluators.report.render import render
     from gateway.cli.escape import safe_for, terminal_safe
-    from storage.engine import masked
 
     url, settings, spill = _settings(args)
-    try:
-        report = asyncio.run(_report(url, args, settings, spill))
-    except LookupError as exc:
-        raise UsageError(f"{exc}; `canary candidates list` shows the names") from exc
-    except SchemaBehind as exc:
-        raise UsageError(str(exc)) from exc
-    except StorageError as exc:
-        raise StorageUnavailable(str(exc)) from exc
-    except OSError as exc:
-        raise StorageUnavailable(f"cannot reach {masked(url)}: {exc}") from exc
+    report = asyncio.run(_report(url, args, settings, spill))
     text = render(safe_for(report, args.format), args.format)
     if args.format in ("text", "markdown"):
         text = terminal_safe(text)
     if args.out:
-        try:
-            Path(args.out).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"--out: cannot write {args.out}: {exc}") from exc
+        Path(args.out).write_text(text, encoding="utf-8")
         print(f"{report.candidate}: {report.verdict} (report written to {args.out})")
     else:
         sys.stdout.write(text)

@@ -96,10 +96,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["served_model_names"] = tuple(args.models)
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
-    try:
-        profile = get_profile(args.profile, **overrides)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
+    profile = get_profile(args.profile, **overrides)
 
     try:
         import uvloop

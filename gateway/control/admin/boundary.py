@@ -53,6 +53,7 @@ class ApiError(CanaryError):
     ) -> None:
         super().__init__(message)
         self.status, self.type, self.field, self.detail = status, type_, field, detail
+        self.http_status, self.code = status, type_
         self.headers = headers
 
 
@@ -71,31 +72,25 @@ def error_response(exc: ApiError, headers: Mapping[str, str] | None = None) -> w
     return json_response(s.ErrorBody(error=info), exc.status, headers)
 
 
-def map_exception(exc: Exception) -> ApiError:
-    """Domain and storage errors -> HTTP statuses; anything else is a logged 500."""
+def map_exception(exc: BaseException) -> ApiError:
+    """The one map from an exception to an HTTP answer (the admin API's and the report
+    process's): an ApiError as it is; any other CanaryError by its class's `http_status`,
+    `code`, `http_message`, `http_field` and `http_detail()` (domain/errors.py); a database
+    driver's transient error (an evaluator's read) as StorageUnavailable; anything else, a
+    stray KeyError included, a logged 500."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, se.EndpointNotFound):
-        return ApiError(404, "not_found", str(exc))
-    if isinstance(exc, se.DuplicateName):
-        return ApiError(409, "conflict", str(exc))
-    if isinstance(exc, se.PromotionConflict):
-        return ApiError(409, "conflict", str(exc), detail={"reason": exc.reason})
-    if isinstance(exc, se.InvalidEndpoint):  # a field the schema cannot hold: the body's fault
-        return ApiError(422, "invalid_request", str(exc))
-    if isinstance(exc, se.ReportTooLarge):  # the window, not the request: named in the message
-        return ApiError(422, "report_too_large", str(exc))
-    if isinstance(exc, se.SchemaBehind):
-        return ApiError(503, "storage_unavailable", str(exc))
-    # Bodies are validated before storage sees them, so what storage still refuses is the
-    # database's state (down, read-only, full, refusing connections), not the request: 503.
-    if isinstance(exc, se.StorageError) or is_transient(exc):  # is_transient: evaluators' reads
-        log.warning("admin: storage failed: %s", exc)
-        return ApiError(503, "storage_unavailable", "storage is unavailable, retry later")
-    if isinstance(exc, se.UsageError):  # bad input that got past the body's validation
-        return ApiError(422, "invalid_request", str(exc))
-    log.exception("admin: unexpected error")
-    return ApiError(500, "internal_error", "internal error (see the gateway log)")
+    if not isinstance(exc, CanaryError) and is_transient(exc):
+        exc = se.StorageUnavailable(str(exc))
+    if not isinstance(exc, CanaryError) or exc.http_status == 500:
+        log.error("admin: unexpected error", exc_info=exc)
+        return ApiError(500, "internal_error", "internal error (see the gateway log)")
+    if exc.http_status >= 500:
+        log.warning("admin: %s: %s", exc.code, exc)
+    message = exc.http_message or str(exc)
+    return ApiError(
+        exc.http_status, exc.code, message, field=exc.http_field, detail=exc.http_detail()
+    )
 
 
 def boundary(enabled: bool, authenticate: Callable[[web.Request], str]) -> Any:

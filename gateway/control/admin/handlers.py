@@ -39,8 +39,8 @@ from gateway.control.admin.boundary import (
     read_body,
 )
 from gateway.control.admin.guard import AuthGuard
-from gateway.control.promotion import PromotionRefused, Promotions
-from gateway.control.reports import ReportDoc, Reports, ReportsUnavailable
+from gateway.control.promotion import Promotions
+from gateway.control.reports import ReportDoc, Reports
 from gateway.server.app import ADMIN_COLLECTORS, ADMIN_READY_CHECKS, ReadyCheck
 from gateway.server.prometheus import Collector
 from storage import queries as q
@@ -218,12 +218,7 @@ def _final_look(request: web.Request) -> bool:
 
 async def _evaluate(ctx: AdminContext, ep: Endpoint, *, final: bool = False) -> ReportDoc:
     """The report, computed by the host's report process (never on this worker's loop)."""
-    try:
-        return await ctx.promotions.report(ep.name, final=final)
-    except ReportsUnavailable as exc:
-        raise ApiError(503, "reports_unavailable", str(exc)) from exc
-    except ValueError as exc:
-        raise ApiError(422, "validation_error", f"verdict: {exc}", field="verdict") from exc
+    return await ctx.promotions.report(ep.name, final=final)
 
 
 async def get_report(request: web.Request) -> web.Response:
@@ -262,10 +257,6 @@ async def promote(request: web.Request) -> web.Response:
         rec = await ctx.promotions.promote(
             request.match_info["name"], actor=request[ACTOR], reason=body.reason, force=body.force
         )
-    except PromotionRefused as exc:
-        raise ApiError(409, "promotion_refused", str(exc), detail=exc.detail) from exc
-    except ReportsUnavailable as exc:
-        raise ApiError(503, "reports_unavailable", str(exc)) from exc
     except se.PromotionConflict as exc:
         if exc.reason == "already_live":
             raise ApiError(409, "conflict", str(exc)) from exc
