@@ -31,7 +31,7 @@ import numpy as np
 from domain.accounting import ACCOUNTING_KEYS, STALE_REPLICAS
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
-from domain.errors import ReportTooLarge, StorageError
+from domain.errors import EndpointNotFound, ReportTooLarge, StorageError
 from evaluators.pairs import segments
 from evaluators.pairs.columns import (
     ARM_FIELDS,
@@ -59,7 +59,7 @@ Engine: TypeAlias = store.Engine
 async def load_endpoints(
     engine: Engine, candidate: str
 ) -> tuple[Endpoint, Endpoint | None, Endpoint | None]:
-    """(candidate, live endpoint, control) — LookupError when the candidate does not exist.
+    """(candidate, live endpoint, control) — EndpointNotFound when the candidate does not exist.
 
     The control is the most recently updated active endpoint of kind "control" other than the
     candidate itself (so a control's own report compares it with production).
@@ -67,7 +67,7 @@ async def load_endpoints(
     endpoints = await store.endpoints(engine)
     by_name = {ep.name: ep for ep in endpoints}
     if candidate not in by_name:
-        raise LookupError(f"no candidate named {candidate!r}")
+        raise EndpointNotFound(candidate, f"no candidate named {candidate!r}")
     live = next((ep for ep in endpoints if ep.role == "live"), None)
     controls = [
         ep
@@ -130,7 +130,7 @@ async def load_pairs(
     False/None uses none. `progress`, given the number of exchanges to go through, returns a
     callback for each part read and a function that closes the display.
     Exchanges without a candidate observation younger than the candidate's timeout are
-    "pending", older ones "lost". LookupError when the candidate does not exist.
+    "pending", older ones "lost". EndpointNotFound when the candidate does not exist.
 
     `segmented` (the default) reads the window's closed spans from their stored columns and
     stores the spans it had to build (`evaluators.pairs.segments`); False builds the whole
@@ -185,7 +185,7 @@ async def refresh_segments(
     """Bring the candidate's stored segments up to date (its default window: from its
     creation to now, with its control) without assembling a report; returns how many spans
     were built. The report process runs this in the background so a report finds them ready.
-    LookupError when the candidate does not exist."""
+    EndpointNotFound when the candidate does not exist."""
     cand, _live, found = await load_endpoints(engine, candidate)
     now = time.time()
     window = _Window(

@@ -15,7 +15,6 @@ import numpy as np
 
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
-from domain.errors import EndpointNotFound
 from evaluators.judge.metric import EvalContext, MetricResult
 from evaluators.judge.settings import VerdictSettings
 from evaluators.judge.verdict import Reason, judge, summary
@@ -274,10 +273,7 @@ async def evaluate(
     """
     from evaluators.pairs import load as store
 
-    try:
-        cand, live, control = await store.load_endpoints(engine, candidate_name)
-    except LookupError as exc:  # the loader's own signal; callers see the domain's error
-        raise EndpointNotFound(candidate_name, str(exc)) from exc
+    cand, live, control = await store.load_endpoints(engine, candidate_name)  # EndpointNotFound
     effective = settings.with_overrides(cand.verdict)  # InvalidSettings on a bad override
     start = since if since is not None else (cand.created_at or None)
     ps = await store.load_pairs(

@@ -236,7 +236,7 @@ class LocalReports:
                         similarity_max_pairs=settings.similarity_max_pairs,
                         max_chars=settings.similarity_max_chars,
                     )
-                except LookupError:  # removed meanwhile
+                except de.EndpointNotFound:  # removed meanwhile
                     continue
             self.stats["segments_built"] += built
         self.stats["refreshes"] += 1

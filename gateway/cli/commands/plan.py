@@ -419,18 +419,13 @@ async def _measured(args: argparse.Namespace) -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from domain.errors import EndpointNotFound
-
     _check(args)
     if args.budget:
         parse_duration(args.budget)  # fail fast, before a probe of the gateway
     _settings(args)
     measured = None
     if args.candidate is not None:
-        try:
-            measured = asyncio.run(_measured(args))
-        except LookupError as exc:  # evaluators.pairs.load's own signal for an unknown name
-            raise EndpointNotFound(args.candidate, str(exc)) from exc
+        measured = asyncio.run(_measured(args))  # EndpointNotFound for an unknown name
         rate = 1.0
     elif args.rate is not None:
         rate = args.rate
