@@ -2,7 +2,9 @@
 
 An evaluator is a function `(EvalContext) -> list[MetricResult]`: it reads the PairSet, computes
 per-pair values and judges them with `evaluators.judge.metric.judge_mean` / `judge_bounded`. It does
-no IO and decides nothing about the verdict. Adding a metric = one function here plus its test.
+no IO and decides nothing about the verdict. Adding a measured per-pair quantity end to end (the
+observation field, the meter, its evaluator, one line here, a migration) is walked through in
+docs/add-a-metric.md.
 """
 
 from __future__ import annotations
