@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
     from evaluators.judge.settings import VerdictSettings
     from evaluators.pairs.spill import Spill
+    from gateway.config import ReportsConfig, StorageConfig
 
 log = logging.getLogger("canary.reports")
 
@@ -293,33 +294,35 @@ def report_app(reports: LocalReports) -> web.Application:
     return app
 
 
-def report_spill(config: Any) -> Spill:
-    """Where the gateway's config says a large report's columns go."""
+def report_spill(reports: ReportsConfig, storage: StorageConfig) -> Spill:
+    """Where the configuration says a large report's columns go."""
     from evaluators.pairs.spill import Spill, default_dir
 
-    directory = config.report_spill_dir or default_dir(config.db_url)
-    return Spill(directory, config.report_spill_over_bytes)
+    directory = reports.spill_dir or default_dir(storage.db_url)
+    return Spill(directory, reports.spill_over_bytes)
 
 
 async def serve_reports(
-    config: Any,
+    config: ReportsConfig,
+    storage: StorageConfig,
+    verdict: dict[str, float],
     socket_path: str,
     ready: Callable[[], None],
     stop: asyncio.Event,
 ) -> None:
     """What the report process runs: its own storage engine and the report application on
-    `socket_path`, until `stop` is set. `config` is the gateway's `GatewayConfig`."""
+    `socket_path`, until `stop` is set. `verdict` overrides the verdict settings."""
     from evaluators.judge.settings import VerdictSettings
     from storage.engine import make_engine
 
-    engine = make_engine(config.db_url)
+    engine = make_engine(storage.db_url)
     reports = LocalReports(
         engine,
-        VerdictSettings().with_overrides(config.verdict),
-        concurrency=config.report_concurrency,
-        queue_max=config.report_queue_max,
-        max_pairs=config.report_max_pairs,
-        spill=report_spill(config),
+        VerdictSettings().with_overrides(verdict),
+        concurrency=config.concurrency,
+        queue_max=config.queue_max,
+        max_pairs=config.max_pairs,
+        spill=report_spill(config, storage),
     )
     runner = web.AppRunner(report_app(reports), access_log=None, handle_signals=False)
     await runner.setup()
@@ -331,8 +334,8 @@ async def serve_reports(
         ready()
         # Import the statistics stack now, in a thread: the first report need not wait for it.
         await load_report_stack()
-        if config.report_refresh_interval_s > 0:
-            await reports.refresh_every(config.report_refresh_interval_s, stop)
+        if config.refresh_interval_s > 0:
+            await reports.refresh_every(config.refresh_interval_s, stop)
         else:
             await stop.wait()
     finally:

@@ -50,7 +50,7 @@ async def _handoff(tmp_path: Path) -> tuple[Handoff, _Peer, asyncio.Server]:
     peer = _Peer()
     server = await asyncio.get_running_loop().create_unix_server(lambda: peer, path)
     config = GatewayConfig()
-    handoff = Handoff(config, LiveTarget(config.live_endpoint("http://127.0.0.1:9")), path, "w1")
+    handoff = Handoff(config, LiveTarget(config.live.endpoint("http://127.0.0.1:9")), path, "w1")
     assert await handoff._connect()
     await peer.connected.wait()
     handoff.apply([Endpoint(name="c1", url="http://127.0.0.1:9", sample_rate=1.0)])

@@ -108,9 +108,9 @@ class Handoff:
         self._live = live
         self._path = socket_path
         self.worker = worker
-        self._session_header = config.session_header
-        self._limit = config.mirror_channel_max_bytes
-        self._oversize = min(config.mirror_channel_max_bytes, config.mirror_memory_budget_bytes)
+        self._session_header = config.server.session_header
+        self._limit = config.mirror.channel_max_bytes
+        self._oversize = min(config.mirror.channel_max_bytes, config.mirror.memory_budget_bytes)
         self._offers: tuple[Offer, ...] = ()
         self._candidates: tuple[Endpoint, ...] = ()
         start = rate_mod.START_REFERENCE_RPS
