@@ -85,14 +85,14 @@ class _Plane:
 
     def __init__(
         self,
-        config: GatewayConfig,
+        results_max: int,
         mirror: Mirror,
         writer: ObservationWriter,
         priority: str,
         *,
         capture: CaptureSink | None = None,
     ) -> None:
-        self.config = config
+        self.results_max = results_max  # [mirror] results_max
         self.capture = capture
         self.mirror = mirror
         self.writer = writer
@@ -126,7 +126,7 @@ class _Plane:
         if token is None:
             return
         self.tokens[m.exchange_id] = token
-        while len(self.tokens) > self.config.mirror.results_max:
+        while len(self.tokens) > self.results_max:
             self.tokens.popitem(last=False)  # its worker died or dropped the result
             self.counts["results_lost"] += 1
 
@@ -278,7 +278,8 @@ async def serve_plane(
     stop: asyncio.Event,
 ) -> None:
     """Run the mirror plane until `stop` is set, then: wait for workers to close their channels
-    (up to `drain_timeout_s`), drain the lanes, save the counters, flush the writer."""
+    (up to `server.drain_timeout_s`), drain the lanes, save the counters, flush the writer.
+    The mirror process's wiring: it hands each part the sections it uses."""
     engine = make_engine(config.storage.db_url)
     writer = ObservationWriter(
         engine,
@@ -300,7 +301,7 @@ async def serve_plane(
     )
     # The workers count the eligible requests (this process sees only the sampled ones).
     mirror = Mirror(config, live, writer, replica, capture=capture)
-    plane = _Plane(config, mirror, writer, priority, capture=capture)
+    plane = _Plane(config.mirror.results_max, mirror, writer, priority, capture=capture)
     plane.splits = SplitWatch(engine, replica, config.storage.counters_flush_interval_s)
 
     def on_change(snapshot: Snapshot) -> None:

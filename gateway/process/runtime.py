@@ -288,7 +288,9 @@ async def running(
             report_socket = report_process.socket_path
         reports = RemoteReports(report_socket, config.reports.timeout_s)
         stack.push_async_callback(reports.close)
-        handoff = Handoff(config, live, plane_socket, replica)
+        handoff = Handoff(
+            config.mirror, live, plane_socket, replica, session_header=config.server.session_header
+        )
 
         def on_change(snapshot: Snapshot) -> None:
             handoff.apply(snapshot.candidates)

@@ -48,7 +48,7 @@ from domain.accounting import GAUGE_FIELDS, IDENTITY_FIELDS
 from domain.endpoint import Endpoint
 from domain.exposition import Exposed, Family
 from domain.ids import uuid7
-from gateway.config import GatewayConfig
+from gateway.config import MirrorConfig
 from gateway.mirror.channel import frames
 from gateway.mirror.replay.lane import MIRROR_HEADER
 from gateway.mirror.sampling import rate as rate_mod
@@ -103,14 +103,21 @@ class _Protocol(asyncio.Protocol):
 class Handoff:
     """Samples production requests and hands the chosen copies to the mirror process."""
 
-    def __init__(self, config: GatewayConfig, live: LiveTarget, socket_path: str, worker: str):
-        self._config = config
+    def __init__(
+        self,
+        config: MirrorConfig,
+        live: LiveTarget,
+        socket_path: str,
+        worker: str,
+        *,
+        session_header: str,
+    ):
         self._live = live
         self._path = socket_path
         self.worker = worker
-        self._session_header = config.server.session_header
-        self._limit = config.mirror.channel_max_bytes
-        self._oversize = min(config.mirror.channel_max_bytes, config.mirror.memory_budget_bytes)
+        self._session_header = session_header
+        self._limit = config.channel_max_bytes
+        self._oversize = min(config.channel_max_bytes, config.memory_budget_bytes)
         self._offers: tuple[Offer, ...] = ()
         self._candidates: tuple[Endpoint, ...] = ()
         start = rate_mod.START_REFERENCE_RPS
