@@ -1,7 +1,7 @@
 """Candidate credentials: the one place that reads the variable a `credentials_env` names.
 
 A stored endpoint may predate the policy, or come from a database another gateway wrote: at
-load, a name the policy refuses (`candidate_credentials_prefix`, `candidate_credentials_allow`,
+load, a name the policy refuses (`[credentials] candidate_prefix`, `candidate_allow`,
 never a gateway setting) gives the candidate no credential at all, is logged once per
 (endpoint, name) and counted in `canary_candidate_credentials_refused_total`.
 This module must never log, return or store a credential's value.

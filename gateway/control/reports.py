@@ -9,10 +9,10 @@ worker never loads pairs, never imports the statistics stack and never decodes a
 it spends on a report is what it spends on proxying a small answer.
 
 `LocalReports` is the one path to a report inside a gateway: `evaluators.report.build.evaluate`
-with this gateway's verdict settings, bounded (`report_concurrency` at once, `report_queue_max`
+with this gateway's verdict settings, bounded (`[reports] concurrency` at once, `queue_max`
 waiting, beyond that refused and counted) and single-flight (identical requests arriving while
 one is computed share its result). Between reports it keeps each active candidate's stored
-report segments current (`report_refresh_interval_s`), so a report reads the candidate's
+report segments current (`refresh_interval_s`), so a report reads the candidate's
 closed spans as columns and builds only the last minute or two from the rows.
 
 Wire (HTTP/1.1 over the Unix socket, never exposed on a TCP port):
@@ -159,8 +159,8 @@ class LocalReports:
         if self._waiting >= self._queue_max + self._concurrency:
             self.stats["refused"] += 1
             raise ReportsUnavailable(
-                f"{self._waiting} reports are being computed or wait (report_concurrency "
-                f"{self._concurrency}, report_queue_max {self._queue_max}); retry later"
+                f"{self._waiting} reports are being computed or wait (reports.concurrency "
+                f"{self._concurrency}, reports.queue_max {self._queue_max}); retry later"
             )
         future: asyncio.Future[ReportDoc] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
@@ -349,7 +349,7 @@ class RemoteReports:
     The report's bytes are relayed untouched; the worker never builds or decodes a report."""
 
     def __init__(self, socket_path: str | None, timeout_s: float) -> None:
-        self._path = socket_path  # None: this replica computes no reports (report_process)
+        self._path = socket_path  # None: this replica computes no reports ([reports] enabled)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self.counts = dict.fromkeys(OUTCOMES, 0)
@@ -361,7 +361,7 @@ class RemoteReports:
     def _client(self) -> aiohttp.ClientSession:
         if self._path is None:
             raise ReportsUnavailable(
-                "this replica computes no reports (report_process = false): ask a replica that "
+                "this replica computes no reports ([reports] enabled = false): ask a replica that "
                 "does (on the same store), or run `canary report`"
             )
         if self._session is None or self._session.closed:
@@ -404,7 +404,7 @@ class RemoteReports:
             ) from exc
         except TimeoutError as exc:
             raise ReportsUnavailable(
-                f"the report took longer than report_timeout_s ({self._timeout.total:g} s)"
+                f"the report took longer than reports.timeout_s ({self._timeout.total:g} s)"
             ) from exc
         if status == 200:
             return ReportDoc(verdict, body)

@@ -5,7 +5,7 @@
 synchronous, O(1), never blocks, never raises, never parses or copies the body. It decides by
 conversation (`xxh3_64(salt + session key) < share`, so a conversation is captured whole or not
 at all), checks the candidate filter, the per-body limit and the byte budget, and queues a
-reference to the body, bounded by `capture_queue_max`. Every refusal is counted by reason.
+reference to the body, bounded by `[capture] queue_max`. Every refusal is counted by reason.
 
 `take` (called by the capture writer's task, off the request path) redacts what it takes: the
 configured JSON fields of the body and the secret headers (`Authorization` always). This module

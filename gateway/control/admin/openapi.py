@@ -46,7 +46,7 @@ _ERRORS = {
     "refused promote: `error.detail` holds the verdict and reasons)",
     413: "Body over 64 KiB",
     422: "Validation error: `error.field` names the field, `error.message` the reason; or "
-    "`report_too_large`: the report's window holds more pairs than `report_max_pairs`",
+    "`report_too_large`: the report's window holds more pairs than `[reports] max_pairs`",
     503: "Storage is unavailable, or no report can be had now (`reports_unavailable`)",
 }
 

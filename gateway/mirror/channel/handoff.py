@@ -9,7 +9,7 @@ together at most `_COALESCE_S` after the first (one write and one wake-up of the
 per few copies).
 The write is non-blocking: the bytes go to the kernel's socket buffer, and what the kernel cannot
 take waits in the transport's buffer; queued and buffered bytes together are capped at
-`mirror_channel_max_bytes`. A copy that would pass the cap is `dropped_overflow`; one larger
+`[mirror] channel_max_bytes`. A copy that would pass the cap is `dropped_overflow`; one larger
 than the cap or the mirror memory budget is `dropped_oversize` before a byte of it is copied;
 while the mirror process is down every chosen copy is `dropped_overflow` (reason counted), and so
 is every copy whose frame was still queued when the channel dropped. Nothing here
