@@ -42,7 +42,7 @@ PY = sys.executable
 BARE_GATEWAY = """
 import asyncio, sys, uvloop
 from aiohttp.web_protocol import RequestHandler
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, LiveConfig, ServerConfig
 from gateway.server import connections
 from gateway.server.app import start_gateway
 if sys.argv[3:] == ["guards-off"]:  # aiohttp's own per-read and per-connection code only
@@ -51,7 +51,9 @@ if sys.argv[3:] == ["guards-off"]:  # aiohttp's own per-read and per-connection 
     connections.GuardedServer.connection_made = connections.Server.connection_made
     connections.GuardedServer.connection_lost = connections.Server.connection_lost
 async def main():
-    cfg = GatewayConfig(listen="127.0.0.1:" + sys.argv[1], live_url=sys.argv[2])
+    cfg = GatewayConfig(
+        server=ServerConfig(listen="127.0.0.1:" + sys.argv[1]), live=LiveConfig(url=sys.argv[2])
+    )
     gw = await start_gateway(cfg)
     try:
         await asyncio.Event().wait()

@@ -52,7 +52,7 @@ from evaluators.pairs import load as store
 from evaluators.pairs.spill import Spill, default_dir
 from evaluators.report.build import build_report
 from evaluators.report.render import render
-from gateway.config import GatewayConfig
+from gateway.config import ReportsConfig
 from storage import queries
 from storage.engine import make_engine, upgrade
 from storage.models import ReportSegmentRow
@@ -352,11 +352,11 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument("--phases", default="rows,cold,warm", help="which phases to time")
     parser.add_argument(
-        "--spill-over-bytes", type=int, default=GatewayConfig().report_spill_over_bytes,
+        "--spill-over-bytes", type=int, default=ReportsConfig().spill_over_bytes,
         help="segmented windows with more bytes of columns go to a file, as the gateway's "
-        "report_spill_over_bytes (default: its default); 0: never",
+        "[reports] spill_over_bytes (default: its default); 0: never",
     )  # fmt: skip
-    parser.add_argument("--spill-dir", help="where (default: the gateway's, report_spill_dir)")
+    parser.add_argument("--spill-dir", help="where (default: the gateway's [reports] spill_dir)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the database")
     parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--phase", help=argparse.SUPPRESS)

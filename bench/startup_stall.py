@@ -47,9 +47,12 @@ async def suspects() -> None:
         t = time.perf_counter()
         lane = Lane(
             Endpoint(name=f"c{i}", url="http://127.0.0.1:9", sample_rate=1.0),
-            cfg,
             MemoryBudget(1 << 20),
             InMemorySink(),
+            mirror=cfg.mirror,
+            upstream=cfg.upstream,
+            storage=cfg.storage,
+            credentials=cfg.credentials,
         )
         lane.start()
         print(f"Lane() + start() #{i + 1}: {(time.perf_counter() - t) * 1000:.2f} ms")

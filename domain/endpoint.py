@@ -89,7 +89,7 @@ def env_name_refusal(
     allow = f" or one of {sorted(allowed)}" if allowed else ""
     return (
         f"must name a variable meant for candidates: starting with {prefix!r}{allow} "
-        "(candidate_credentials_prefix / candidate_credentials_allow in the config file)"
+        "(candidate_prefix / candidate_allow in the config file's [credentials] table)"
     )
 
 

@@ -1,15 +1,25 @@
 """Typed configuration for the whole gateway, validated once at start-up.
 
-Sources, lowest to highest precedence: defaults in the Structs below, a TOML file (`--config`),
-`CANARY_<KEY>` environment variables (top-level keys only, e.g. `CANARY_MAX_BODY_BYTES`), and
-command-line flags. This is the only module that reads files or environment variables for
-settings; everything else receives a frozen `GatewayConfig`.
+Settings come in sections, one per concern (`[server]`, `[live]`, `[upstream]`, `[limits]`,
+`[credentials]`, `[mirror]`, `[reports]`, `[storage]`, `[capture]`, `[admin]`, `[verdict]`,
+`[[candidates]]`); each plane receives the sections it uses, only the wiring (gateway/process,
+gateway/cli) sees the whole `GatewayConfig`. Every field carries its description in its
+declaration: `reference()` lists them and docs/configuration.md is generated from it.
 
-A bad setting raises `ConfigError` whose message names the source, the key and the reason.
+Sources, lowest to highest precedence: defaults in the Structs below, a TOML file (`--config`),
+environment variables (`CANARY_<SECTION>_<KEY>`, e.g. `CANARY_REPORTS_MAX_PAIRS`, or the flat
+name of before the sections, e.g. `CANARY_REPORT_MAX_PAIRS`), and command-line flags. A flat
+key of before the sections in a file (`report_max_pairs = ...`) still works: it is mapped onto
+its section and logged once as deprecated. This is the only module that reads files or
+environment variables for settings.
+
+A bad setting raises `ConfigError` whose message names the source, the key (dotted:
+'reports.max_pairs') and the reason.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tomllib
@@ -33,10 +43,12 @@ from domain.endpoint import (
 )
 from domain.errors import ConfigError
 
-# Headers that carry a client's credentials (`credential_headers` in the config replaces the
-# list): OpenAI's and vLLM's `Authorization`, Azure OpenAI's `api-key`, gateways' `x-api-key`,
-# browser sessions' `Cookie`, and `Proxy-Authorization`. A copy goes to a URL an admin chose:
-# none of them reaches it unless the candidate says `forward_auth`.
+log = logging.getLogger(__name__)
+
+# Headers that carry a client's credentials (`[credentials] headers` replaces the list):
+# OpenAI's and vLLM's `Authorization`, Azure OpenAI's `api-key`, gateways' `x-api-key`, browser
+# sessions' `Cookie`, and `Proxy-Authorization`. A copy goes to a URL an admin chose: none of
+# them reaches it unless the candidate says `forward_auth`.
 CREDENTIAL_HEADERS: Final = frozenset(
     ("authorization", "api-key", "x-api-key", "cookie", "proxy-authorization")
 )
@@ -48,217 +60,474 @@ PosInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosFloat = Annotated[float, Meta(gt=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
+Nice = Annotated[int, Meta(ge=0, le=19)]
+Priority = Literal["idle", "nice", "normal"]
+
+
+def _d(text: str) -> Meta:
+    return Meta(description=text)
 
 
 # A `[[candidates]]` table is the same spec the admin API accepts: one type, one set of defaults.
 CandidateConfig = CandidateSpec
 
 
-class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Every gateway setting with its default. configs/gateway.example.toml documents each."""
+class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The listener, the process model, logs and shutdown."""
 
-    # --- listener and process model
-    listen: str = "127.0.0.1:8080"
-    workers: PosInt = 1
-    log_format: Literal["json", "text"] = "text"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    replica_name: str = ""  # label for this gateway in stored rows; default: hostname-pid
-    # The event loop of every process: uvloop when installed ("auto"), or asyncio's own.
-    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
-
-    # --- the live endpoint (None: start the built-in engine simulator as the live endpoint).
-    # `live_<field>` is the live `Endpoint`'s <field>, with the type declared there
-    # (tests/process/test_config.py checks they agree).
-    live_url: str | None = None
-    live_name: Name = "live"
-    live_price_per_hour_usd: Price | None = None
-    live_gpus: Gpus = 1
-
-    # --- proxy
-    max_body_bytes: PosInt = 64 * MiB
-    upstream_max_connections: NonNegInt = 1024  # 0 = unlimited
-    upstream_keepalive_s: PosFloat = 60.0
-    connect_timeout_s: PosFloat = 10.0
-    # vLLM may queue a long prompt before its first byte; generous by default.
-    ttfb_timeout_s: PosFloat = 600.0
-    idle_timeout_s: PosFloat = 300.0  # longest gap between two chunks of one response
-    total_timeout_s: NonNegFloat = 3600.0  # 0 = no total limit
-    session_header: str = "X-Session-ID"
-
-    # --- mirror
-    mirror_memory_budget_bytes: PosInt = 256 * MiB
-    mirror_shed_loop_lag_ms: PosFloat = 20.0
-    # Share of one core the event-loop thread may use before new copies are shed (0 = never):
-    # a saturated loop need not lag, and copies must only use spare CPU.
-    mirror_shed_cpu_busy: Rate = 0.9
-    dedup_window_s: NonNegFloat = 60.0
-    drain_timeout_s: NonNegFloat = 10.0
-
-    # --- mirror plane (one low-priority mirror process per host; see gateway/mirror/plane.py)
-    # Bytes of copies one worker may have queued toward the mirror process (beyond the kernel's
-    # socket buffer): past it a copy is `dropped_overflow` and production moves on. Bounded so a
-    # stalled mirror process costs each worker at most this much memory.
-    mirror_channel_max_bytes: PosInt = 32 * MiB
-    # Sustained overload of the mirror process itself: its loop lag averaged over this window
-    # (one late wake-up on a busy host moves it little) and its CPU share over the same window.
-    mirror_shed_window_s: PosFloat = 2.0
-    # "idle": SCHED_IDLE where the kernel allows it (only CPU nobody else wants), else nice;
-    # "nice": nice only; "normal": the same priority as production (benchmarks, debugging).
-    mirror_priority: Literal["idle", "nice", "normal"] = "idle"
-    mirror_nice: Annotated[int, Meta(ge=0, le=19)] = 10
-    # Production results awaited for copies already offered; a worker that died leaves its
-    # exchanges here until this bound or their age evicts them (counted `results_lost`).
-    mirror_results_max: PosInt = 100_000
-    # Scoring copies (gateway/mirror/scoring/forced.py): top-k logprobs asked per position (vLLM's
-    # max_logprobs is 20 by default), scoring requests in flight per endpoint, and scoring jobs
-    # held at once (each holds its arms' observations and a reference to the request body);
-    # past it a pair is not scored (`score_dropped`).
-    score_logprobs: Annotated[int, Meta(ge=1, le=20)] = 5
-    score_concurrency: PosInt = 1
-    score_max_pending: PosInt = 256
-
-    # --- report process (one per host: every report, gate and promotion's report runs there,
-    # never in a worker; see gateway/control/reports.py)
-    # false: this replica starts no report process and refreshes no report segments; its
-    # reports, gate and promotions answer 503 `reports_unavailable` saying so. For fleets whose
-    # production replicas must carry no report work at all (on small hosts even idle-priority
-    # work shows in production's tail): a replica that takes no production traffic, on the same
-    # PostgreSQL store, serves reports, the gate and promotions.
-    report_process: bool = True
-    # "idle": SCHED_IDLE where allowed, else nice (a saturated host delays reports, never
-    # production); "nice": nice only; "normal": production's priority.
-    report_priority: Literal["idle", "nice", "normal"] = "idle"
-    report_nice: Annotated[int, Meta(ge=0, le=19)] = 10
-    report_concurrency: PosInt = 1  # reports computed at once (each holds its pairs in memory)
-    # A window with more pairs is refused (422 `report_too_large`, counted) before its columns
-    # are allocated or read, so one huge candidate cannot run the host out of memory or disk
-    # beside production. 10,000,000 pairs (a day at 1,000 requests/s sampled at 10 %) take
-    # ~0.8 GiB resident and 2.3 GB of spill file (below); `canary report` is not bound.
-    report_max_pairs: PosInt = 10_000_000
-    # A window whose pair columns (~230 bytes a pair) would take more than this is assembled in
-    # an unlinked file instead of the heap and paged in a metric at a time
-    # (evaluators.pairs.spill): resident memory is then the interpreter plus one metric's
-    # columns and temporaries (~70 bytes a pair at the peak) instead of ~330 bytes a pair. The
-    # file goes to `report_spill_dir` ("": the SQLite database's directory, else the system's
-    # temporary directory), which must be a disk, not a tmpfs.
-    report_spill_over_bytes: PosInt = 256 * MiB
-    report_spill_dir: str = ""
-    report_queue_max: PosInt = 16  # reports waiting for a slot; beyond: 503, counted
-    report_timeout_s: PosFloat = 900.0  # a worker waits this long for the report process
-    # The gateway waits this long for its report process to listen before it serves, and no
-    # longer: at idle priority on a busy host the report process starts when a CPU is spare,
-    # which production must not wait for (reports answer 503 `reports_unavailable` until then).
-    report_start_wait_s: NonNegFloat = 10.0
-    # Every this many seconds the report process brings each active candidate's stored report
-    # segments up to date (evaluators.pairs.segments), so a report reads columns instead of
-    # rows; 0 = only when a report is asked for. A minute keeps the rows a report must still
-    # build to about two minutes of traffic.
-    report_refresh_interval_s: NonNegFloat = 60.0
-
-    # --- storage
-    db_url: str = "sqlite+aiosqlite:///./canary.db"
-    store_text: bool = True
-    store_text_max_chars: NonNegInt = 4096
-    writer_batch_size: PosInt = 500
-    writer_flush_interval_s: PosFloat = 0.5
-    writer_queue_max: PosInt = 100_000
-    registry_poll_interval_s: PosFloat = 2.0
-    counters_flush_interval_s: PosFloat = 5.0
-
-    # --- capture: request bodies of a sample of mirrored conversations, for `canary capacity`
-    # Off by default: it stores request bodies. With store_text = false it stays off unless
-    # capture_despite_store_text_off says otherwise.
-    capture: bool = False
-    capture_share: Rate = 0.1  # share of conversations captured (whole conversations)
-    capture_candidates: list[Name] = msgspec.field(default_factory=list)  # empty: every one
-    # Total bytes of bodies kept inside the retention age; beyond it new bodies are refused.
-    capture_max_bytes: PosInt = 256 * MiB
-    capture_max_body_bytes: PosInt = 1 * MiB  # one body larger than this is refused
-    capture_retention_s: PosFloat = 7 * 86400.0  # older captures are deleted
-    # Bodies waiting for the database; bounds the memory a slow database can cost.
-    capture_queue_max: PosInt = 10_000
-    # JSON fields replaced by "[redacted]" before storing (dotted paths, `*` for any key/item).
-    capture_redact_fields: list[str] = msgspec.field(default_factory=lambda: ["user"])
-    # Headers redacted besides Authorization and Proxy-Authorization (always redacted).
-    capture_redact_headers: list[str] = msgspec.field(
-        default_factory=lambda: ["cookie", "x-api-key", "api-key"]
+    listen: Annotated[str, _d("HOST:PORT the gateway listens on (IPv6 as [::1]:8080).")] = (
+        "127.0.0.1:8080"
     )
-    capture_despite_store_text_off: bool = False
-
-    # --- admin API
-    admin_token: str | None = None  # `token` or comma-separated `label:token` pairs
-    insecure_admin: bool = False
-
-    # --- hardening: client limits, credential policy, admin exposure
-    # Bytes of request bodies held by requests in flight, all together: without it, a few slow
-    # uploads just under max_body_bytes hold gigabytes. Beyond it: 503 `gateway_overloaded`.
-    max_body_bytes_in_flight: PosInt = 256 * MiB
-    # Longest silence while a request body arrives: a client that stops sending gets 408.
-    body_read_timeout_s: PosFloat = 30.0
-    # First byte of a request line -> end of its headers: a slowloris client is cut after it.
-    header_read_timeout_s: PosFloat = 10.0
-    # An idle keep-alive connection (or one that sends nothing) is closed after this; aiohttp's
-    # default is 3,630 s, enough for idle sockets to exhaust the file descriptors.
-    keepalive_timeout_s: PosFloat = 75.0
-    # Client connections open at once on the proxy listener; beyond it a new connection gets a
-    # 503 and is closed. Kept below the process's file limit (raised to fit when allowed).
-    max_connections: PosInt = 4096
-    # A client that stops reading an answer is cut after this long without progress (its own
-    # error kind, `client_slow_reader`), so it cannot pass for the live endpoint's idle timeout.
-    client_write_timeout_s: PosFloat = 300.0
-    # Headers that carry a client's credentials: never sent on a copy unless `forward_auth`.
-    credential_headers: list[str] = msgspec.field(
-        default_factory=lambda: sorted(CREDENTIAL_HEADERS)
-    )
-    # `credentials_env` may only name variables with this prefix or in the allow-list: a
-    # candidate URL chosen by an admin must never receive another secret of the process.
-    candidate_credentials_prefix: str = "CANARY_CANDIDATE_"
-    candidate_credentials_allow: list[str] = msgspec.field(default_factory=list)
-    # Malformed requests are counted; their log line (redacted) at most once per this interval.
-    bad_request_log_interval_s: PosFloat = 60.0
-    # The admin API on its own listener (HOST:PORT); None: under /admin on the proxy's port.
-    admin_listen: str | None = None
-    admin_max_connections: PosInt = 64  # the admin listener's own limit: headroom kept apart
-    admin_token_min_length: PosInt = 16  # shorter admin tokens are refused at start-up
-    # Per peer: after this many failed admin authentications, each further attempt is refused
-    # (429) for a back-off doubling from 1 s up to admin_auth_backoff_max_s.
-    admin_auth_failures_allowed: PosInt = 10
-    admin_auth_backoff_max_s: PosFloat = 60.0
-
-    # --- evaluation (overrides of evaluators.judge.settings.VerdictSettings, by field name)
-    verdict: dict[str, float] = msgspec.field(default_factory=dict)
-
-    # --- candidates declared in the file (seeded into the registry on first start)
-    candidates: list[CandidateConfig] = msgspec.field(default_factory=list)
+    workers: Annotated[PosInt, _d("Processes sharing the port with SO_REUSEPORT.")] = 1
+    log_format: Annotated[Literal["json", "text"], _d("Log line format.")] = "text"
+    log_level: Annotated[
+        Literal["debug", "info", "warning", "error"], _d("Lowest level logged.")
+    ] = "info"
+    replica_name: Annotated[
+        str, _d('Label for this gateway in stored rows; "" = hostname-pid.')
+    ] = ""
+    event_loop: Annotated[
+        Literal["auto", "uvloop", "asyncio"],
+        _d("Event loop of every process: uvloop when installed (auto), or asyncio's own."),
+    ] = "auto"
+    session_header: Annotated[
+        str, _d("Header naming a conversation, for session sampling and capture.")
+    ] = "X-Session-ID"
+    drain_timeout_s: Annotated[
+        NonNegFloat,
+        _d(
+            "On shutdown, time given to requests and copies in flight; copies left count as "
+            "dropped."
+        ),
+    ] = 10.0
 
     @property
-    def listen_host(self) -> str:
+    def host(self) -> str:
         return split_host_port(self.listen)[0]
 
     @property
-    def listen_port(self) -> int:
+    def port(self) -> int:
         return split_host_port(self.listen)[1]
 
-    def live_endpoint(self, url: str) -> Endpoint:
+
+class LiveConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The live endpoint; each field is the live `Endpoint`'s field of the same name."""
+
+    url: Annotated[
+        str | None,
+        _d(
+            "The production vLLM / OpenAI-compatible endpoint; unset: the built-in engine "
+            "simulator serves as live. Seeds the registry on first start only."
+        ),
+    ] = None
+    name: Annotated[Name, _d("Name of the live endpoint in the registry and in reports.")] = "live"
+    price_per_hour_usd: Annotated[
+        Price | None, _d("$/hour per GPU of the live deployment, for cost comparison.")
+    ] = None
+    gpus: Annotated[Gpus, _d("GPUs of the live deployment.")] = 1
+
+    def endpoint(self, url: str) -> Endpoint:
         return Endpoint(
-            name=self.live_name,
+            name=self.name,
             url=url,
             role="live",
             kind="live",
             sample_rate=0.0,
-            price_per_hour_usd=self.live_price_per_hour_usd,
-            gpus=self.live_gpus,
+            price_per_hour_usd=self.price_per_hour_usd,
+            gpus=self.gpus,
         )
 
 
+class UpstreamConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Connections to the live endpoint and to candidates, and the proxy's timeouts."""
+
+    max_connections: Annotated[
+        NonNegInt, _d("Pooled keep-alive connections to the live endpoint; 0 = unlimited.")
+    ] = 1024
+    keepalive_s: Annotated[PosFloat, _d("Idle upstream connections are closed after this.")] = 60.0
+    connect_timeout_s: Annotated[PosFloat, _d("TCP connect to an upstream; beyond: 502.")] = 10.0
+    ttfb_timeout_s: Annotated[
+        PosFloat,
+        _d("Request sent -> first response byte (vLLM may queue a long prompt); beyond: 504."),
+    ] = 600.0
+    idle_timeout_s: Annotated[PosFloat, _d("Longest gap between two chunks of one response.")] = (
+        300.0
+    )
+    total_timeout_s: Annotated[NonNegFloat, _d("Whole request; 0 = no total limit.")] = 3600.0
+
+
+class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What one client, and all clients together, may cost the proxy listener."""
+
+    max_body_bytes: Annotated[PosInt, _d("Largest request body accepted; larger: 413.")] = 64 * MiB
+    max_body_bytes_in_flight: Annotated[
+        PosInt,
+        _d(
+            "Bytes of request bodies held by requests in flight, all together (a few slow "
+            "uploads must not hold gigabytes); beyond: 503 gateway_overloaded."
+        ),
+    ] = 256 * MiB
+    body_read_timeout_s: Annotated[
+        PosFloat, _d("Longest silence while a request body arrives; beyond: 408.")
+    ] = 30.0
+    header_read_timeout_s: Annotated[
+        PosFloat,
+        _d("First byte of a request line -> end of its headers; a slowloris client is cut."),
+    ] = 10.0
+    keepalive_timeout_s: Annotated[
+        PosFloat,
+        _d(
+            "An idle keep-alive (or silent new) connection is closed after this; aiohttp's "
+            "3,630 s would let idle sockets exhaust the file descriptors."
+        ),
+    ] = 75.0
+    max_connections: Annotated[
+        PosInt,
+        _d(
+            "Client connections open at once on the proxy listener; beyond: 503 and close. "
+            "Kept below the process's file limit (raised to fit when allowed)."
+        ),
+    ] = 4096
+    client_write_timeout_s: Annotated[
+        PosFloat,
+        _d(
+            "A client that stops reading an answer is cut after this long without progress "
+            "(client_slow_reader)."
+        ),
+    ] = 300.0
+    bad_request_log_interval_s: Annotated[
+        PosFloat,
+        _d("Malformed requests are counted; logged (redacted) at most once per this interval."),
+    ] = 60.0
+
+
+class CredentialsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Which client headers and process variables may reach a candidate."""
+
+    headers: Annotated[
+        list[str],
+        _d("Headers carrying a client's credentials: never sent on a copy unless forward_auth."),
+    ] = msgspec.field(default_factory=lambda: sorted(CREDENTIAL_HEADERS))
+    candidate_prefix: Annotated[
+        str,
+        _d(
+            "A candidate's credentials_env may only name a variable with this prefix or in "
+            'candidate_allow ("": the list only).'
+        ),
+    ] = "CANARY_CANDIDATE_"
+    candidate_allow: Annotated[
+        list[str], _d("Variables a candidate's credentials_env may name besides the prefix.")
+    ] = msgspec.field(default_factory=list)
+
+
+class MirrorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The mirror plane: one low-priority process per host copying traffic to candidates."""
+
+    memory_budget_bytes: Annotated[PosInt, _d("All candidates' ring buffers together.")] = 256 * MiB
+    shed_loop_lag_ms: Annotated[
+        PosFloat,
+        _d(
+            "Average loop lag of the mirror process (over shed_window_s) above which copies "
+            "are shed."
+        ),
+    ] = 20.0
+    shed_cpu_busy: Annotated[
+        Rate,
+        _d(
+            "Share of one core the mirror process may use before new copies are shed "
+            "(0 = never): copies use only spare CPU."
+        ),
+    ] = 0.9
+    shed_window_s: Annotated[
+        PosFloat, _d("The mirror process sheds only on overload sustained over this window.")
+    ] = 2.0
+    dedup_window_s: Annotated[
+        NonNegFloat, _d("Identical bodies sent within this window are mirrored once.")
+    ] = 60.0
+    channel_max_bytes: Annotated[
+        PosInt,
+        _d(
+            "Per worker: bytes of copies queued toward the mirror process; past it a copy is "
+            "dropped_overflow and production moves on."
+        ),
+    ] = 32 * MiB
+    priority: Annotated[
+        Priority,
+        _d('CPU priority: "idle" (SCHED_IDLE where allowed, else nice), "nice", "normal".'),
+    ] = "idle"
+    nice: Annotated[Nice, _d("Nice value of the mirror process when nice is used.")] = 10
+    results_max: Annotated[
+        PosInt,
+        _d(
+            "Production results awaited for copies already offered; past it the oldest are "
+            "results_lost."
+        ),
+    ] = 100_000
+    score_logprobs: Annotated[
+        Annotated[int, Meta(ge=1, le=20)],
+        _d("Scoring copies: top-k logprobs asked per position (vLLM allows 20 by default)."),
+    ] = 5
+    score_concurrency: Annotated[
+        PosInt, _d("Scoring requests in flight per endpoint (candidate or control).")
+    ] = 1
+    score_max_pending: Annotated[
+        PosInt, _d("Scoring jobs held at once; past it a pair is not scored (score_dropped).")
+    ] = 256
+
+
+class ReportsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The report process: one per host runs every report, gate and promotion's report."""
+
+    enabled: Annotated[
+        bool,
+        _d(
+            "false: no report process on this replica; its reports, gate and promotions "
+            "answer 503 reports_unavailable (another replica on the same store serves them)."
+        ),
+    ] = True
+    priority: Annotated[
+        Priority,
+        _d('CPU priority: "idle" (SCHED_IDLE where allowed, else nice), "nice", "normal".'),
+    ] = "idle"
+    nice: Annotated[Nice, _d("Nice value of the report process when nice is used.")] = 10
+    concurrency: Annotated[
+        PosInt, _d("Reports computed at once (each holds its pairs in memory).")
+    ] = 1
+    max_pairs: Annotated[
+        PosInt,
+        _d(
+            "A window with more pairs is refused (422 report_too_large) before it is read; "
+            "10 M pairs take ~0.8 GiB resident and 2.3 GB of spill file."
+        ),
+    ] = 10_000_000
+    spill_over_bytes: Annotated[
+        PosInt,
+        _d(
+            "A window whose pair columns take more is assembled in an unlinked file and "
+            "paged in a metric at a time."
+        ),
+    ] = 256 * MiB
+    spill_dir: Annotated[
+        str,
+        _d(
+            "Where that file goes (\"\": the SQLite database's directory, else the system's "
+            "temporary directory); a disk, not a tmpfs."
+        ),
+    ] = ""
+    queue_max: Annotated[PosInt, _d("Reports waiting for a slot; beyond: 503, counted.")] = 16
+    timeout_s: Annotated[
+        PosFloat, _d("A worker waits this long for the report process, then answers 503.")
+    ] = 900.0
+    start_wait_s: Annotated[
+        NonNegFloat,
+        _d("The gateway waits this long for its report process at start, then serves anyway."),
+    ] = 10.0
+    refresh_interval_s: Annotated[
+        NonNegFloat,
+        _d(
+            "Every this many seconds each candidate's report segments are brought up to date; "
+            "0 = on demand."
+        ),
+    ] = 60.0
+
+
+class StorageConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The database and the writers that fill it."""
+
+    db_url: Annotated[str, _d("sqlite+aiosqlite:///PATH or postgresql+asyncpg://user@host/db.")] = (
+        "sqlite+aiosqlite:///./canary.db"
+    )
+    store_text: Annotated[
+        bool, _d("false: store only hashes of outputs (no answer text kept).")
+    ] = True
+    store_text_max_chars: Annotated[
+        NonNegInt, _d("Stored output text is truncated to this many characters.")
+    ] = 4096
+    writer_batch_size: Annotated[PosInt, _d("Observations per insert batch.")] = 500
+    writer_flush_interval_s: Annotated[
+        PosFloat, _d("A partial batch is written after this long.")
+    ] = 0.5
+    writer_queue_max: Annotated[
+        PosInt, _d("Records waiting for the database; beyond: dropped and counted.")
+    ] = 100_000
+    registry_poll_interval_s: Annotated[
+        PosFloat, _d("How often each replica checks the registry version.")
+    ] = 2.0
+    counters_flush_interval_s: Annotated[
+        PosFloat, _d("How often mirror counters are saved for reports.")
+    ] = 5.0
+
+
+class CaptureConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Request bodies of a sample of mirrored conversations, for `canary capacity`."""
+
+    enabled: Annotated[
+        bool,
+        _d(
+            "Capture request bodies (redacted); with storage.store_text = false it also needs "
+            "despite_store_text_off."
+        ),
+    ] = False
+    share: Annotated[Rate, _d("Share of conversations captured (whole conversations).")] = 0.1
+    candidates: Annotated[
+        list[Name], _d("Only conversations mirrored to these candidates; [] = any.")
+    ] = msgspec.field(default_factory=list)
+    max_bytes: Annotated[
+        PosInt, _d("Bytes of bodies kept within the retention age; beyond: new ones refused.")
+    ] = 256 * MiB
+    max_body_bytes: Annotated[PosInt, _d("A single body larger than this is refused.")] = 1 * MiB
+    retention_s: Annotated[PosFloat, _d("Captures older than this are deleted.")] = 7 * 86400.0
+    queue_max: Annotated[
+        PosInt, _d("Bodies waiting for the database; bounds what a slow database costs.")
+    ] = 10_000
+    redact_fields: Annotated[
+        list[str],
+        _d('JSON fields stored as "[redacted]" (dotted paths, * for any key or item).'),
+    ] = msgspec.field(default_factory=lambda: ["user"])
+    redact_headers: Annotated[
+        list[str], _d("Headers redacted besides Authorization and Proxy-Authorization.")
+    ] = msgspec.field(default_factory=lambda: ["cookie", "x-api-key", "api-key"])
+    despite_store_text_off: Annotated[
+        bool, _d("true: capture even though storage.store_text = false.")
+    ] = False
+
+
+class AdminConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The admin API: tokens, its listener, and what failed logins cost."""
+
+    token: Annotated[
+        str | None,
+        _d(
+            "`token` or comma-separated `label:token` pairs (better in the environment); "
+            "unset: the admin API answers 404 unless insecure."
+        ),
+    ] = None
+    insecure: Annotated[
+        bool, _d("Serve the admin API without a token (loopback listener only).")
+    ] = False
+    listen: Annotated[
+        str | None, _d("The admin API's own HOST:PORT; unset: under /admin on the proxy's port.")
+    ] = None
+    max_connections: Annotated[PosInt, _d("The admin listener's own connection limit.")] = 64
+    token_min_length: Annotated[PosInt, _d("Shorter admin tokens are refused at start-up.")] = 16
+    auth_failures_allowed: Annotated[
+        PosInt, _d("Failed authentications per peer before its back-off starts (429).")
+    ] = 10
+    auth_backoff_max_s: Annotated[PosFloat, _d("The back-off doubles from 1 s up to this.")] = 60.0
+
+
+class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every gateway setting, by section; docs/configuration.md lists each."""
+
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    live: LiveConfig = msgspec.field(default_factory=LiveConfig)
+    upstream: UpstreamConfig = msgspec.field(default_factory=UpstreamConfig)
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    credentials: CredentialsConfig = msgspec.field(default_factory=CredentialsConfig)
+    mirror: MirrorConfig = msgspec.field(default_factory=MirrorConfig)
+    reports: ReportsConfig = msgspec.field(default_factory=ReportsConfig)
+    storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
+    capture: CaptureConfig = msgspec.field(default_factory=CaptureConfig)
+    admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
+    verdict: Annotated[
+        dict[str, float],
+        _d("Overrides of evaluators.judge.settings.VerdictSettings, by field name."),
+    ] = msgspec.field(default_factory=dict)
+    candidates: Annotated[
+        list[CandidateConfig], _d("Candidates seeded into the registry on first start.")
+    ] = msgspec.field(default_factory=list)
+
+
+# Section name -> its Struct, in declaration order.
+SECTIONS: Final[dict[str, type[msgspec.Struct]]] = {
+    f.name: f.type
+    for f in msgspec.structs.fields(GatewayConfig)
+    if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct)
+}
+
+# Flat keys of before the sections -> their dotted place (files and CANARY_<OLD_KEY> variables).
+# fmt: off
+FLAT_KEYS: Final[dict[str, str]] = {
+    **{k: f"server.{k}" for k in (
+        "listen", "workers", "log_format", "log_level", "replica_name", "event_loop",
+        "session_header", "drain_timeout_s",
+    )},
+    **{f"live_{k}": f"live.{k}" for k in ("url", "name", "price_per_hour_usd", "gpus")},
+    "upstream_max_connections": "upstream.max_connections",
+    "upstream_keepalive_s": "upstream.keepalive_s",
+    **{k: f"upstream.{k}" for k in (
+        "connect_timeout_s", "ttfb_timeout_s", "idle_timeout_s", "total_timeout_s",
+    )},
+    **{k: f"limits.{k}" for k in (
+        "max_body_bytes", "max_body_bytes_in_flight", "body_read_timeout_s",
+        "header_read_timeout_s", "keepalive_timeout_s", "max_connections",
+        "client_write_timeout_s", "bad_request_log_interval_s",
+    )},
+    "credential_headers": "credentials.headers",
+    "candidate_credentials_prefix": "credentials.candidate_prefix",
+    "candidate_credentials_allow": "credentials.candidate_allow",
+    **{f"mirror_{k}": f"mirror.{k}" for k in (
+        "memory_budget_bytes", "shed_loop_lag_ms", "shed_cpu_busy", "shed_window_s",
+        "channel_max_bytes", "priority", "nice", "results_max",
+    )},
+    **{k: f"mirror.{k}" for k in (
+        "dedup_window_s", "score_logprobs", "score_concurrency", "score_max_pending",
+    )},
+    "report_process": "reports.enabled",
+    **{f"report_{k}": f"reports.{k}" for k in (
+        "priority", "nice", "concurrency", "max_pairs", "spill_over_bytes", "spill_dir",
+        "queue_max", "timeout_s", "start_wait_s", "refresh_interval_s",
+    )},
+    **{k: f"storage.{k}" for k in (
+        "db_url", "store_text", "store_text_max_chars", "writer_batch_size",
+        "writer_flush_interval_s", "writer_queue_max", "registry_poll_interval_s",
+        "counters_flush_interval_s",
+    )},
+    "capture": "capture.enabled",
+    **{f"capture_{k}": f"capture.{k}" for k in (
+        "share", "candidates", "max_bytes", "max_body_bytes", "retention_s", "queue_max",
+        "redact_fields", "redact_headers", "despite_store_text_off",
+    )},
+    "insecure_admin": "admin.insecure",
+    **{f"admin_{k}": f"admin.{k}" for k in (
+        "token", "listen", "max_connections", "token_min_length", "auth_failures_allowed",
+        "auth_backoff_max_s",
+    )},
+}
+# fmt: on
+
+ENV_PREFIX = "CANARY_"
+
+
+def _env_names() -> dict[str, str]:
+    names = {ENV_PREFIX + old.upper(): dotted for old, dotted in FLAT_KEYS.items()}
+    for section, cls in SECTIONS.items():
+        for f in msgspec.structs.fields(cls):
+            new = f"{ENV_PREFIX}{section.upper()}_{f.name.upper()}"
+            dotted = f"{section}.{f.name}"
+            if names.setdefault(new, dotted) != dotted:
+                raise ConfigError(f"{new} would name both {names[new]} and {dotted}")
+    return names
+
+
+# Every CANARY_ variable that configures the gateway -> its dotted key: the sectioned name
+# (CANARY_REPORTS_MAX_PAIRS) and the flat name of before the sections (CANARY_REPORT_MAX_PAIRS).
+ENV_VARIABLES: Final[dict[str, str]] = _env_names()
+
+
+def _field_type(dotted: str) -> Any:
+    section, _, key = dotted.partition(".")
+    return {f.name: f.type for f in msgspec.structs.fields(SECTIONS[section])}[key]
+
+
 def split_host_port(value: str) -> tuple[str, int]:
-    """Parse `HOST:PORT` (IPv6 as `[::1]:8080`); raises ValueError with the reason."""
+    """Parse `HOST:PORT` (IPv6 as `[::1]:8080`); raises ConfigError with the reason."""
     host, sep, port = value.rpartition(":")
     if not sep or not host:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
+        raise ConfigError(f"expected HOST:PORT, got {value!r}")
     host = host.strip("[]")
     if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"port must be an integer in 0..65535, got {port!r}")
+        raise ConfigError(f"port must be an integer in 0..65535, got {port!r}")
     return host, int(port)
 
 
@@ -278,10 +547,6 @@ def check_http_url(value: str) -> str | None:
         # every request to `/base?x=1…`.
         return "URL must not have a query (?…) or fragment (#…): request paths are appended to it"
     return None
-
-
-_FIELDS = {f.name: f for f in msgspec.structs.fields(GatewayConfig)}
-ENV_PREFIX = "CANARY_"
 
 
 def _format_validation(source: str, exc: msgspec.ValidationError) -> str:
@@ -306,22 +571,61 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: not valid TOML: {exc}") from exc
 
 
+_WARNED: set[str] = set()
+
+
+def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
+    section, _, key = dotted.partition(".")
+    data.setdefault(section, {})[key] = value
+
+
+def _sectioned(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """The file's tables as they are, its flat keys of before the sections moved to their place."""
+    data: dict[str, Any] = {}
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in SECTIONS and isinstance(value, dict):
+            data[key] = dict(value)
+        elif key in FLAT_KEYS:
+            flat[key] = value
+        else:
+            data[key] = value
+    moved: list[str] = []
+    for old, value in flat.items():
+        dotted = FLAT_KEYS[old]
+        section, _, key = dotted.partition(".")
+        if key in data.get(section, {}):
+            raise ConfigError(f"{source}: key {dotted!r} set twice (also as flat {old!r})")
+        _put(data, dotted, value)
+        if old not in _WARNED:
+            _WARNED.add(old)
+            moved.append(f"{old!r} -> [{section}] {key}")
+    if moved:  # once per key and process: workers and children load the same file again
+        log.warning("%s: flat keys are deprecated, move them: %s", source, ", ".join(moved))
+    return data
+
+
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, value in environ.items():
-        if not key.startswith(ENV_PREFIX):
-            continue
-        name = key[len(ENV_PREFIX) :].lower()
-        field = _FIELDS.get(name)
-        if field is None or name in ("candidates", "verdict"):
+    for name, value in environ.items():
+        dotted = ENV_VARIABLES.get(name)
+        if dotted is None:
             continue  # other CANARY_* variables (credentials, test knobs) are not settings
         try:
-            out[name] = msgspec.convert(value, field.type, strict=False)
+            _put(out, dotted, msgspec.convert(value, _field_type(dotted), strict=False))
         except msgspec.ValidationError as exc:
             raise ConfigError(
-                f"environment variable {key}: {str(exc).split(' - at')[0].lower()}"
+                f"environment variable {name} ({dotted}): {str(exc).split(' - at')[0].lower()}"
             ) from exc
     return out
+
+
+def _merge(data: dict[str, Any], more: Mapping[str, Any]) -> None:
+    for key, value in more.items():
+        if isinstance(value, dict) and key in SECTIONS:
+            data.setdefault(key, {}).update(value)
+        else:
+            data[key] = value
 
 
 def load_config(
@@ -330,53 +634,84 @@ def load_config(
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> GatewayConfig:
-    """Build the config from defaults, the TOML file, CANARY_* variables and flag overrides."""
+    """Build the config from defaults, the TOML file, CANARY_* variables and flag overrides.
+
+    `overrides` keys are dotted (`"reports.max_pairs"`) or flat names of before the sections
+    (`"report_max_pairs"`); a None value is no override.
+    """
     data: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
-        data = _read_toml(path)
         source = f"config file {path}"
+        data = _sectioned(_read_toml(path), source)
         try:
             msgspec.convert(data, GatewayConfig)
         except msgspec.ValidationError as exc:
             raise ConfigError(_format_validation(source, exc)) from exc
-    data.update(_env_overrides(os.environ if environ is None else environ))
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    try:
-        cfg = msgspec.convert(data, GatewayConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(_format_validation("settings", exc)) from exc
+    _merge(data, _env_overrides(os.environ if environ is None else environ))
+    _merge(data, _nested(overrides or {}))
+    cfg = _convert(data)
     _check_semantics(cfg, source)
     return cfg
 
 
+def config_from(settings: Mapping[str, Any]) -> GatewayConfig:
+    """A config from dotted or flat keys (None: the default), typed but without the start-up
+    checks of `load_config` and without reading the environment: for tests and benchmarks."""
+    return _convert(_nested(settings))
+
+
+def _nested(settings: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if value is None:
+            continue
+        dotted = FLAT_KEYS.get(key, key)
+        if "." in dotted:
+            _put(out, dotted, value)
+        else:
+            out[dotted] = value
+    return out
+
+
+def _convert(data: dict[str, Any]) -> GatewayConfig:
+    try:
+        return msgspec.convert(data, GatewayConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_format_validation("settings", exc)) from exc
+
+
 def _check_semantics(cfg: GatewayConfig, source: str) -> None:
     try:
-        split_host_port(cfg.listen)
-    except ValueError as exc:
-        raise ConfigError(f"{source}: key 'listen': {exc}") from exc
-    if cfg.live_url is not None and (reason := check_http_url(cfg.live_url)):
-        raise ConfigError(f"{source}: key 'live_url': {reason}")
-    if not cfg.db_url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
+        split_host_port(cfg.server.listen)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: key 'server.listen': {exc}") from exc
+    if cfg.live.url is not None and (reason := check_http_url(cfg.live.url)):
+        raise ConfigError(f"{source}: key 'live.url': {reason}")
+    if not cfg.storage.db_url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
         raise ConfigError(
-            f"{source}: key 'db_url': must start with sqlite+aiosqlite:// or "
-            f"postgresql+asyncpg://, got {cfg.db_url!r}"
+            f"{source}: key 'storage.db_url': must start with sqlite+aiosqlite:// or "
+            f"postgresql+asyncpg://, got {cfg.storage.db_url!r}"
         )
-    _check_hardening(cfg, source)
+    _check_credentials(cfg.credentials, source)
+    _check_admin(cfg.admin, cfg.server, source)
     seen: set[str] = set()
     for i, cand in enumerate(cfg.candidates):
         where = f"{source}: key 'candidates[{i}]"
         if reason := check_http_url(cand.url):
             raise ConfigError(f"{where}.url': {reason}")
-        if cand.credentials_env and (reason := credential_env_refusal(cfg, cand.credentials_env)):
+        if cand.credentials_env and (
+            reason := credential_env_refusal(cfg.credentials, cand.credentials_env)
+        ):
             raise ConfigError(f"{where}.credentials_env': {reason}")
-        if cand.name in seen or cand.name == cfg.live_name:
+        if cand.name in seen or cand.name == cfg.live.name:
             raise ConfigError(f"{where}.name': duplicate endpoint name {cand.name!r}")
         seen.add(cand.name)
-    if cfg.capture and not cfg.store_text and not cfg.capture_despite_store_text_off:
+    capture = cfg.capture
+    if capture.enabled and not cfg.storage.store_text and not capture.despite_store_text_off:
         raise ConfigError(
-            f"{source}: key 'capture': store_text = false keeps request bodies out of storage; "
-            "set capture_despite_store_text_off = true to capture them anyway"
+            f"{source}: key 'capture.enabled': storage.store_text = false keeps request bodies "
+            "out of storage; set capture.despite_store_text_off = true to capture them anyway"
         )
     _check_verdict(cfg.verdict, f"{source}: key 'verdict'")
     for i, cand in enumerate(cfg.candidates):
@@ -388,53 +723,56 @@ _ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 
 def settings_variables() -> frozenset[str]:
     """The environment variables that configure the gateway (never a candidate credential)."""
-    return frozenset(ENV_PREFIX + name.upper() for name in _FIELDS)
+    return frozenset(ENV_VARIABLES)
 
 
-def credential_env_refusal(cfg: GatewayConfig, name: str) -> str | None:
-    """Why a candidate's `credentials_env` may not name `name` under `cfg` (None: it may)."""
-    if name in settings_variables():
+def credential_env_refusal(credentials: CredentialsConfig, name: str) -> str | None:
+    """Why a candidate's `credentials_env` may not name `name` (None: it may)."""
+    if name in ENV_VARIABLES:
         return f"{name} configures the gateway itself and is never sent to a candidate"
     return env_name_refusal(
-        name, cfg.candidate_credentials_prefix, frozenset(cfg.candidate_credentials_allow)
+        name, credentials.candidate_prefix, frozenset(credentials.candidate_allow)
     )
 
 
-def _check_hardening(cfg: GatewayConfig, source: str) -> None:
-    prefix = cfg.candidate_credentials_prefix
+def _check_credentials(cfg: CredentialsConfig, source: str) -> None:
+    prefix = cfg.candidate_prefix
     if prefix and (not _ENV_NAME_RE.match(prefix) or prefix in (ENV_PREFIX, "_")):
         raise ConfigError(
-            f"{source}: key 'candidate_credentials_prefix': must be an environment variable "
+            f"{source}: key 'credentials.candidate_prefix': must be an environment variable "
             f'prefix (A-Z, 0-9, _) narrower than {ENV_PREFIX!r}, or "" for the allow-list only,'
             f" got {prefix!r}"
         )
-    for i, name in enumerate(cfg.candidate_credentials_allow):
-        if not _ENV_NAME_RE.match(name) or name in settings_variables():
+    for i, name in enumerate(cfg.candidate_allow):
+        if not _ENV_NAME_RE.match(name) or name in ENV_VARIABLES:
             raise ConfigError(
-                f"{source}: key 'candidate_credentials_allow[{i}]': {name!r} is not a variable "
+                f"{source}: key 'credentials.candidate_allow[{i}]': {name!r} is not a variable "
                 "a candidate may receive (A-Z, 0-9, _; not a CANARY_ setting)"
             )
-    for i, header in enumerate(cfg.credential_headers):
+    for i, header in enumerate(cfg.headers):
         if not re.match(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$", header):
             raise ConfigError(
-                f"{source}: key 'credential_headers[{i}]': not a header name: {header!r}"
+                f"{source}: key 'credentials.headers[{i}]': not a header name: {header!r}"
             )
-    for label, token in ((lbl, tok) for tok, lbl in parse_admin_tokens(cfg.admin_token).items()):
-        if len(token) < cfg.admin_token_min_length:
+
+
+def _check_admin(cfg: AdminConfig, server: ServerConfig, source: str) -> None:
+    for label, token in ((lbl, tok) for tok, lbl in parse_admin_tokens(cfg.token).items()):
+        if len(token) < cfg.token_min_length:
             raise ConfigError(
-                f"{source}: key 'admin_token' (CANARY_ADMIN_TOKEN): the token labelled "
-                f"{label!r} has {len(token)} characters, fewer than admin_token_min_length = "
-                f"{cfg.admin_token_min_length}; generate one with `openssl rand -hex 24`"
+                f"{source}: key 'admin.token' (CANARY_ADMIN_TOKEN): the token labelled "
+                f"{label!r} has {len(token)} characters, fewer than admin.token_min_length = "
+                f"{cfg.token_min_length}; generate one with `openssl rand -hex 24`"
             )
-    if cfg.admin_listen is not None:
+    if cfg.listen is not None:
         try:
-            split_host_port(cfg.admin_listen)
-        except ValueError as exc:
-            raise ConfigError(f"{source}: key 'admin_listen': {exc}") from exc
-        if cfg.admin_listen == cfg.listen and cfg.listen_port != 0:
+            split_host_port(cfg.listen)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: key 'admin.listen': {exc}") from exc
+        if cfg.listen == server.listen and server.port != 0:
             raise ConfigError(
-                f"{source}: key 'admin_listen': same address as 'listen'; leave it unset to "
-                "serve the admin API on the proxy's port"
+                f"{source}: key 'admin.listen': same address as 'server.listen'; leave it unset "
+                "to serve the admin API on the proxy's port"
             )
 
 
@@ -468,3 +806,88 @@ def parse_admin_tokens(value: str | None) -> dict[str, str]:
 
 def is_valid_name(name: str) -> bool:
     return bool(_NAME_RE.match(name))
+
+
+class ConfigKey(msgspec.Struct, frozen=True, kw_only=True):
+    """One setting as the reference documents it."""
+
+    section: str  # "" for the top-level tables `verdict` and `candidates`
+    key: str
+    type: str
+    default: Any
+    description: str
+    env: str | None  # the sectioned variable; None: not settable from the environment
+    flat: str | None  # its flat name of before the sections
+
+
+_JSON_TYPES: Final = {
+    "integer": "int",
+    "number": "float",
+    "string": "str",
+    "boolean": "bool",
+    "null": "unset",
+    "object": "table",
+}
+
+
+def _type_text(prop: dict[str, Any]) -> str:
+    if "enum" in prop:
+        return " | ".join(f'"{v}"' for v in prop["enum"])
+    if "anyOf" in prop:
+        return " | ".join(_type_text(p) for p in prop["anyOf"])
+    if "$ref" in prop:
+        return "table"
+    kind = prop.get("type", "any")
+    if kind == "array":
+        return f"list[{_type_text(prop.get('items', {}))}]"
+    text = _JSON_TYPES.get(kind, kind)
+    bounds = [
+        f"{op} {prop[name]}"
+        for name, op in (
+            ("exclusiveMinimum", ">"),
+            ("minimum", ">="),
+            ("exclusiveMaximum", "<"),
+            ("maximum", "<="),
+        )
+        if name in prop
+    ]
+    if "pattern" in prop:
+        bounds.append(f"matching {prop['pattern']}")
+    return f"{text} ({', '.join(bounds)})" if bounds else text
+
+
+def reference() -> list[ConfigKey]:
+    """Every setting with its type, default and description, from the declaration above."""
+    schema = msgspec.json.schema(GatewayConfig)
+    defs = schema["$defs"]
+    flat_of = {dotted: old for old, dotted in FLAT_KEYS.items()}
+    defaults = msgspec.to_builtins(GatewayConfig())
+    out: list[ConfigKey] = []
+    for section, cls in SECTIONS.items():
+        for key, prop in defs[cls.__name__]["properties"].items():
+            dotted = f"{section}.{key}"
+            out.append(
+                ConfigKey(
+                    section=section,
+                    key=key,
+                    type=_type_text(prop),
+                    default=defaults[section].get(key),
+                    description=prop.get("description", ""),
+                    env=f"{ENV_PREFIX}{section.upper()}_{key.upper()}",
+                    flat=flat_of.get(dotted),
+                )
+            )
+    top = defs[GatewayConfig.__name__]["properties"]
+    out += [
+        ConfigKey(
+            section="",
+            key=key,
+            type="table" if key == "verdict" else "array of tables",
+            default=defaults[key],
+            description=top[key].get("description", ""),
+            env=None,
+            flat=None,
+        )
+        for key in ("verdict", "candidates")
+    ]
+    return out

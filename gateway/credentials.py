@@ -1,7 +1,7 @@
 """Candidate credentials: the one place that reads the variable a `credentials_env` names.
 
 A stored endpoint may predate the policy, or come from a database another gateway wrote: at
-load, a name the policy refuses (`candidate_credentials_prefix`, `candidate_credentials_allow`,
+load, a name the policy refuses (`[credentials] candidate_prefix`, `candidate_allow`,
 never a gateway setting) gives the candidate no credential at all, is logged once per
 (endpoint, name) and counted in `canary_candidate_credentials_refused_total`.
 This module must never log, return or store a credential's value.
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from domain.exposition import Family, Sample
-from gateway.config import GatewayConfig, credential_env_refusal
+from gateway.config import CredentialsConfig, credential_env_refusal
 
 log = logging.getLogger("canary.credentials")
 
@@ -56,7 +56,7 @@ REFUSALS = _Refusals()
 
 
 def candidate_credential(
-    config: GatewayConfig,
+    credentials: CredentialsConfig,
     endpoint: str,
     name: str | None,
     environ: Mapping[str, str] | None = None,
@@ -65,7 +65,7 @@ def candidate_credential(
     refused by the policy: then logged once and counted)."""
     if not name:
         return None
-    reason = credential_env_refusal(config, name)
+    reason = credential_env_refusal(credentials, name)
     if reason is not None:
         REFUSALS.refuse(endpoint, name, reason)
         return None

@@ -100,13 +100,14 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 @pytest_asyncio.fixture
 async def gateway() -> AsyncIterator[Callable[..., Awaitable[Any]]]:
     """`await gateway(live_url, tee=None, **config)` -> a running gateway on 127.0.0.1:0."""
-    from gateway.config import GatewayConfig
+    from gateway.config import config_from
     from gateway.server.app import RunningGateway, start_gateway
 
     running: list[RunningGateway] = []
 
     async def _gateway(live_url: str | None, *, tee: Any = None, **config: Any) -> RunningGateway:
-        cfg = GatewayConfig(listen="127.0.0.1:0", live_url=live_url, **config)
+        settings = {"listen": "127.0.0.1:0", "live_url": live_url, **config}
+        cfg = config_from(settings)
         gw = await start_gateway(cfg, tee=tee)
         running.append(gw)
         return gw

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import json
 import re
 import shlex
 import subprocess
@@ -43,7 +44,7 @@ from evaluators.pairs.columns import pairset_from_pairs
 from evaluators.report.build import build_report
 from evaluators.report.model import PairsSummary, Report, report_to_json
 from gateway.cli import main as cli
-from gateway.config import CandidateConfig, GatewayConfig, load_config
+from gateway.config import CandidateConfig, load_config, reference
 from gateway.control.admin.openapi import openapi_document
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
@@ -359,9 +360,13 @@ def _default_text(value: Any) -> str:
 
 
 def test_config_keys_and_defaults_in_docs_are_real() -> None:
-    """Every key in a `key` table (a candidate's settings) is a gateway or candidate setting with
-    the stated default, and every `setting` a verdict setting with its default."""
-    defaults = {f.name: f.default for f in msgspec.structs.fields(GatewayConfig)}
+    """Every key in a `key` table is a gateway setting (by its dotted name, `[section] key`, or
+    its flat name of before the sections) or a candidate setting with the stated default, and
+    every `setting` a verdict setting with its default."""
+    defaults: dict[str, Any] = {}
+    for k in reference():
+        for name in (f"{k.section}.{k.key}", f"[{k.section}] {k.key}", k.flat or k.key):
+            defaults[name] = k.default
     for f in msgspec.structs.fields(CandidateConfig):
         defaults.setdefault(f.name, f.default)
     defaults["verdict"] = {}
@@ -373,7 +378,9 @@ def test_config_keys_and_defaults_in_docs_are_real() -> None:
         for row in rows:
             name = unquote(row[0])
             assert name in known, f"`{name}` is not a setting"
-            assert unquote(row[1]) == _default_text(known[name]), f"default of `{name}`"
+            value = known[name]
+            shown = {_default_text(value), json.dumps(value), "unset" if value is None else ""}
+            assert unquote(row[1]) in shown, f"default of `{name}`"
 
 
 def test_toml_blocks_in_docs_load(tmp_path: Path) -> None:
@@ -391,14 +398,14 @@ def test_example_configs_load_and_agree_with_the_readme() -> None:
     the demo config points at the simulators the README starts, and the deployment shares one
     database between a bi-KV candidate and a control that mirror the same sessions."""
     demo = load_config(str(DEMO_CONFIG), environ={})
-    assert demo.live_url is not None
-    ports = {urlsplit(u).port for u in [demo.live_url, *(c.url for c in demo.candidates)]}
+    assert demo.live.url is not None
+    ports = {urlsplit(u).port for u in [demo.live.url, *(c.url for c in demo.candidates)]}
     sims = [shlex.split(line) for where, line in canary_lines() if line.startswith("canary sim ")]
     readme_ports = {int(a[a.index("--port") + 1]) for a in sims if "--profile" in a}
     assert readme_ports >= ports
     deploy = load_config(str(DEPLOY_CONFIG), environ={})
-    assert deploy.db_url.startswith("postgresql+asyncpg://")
-    assert deploy.live_url is not None
+    assert deploy.storage.db_url.startswith("postgresql+asyncpg://")
+    assert deploy.live.url is not None
     kinds = {c.kind: c for c in deploy.candidates}
     assert set(kinds) == {"bi-kv", "control"}
     assert kinds["bi-kv"].sample_rate == kinds["control"].sample_rate == 1.0

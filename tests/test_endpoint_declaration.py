@@ -15,7 +15,7 @@ from sqlalchemy import Integer
 
 from domain.endpoint import MUTABLE_FIELDS, CandidatePatch, CandidateSpec, Endpoint
 from gateway.cli.commands import candidates as cli
-from gateway.config import GatewayConfig
+from gateway.config import LiveConfig
 from gateway.control.admin.openapi import openapi_document
 from gateway.control.admin.schema import EndpointView
 from storage.models import Base, endpoint_columns
@@ -66,15 +66,14 @@ def test_openapi_bodies_and_view_carry_every_field() -> None:
 
 
 def test_config_live_keys_have_the_endpoint_types() -> None:
-    """`live_<field>` of the config file is the live Endpoint's <field>, same declared type
-    (live_url is checked by check_http_url, which admits what Url's pattern admits and more)."""
-    cfg = {f.name: _bare(f.type) for f in _fields(GatewayConfig)}
+    """`[live] <field>` of the config file is the live Endpoint's <field>, same declared type
+    (url is checked by check_http_url, which admits what Url's pattern admits and more)."""
+    live = {f.name: _bare(f.type) for f in _fields(LiveConfig)}
     ep = {f.name: _bare(f.type) for f in _fields(Endpoint)}
-    live = [k.removeprefix("live_") for k in cfg if k.startswith("live_")]
     assert live and all(k in ep for k in live)
     for key in live:
         if key != "url":
-            assert cfg[f"live_{key}"] == ep[key], key
+            assert live[key] == ep[key], key
 
 
 def _fields(struct: type[msgspec.Struct]) -> tuple[msgspec.inspect.Field, ...]:

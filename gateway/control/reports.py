@@ -9,10 +9,10 @@ worker never loads pairs, never imports the statistics stack and never decodes a
 it spends on a report is what it spends on proxying a small answer.
 
 `LocalReports` is the one path to a report inside a gateway: `evaluators.report.build.evaluate`
-with this gateway's verdict settings, bounded (`report_concurrency` at once, `report_queue_max`
+with this gateway's verdict settings, bounded (`[reports] concurrency` at once, `queue_max`
 waiting, beyond that refused and counted) and single-flight (identical requests arriving while
 one is computed share its result). Between reports it keeps each active candidate's stored
-report segments current (`report_refresh_interval_s`), so a report reads the candidate's
+report segments current (`refresh_interval_s`), so a report reads the candidate's
 closed spans as columns and builds only the last minute or two from the rows.
 
 Wire (HTTP/1.1 over the Unix socket, never exposed on a TCP port):
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
     from evaluators.judge.settings import VerdictSettings
     from evaluators.pairs.spill import Spill
+    from gateway.config import ReportsConfig, StorageConfig
 
 log = logging.getLogger("canary.reports")
 
@@ -165,8 +166,8 @@ class LocalReports:
         if self._waiting >= self._queue_max + self._concurrency:
             self.stats["refused"] += 1
             raise ReportsUnavailable(
-                f"{self._waiting} reports are being computed or wait (report_concurrency "
-                f"{self._concurrency}, report_queue_max {self._queue_max}); retry later"
+                f"{self._waiting} reports are being computed or wait (reports.concurrency "
+                f"{self._concurrency}, reports.queue_max {self._queue_max}); retry later"
             )
         future: asyncio.Future[ReportDoc] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
@@ -283,33 +284,35 @@ def report_app(reports: LocalReports) -> web.Application:
     return app
 
 
-def report_spill(config: Any) -> Spill:
-    """Where the gateway's config says a large report's columns go."""
+def report_spill(reports: ReportsConfig, storage: StorageConfig) -> Spill:
+    """Where the configuration says a large report's columns go."""
     from evaluators.pairs.spill import Spill, default_dir
 
-    directory = config.report_spill_dir or default_dir(config.db_url)
-    return Spill(directory, config.report_spill_over_bytes)
+    directory = reports.spill_dir or default_dir(storage.db_url)
+    return Spill(directory, reports.spill_over_bytes)
 
 
 async def serve_reports(
-    config: Any,
+    config: ReportsConfig,
+    storage: StorageConfig,
+    verdict: dict[str, float],
     socket_path: str,
     ready: Callable[[], None],
     stop: asyncio.Event,
 ) -> None:
     """What the report process runs: its own storage engine and the report application on
-    `socket_path`, until `stop` is set. `config` is the gateway's `GatewayConfig`."""
+    `socket_path`, until `stop` is set. `verdict` overrides the verdict settings."""
     from evaluators.judge.settings import VerdictSettings
     from storage.engine import make_engine
 
-    engine = make_engine(config.db_url)
+    engine = make_engine(storage.db_url)
     reports = LocalReports(
         engine,
-        VerdictSettings().with_overrides(config.verdict),
-        concurrency=config.report_concurrency,
-        queue_max=config.report_queue_max,
-        max_pairs=config.report_max_pairs,
-        spill=report_spill(config),
+        VerdictSettings().with_overrides(verdict),
+        concurrency=config.concurrency,
+        queue_max=config.queue_max,
+        max_pairs=config.max_pairs,
+        spill=report_spill(config, storage),
     )
     runner = web.AppRunner(report_app(reports), access_log=None, handle_signals=False)
     await runner.setup()
@@ -321,8 +324,8 @@ async def serve_reports(
         ready()
         # Import the statistics stack now, in a thread: the first report need not wait for it.
         await load_report_stack()
-        if config.report_refresh_interval_s > 0:
-            await reports.refresh_every(config.report_refresh_interval_s, stop)
+        if config.refresh_interval_s > 0:
+            await reports.refresh_every(config.refresh_interval_s, stop)
         else:
             await stop.wait()
     finally:
@@ -336,7 +339,7 @@ class RemoteReports:
     The report's bytes are relayed untouched; the worker never builds or decodes a report."""
 
     def __init__(self, socket_path: str | None, timeout_s: float) -> None:
-        self._path = socket_path  # None: this replica computes no reports (report_process)
+        self._path = socket_path  # None: this replica computes no reports ([reports] enabled)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self.counts = dict.fromkeys(OUTCOMES, 0)
@@ -348,7 +351,7 @@ class RemoteReports:
     def _client(self) -> aiohttp.ClientSession:
         if self._path is None:
             raise ReportsUnavailable(
-                "this replica computes no reports (report_process = false): ask a replica that "
+                "this replica computes no reports ([reports] enabled = false): ask a replica that "
                 "does (on the same store), or run `canary report`"
             )
         if self._session is None or self._session.closed:
@@ -391,7 +394,7 @@ class RemoteReports:
             ) from exc
         except TimeoutError as exc:
             raise ReportsUnavailable(
-                f"the report took longer than report_timeout_s ({self._timeout.total:g} s)"
+                f"the report took longer than reports.timeout_s ({self._timeout.total:g} s)"
             ) from exc
         if status == 200:
             return ReportDoc(verdict, body)

@@ -5,7 +5,7 @@
 synchronous, O(1), never blocks, never raises, never parses or copies the body. It decides by
 conversation (`xxh3_64(salt + session key) < share`, so a conversation is captured whole or not
 at all), checks the candidate filter, the per-body limit and the byte budget, and queues a
-reference to the body, bounded by `capture_queue_max`. Every refusal is counted by reason.
+reference to the body, bounded by `[capture] queue_max`. Every refusal is counted by reason.
 
 `take` (called by the capture writer's task, off the request path) redacts what it takes: the
 configured JSON fields of the body and the secret headers (`Authorization` always). This module
@@ -30,7 +30,7 @@ from domain.records import ExchangeRecord
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from gateway.config import GatewayConfig
+    from gateway.config import CaptureConfig, StorageConfig
     from storage.capacity.captures import CaptureWriter
 
 __all__ = ["REDACTED", "CaptureSink", "redact_body", "redact_headers", "session_captured"]
@@ -250,23 +250,23 @@ class CaptureSink:
         yield CAPTURE_BYTES.sample(self.max_bytes, "limit")
 
 
-def capture_from_config(config: GatewayConfig) -> CaptureSink | None:
+def capture_from_config(config: CaptureConfig) -> CaptureSink | None:
     """The sink the configuration asks for, or None when capture is off."""
-    if not config.capture or config.capture_share <= 0:
+    if not config.enabled or config.share <= 0:
         return None
     return CaptureSink(
-        share=config.capture_share,
-        max_bytes=config.capture_max_bytes,
-        max_body_bytes=config.capture_max_body_bytes,
-        queue_max=config.capture_queue_max,
-        candidates=config.capture_candidates,
-        redact_fields=config.capture_redact_fields,
-        redact_headers=config.capture_redact_headers,
+        share=config.share,
+        max_bytes=config.max_bytes,
+        max_body_bytes=config.max_body_bytes,
+        queue_max=config.queue_max,
+        candidates=config.candidates,
+        redact_fields=config.redact_fields,
+        redact_headers=config.redact_headers,
     )
 
 
 def capture_writer_for(
-    engine: AsyncEngine, sink: CaptureSink, config: GatewayConfig
+    engine: AsyncEngine, sink: CaptureSink, config: CaptureConfig, storage: StorageConfig
 ) -> CaptureWriter:
     """The bounded writer that drains `sink` (its own task, off the request path)."""
     from storage.capacity.captures import CaptureWriter
@@ -274,11 +274,11 @@ def capture_writer_for(
     return CaptureWriter(
         engine,
         sink.take,
-        batch_size=config.writer_batch_size,
-        flush_interval_s=config.writer_flush_interval_s,
-        retention_s=config.capture_retention_s,
+        batch_size=storage.writer_batch_size,
+        flush_interval_s=storage.writer_flush_interval_s,
+        retention_s=config.retention_s,
         # Purging is a DELETE plus a SUM: once a minute is plenty against a days-long retention.
-        purge_interval_s=min(60.0, config.capture_retention_s),
+        purge_interval_s=min(60.0, config.retention_s),
         on_stored_bytes=sink.set_stored_bytes,
         on_count=sink.count,
     )

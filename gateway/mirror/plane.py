@@ -85,14 +85,14 @@ class _Plane:
 
     def __init__(
         self,
-        config: GatewayConfig,
+        results_max: int,
         mirror: Mirror,
         writer: ObservationWriter,
         priority: str,
         *,
         capture: CaptureSink | None = None,
     ) -> None:
-        self.config = config
+        self.results_max = results_max  # [mirror] results_max
         self.capture = capture
         self.mirror = mirror
         self.writer = writer
@@ -126,7 +126,7 @@ class _Plane:
         if token is None:
             return
         self.tokens[m.exchange_id] = token
-        while len(self.tokens) > self.config.mirror_results_max:
+        while len(self.tokens) > self.results_max:
             self.tokens.popitem(last=False)  # its worker died or dropped the result
             self.counts["results_lost"] += 1
 
@@ -278,32 +278,37 @@ async def serve_plane(
     stop: asyncio.Event,
 ) -> None:
     """Run the mirror plane until `stop` is set, then: wait for workers to close their channels
-    (up to `drain_timeout_s`), drain the lanes, save the counters, flush the writer."""
-    engine = make_engine(config.db_url)
+    (up to `server.drain_timeout_s`), drain the lanes, save the counters, flush the writer.
+    The mirror process's wiring: it hands each part the sections it uses."""
+    engine = make_engine(config.storage.db_url)
     writer = ObservationWriter(
         engine,
-        batch_size=config.writer_batch_size,
-        flush_interval_s=config.writer_flush_interval_s,
-        queue_max=config.writer_queue_max,
-        store_text=config.store_text,
-        store_text_max_chars=config.store_text_max_chars,
+        batch_size=config.storage.writer_batch_size,
+        flush_interval_s=config.storage.writer_flush_interval_s,
+        queue_max=config.storage.writer_queue_max,
+        store_text=config.storage.store_text,
+        store_text_max_chars=config.storage.store_text_max_chars,
     )
-    placeholder = Endpoint(name=config.live_name, url="http://127.0.0.1:9", role="live")
+    placeholder = Endpoint(name=config.live.name, url="http://127.0.0.1:9", role="live")
     live = LiveTarget(placeholder)
     # Capture (opt-in): bodies of sampled conversations for `canary capacity`, written by a
     # bounded writer of its own in this (the mirror) process, never on a worker's loop.
-    capture = capture_from_config(config)
-    capture_writer = capture_writer_for(engine, capture, config) if capture is not None else None
+    capture = capture_from_config(config.capture)
+    capture_writer = (
+        capture_writer_for(engine, capture, config.capture, config.storage)
+        if capture is not None
+        else None
+    )
     # The workers count the eligible requests (this process sees only the sampled ones).
     mirror = Mirror(config, live, writer, replica, capture=capture)
-    plane = _Plane(config, mirror, writer, priority, capture=capture)
-    plane.splits = SplitWatch(engine, replica, config.counters_flush_interval_s)
+    plane = _Plane(config.mirror.results_max, mirror, writer, priority, capture=capture)
+    plane.splits = SplitWatch(engine, replica, config.storage.counters_flush_interval_s)
 
     def on_change(snapshot: Snapshot) -> None:
         mirror.apply(snapshot.candidates)
 
     registry = Registry(
-        engine, live, poll_interval_s=config.registry_poll_interval_s, on_change=on_change
+        engine, live, poll_interval_s=config.storage.registry_poll_interval_s, on_change=on_change
     )
     loop = asyncio.get_running_loop()
     server = await asyncio.start_unix_server(plane.handle, socket_path)
@@ -328,7 +333,7 @@ async def serve_plane(
             loop.create_task(plane.broadcast(), name="mirror-stats"),
             loop.create_task(_reloads(plane, registry), name="mirror-reload"),
             loop.create_task(
-                _flush_counters(engine, replica, mirror, config.counters_flush_interval_s),
+                _flush_counters(engine, replica, mirror, config.storage.counters_flush_interval_s),
                 name="mirror-counters",
             ),
             loop.create_task(plane.splits.run(), name="mirror-splits"),
@@ -336,7 +341,7 @@ async def serve_plane(
         await stop.wait()
         log.info("mirror process stopping", extra={"fields": {"workers": len(plane.conns)}})
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(config.drain_timeout_s):
+            async with asyncio.timeout(config.server.drain_timeout_s):
                 while plane.conns:  # noqa: ASYNC110 - workers close on their own schedule
                     await asyncio.sleep(0.02)
     finally:
@@ -348,7 +353,7 @@ async def serve_plane(
         with contextlib.suppress(errors.StorageError):
             await queries.upsert_counters(engine, replica, mirror.counters())
         await registry.close()
-        await writer.close(config.drain_timeout_s)
+        await writer.close(config.server.drain_timeout_s)
         if capture_writer is not None:
-            await capture_writer.close(config.drain_timeout_s)
+            await capture_writer.close(config.server.drain_timeout_s)
         await engine.dispose()

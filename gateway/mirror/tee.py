@@ -101,19 +101,19 @@ class Mirror:
         self._live = live
         self._sink = sink
         self._replica = replica
-        self._session_header = config.session_header
-        self.budget = MemoryBudget(config.mirror_memory_budget_bytes)
+        self._session_header = config.server.session_header
+        self.budget = MemoryBudget(config.mirror.memory_budget_bytes)
         # Sheds only on the mirror process's own sustained overload (see loopguard.py).
         self.guard = LoopLagGuard(
-            config.mirror_shed_loop_lag_ms,
+            config.mirror.shed_loop_lag_ms,
             lag_interval_s,
-            cpu_busy=config.mirror_shed_cpu_busy or None,
-            window_s=config.mirror_shed_window_s,
+            cpu_busy=config.mirror.shed_cpu_busy or None,
+            window_s=config.mirror.shed_window_s,
         )
         self.process = MirrorCounters()
         self.order = TurnOrder()
         # Scoring copies (scorer.py): production's answer scored by the candidate and control.
-        self.scorer = Scorer(config, sink)
+        self.scorer = Scorer(config.mirror, sink)
         self._lanes: dict[str, Lane] = {}
         self._offers: tuple[Offer, ...] = ()
         self._any_session = False  # some offer samples by session (its key may need the body)
@@ -140,7 +140,15 @@ class Mirror:
         for name, endpoint in wanted.items():
             lane = self._lanes.get(name)
             if lane is None:
-                lane = Lane(endpoint, self._config, self.budget, self._sink)
+                lane = Lane(
+                    endpoint,
+                    self.budget,
+                    self._sink,
+                    mirror=self._config.mirror,
+                    upstream=self._config.upstream,
+                    storage=self._config.storage,
+                    credentials=self._config.credentials,
+                )
                 lane.hold = self.scorer.hold
                 self._lanes[name] = lane
                 if self._started:
@@ -193,11 +201,11 @@ class Mirror:
         for lane in lanes:
             lane.begin_drain()
         pending = [t for lane in lanes for t in lane.workers]
-        if pending and self._config.drain_timeout_s > 0:
-            await asyncio.wait(pending, timeout=self._config.drain_timeout_s)
+        if pending and self._config.server.drain_timeout_s > 0:
+            await asyncio.wait(pending, timeout=self._config.server.drain_timeout_s)
         for lane in lanes:
             await lane.close()
-        await self.scorer.close(self._config.drain_timeout_s)
+        await self.scorer.close(self._config.server.drain_timeout_s)
         retiring = list(self._retiring)
         for task in retiring:
             task.cancel()
@@ -371,8 +379,8 @@ class Mirror:
             record.received_at,
             result,
             error_kind,
-            store_text=self._config.store_text,
-            max_chars=self._config.store_text_max_chars,
+            store_text=self._config.storage.store_text,
+            max_chars=self._config.storage.store_text_max_chars,
         )
         self._sink.put_observation(production)
         if self.scorer.pending:

@@ -38,7 +38,7 @@ RESTART_WINDOW_S = 60.0
 def replica_name(config: GatewayConfig, role: str = "") -> str:
     """Unique per process lifetime, so summing stored counters never double counts; the mirror
     process adds `role` ("mirror") so its row is told apart from the workers' rows."""
-    base = config.replica_name or f"{socket.gethostname()}-{os.getpid()}"
+    base = config.server.replica_name or f"{socket.gethostname()}-{os.getpid()}"
     tag = f"-{role}" if role else ""
     return f"{base[:40]}{tag}-{int(time.time() * 1000):x}"
 
@@ -61,7 +61,7 @@ def _run_until_signal(
         logging.getLogger(logger).info(message, extra={"fields": fields})
         await serve(stop)
 
-    run_loop(main(), config.event_loop)
+    run_loop(main(), config.server.event_loop)
 
 
 def _plane_main(
@@ -76,8 +76,8 @@ def _plane_main(
 
     # After the imports (start-up is not slowed by a busy host), before any thread exists (the
     # storage driver's), so every thread inherits the lower priority.
-    priority = lower_priority(config.mirror_priority, config.mirror_nice)
-    setup_logging(config.log_format, config.log_level)
+    priority = lower_priority(config.mirror.priority, config.mirror.nice)
+    setup_logging(config.server.log_format, config.server.log_level)
     replica = replica_name(config, role="mirror")
 
     _run_until_signal(
@@ -102,18 +102,25 @@ def _report_main(
     # Before the imports (the statistics stack: ~0.9 s of CPU), unlike the mirror process: a
     # report process restarted beside production starts at its own priority, and a saturated
     # host delays its start as it delays reports, never production.
-    priority = lower_priority(config.report_priority, config.report_nice)
+    priority = lower_priority(config.reports.priority, config.reports.nice)
     from gateway.control.reports import serve_reports
     from gateway.logs import setup_logging
 
-    setup_logging(config.log_format, config.log_level)
+    setup_logging(config.server.log_format, config.server.log_level)
 
     _run_until_signal(
         config,
         "canary.reports",
         "report process started",
         {"pid": os.getpid(), "priority": priority},
-        lambda stop: serve_reports(config, socket_path, lambda: conn.send("ready"), stop),
+        lambda stop: serve_reports(
+            config.reports,
+            config.storage,
+            config.verdict,
+            socket_path,
+            lambda: conn.send("ready"),
+            stop,
+        ),
     )
 
 

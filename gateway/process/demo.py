@@ -45,27 +45,36 @@ ARMS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
 CONFIG_TEMPLATE = """\
 # Written by `canary demo`: a gateway in front of a simulated production engine, with three
 # simulated candidates mirrored whole sessions at a time.
+[server]
 listen = "127.0.0.1:{gateway_port}"
-live_url = "{live_url}"
-db_url = "sqlite+aiosqlite:///{db_path}"
-insecure_admin = true
 log_format = "json"
+
+[live]
+url = "{live_url}"
+price_per_hour_usd = 2.0
+
+[storage]
+db_url = "sqlite+aiosqlite:///{db_path}"
+registry_poll_interval_s = 1.0
+counters_flush_interval_s = 1.0
+
+[admin]
+insecure = true
+
+[mirror]
 # Five processes share this machine's cores, so scheduling delays show up as event-loop lag
 # and the gateway may use a whole core; production here is a simulator, so the demo's loop
 # guard tolerates more lag and no CPU limit (in a real deployment keep the defaults).
-mirror_shed_loop_lag_ms = 250.0
-mirror_shed_cpu_busy = 0.0
+shed_loop_lag_ms = 250.0
+shed_cpu_busy = 0.0
 # The mirror process meters the candidates' answers; at idle priority, beside four busy
 # simulators, its wake-ups land late and every candidate TTFT carries that delay. The demo's
 # production is a simulator, so the mirror runs at normal priority here (keep "idle" in a real
 # deployment, where the engines are not on the gateway's cores).
-mirror_priority = "normal"
-registry_poll_interval_s = 1.0
-counters_flush_interval_s = 1.0
+priority = "normal"
 # Scoring copies (the quantized candidate and the control score production's answers): a few
 # at once per simulator, so scoring keeps up with the demo's traffic.
 score_concurrency = 4
-live_price_per_hour_usd = 2.0
 {candidates}"""
 
 CANDIDATE_TEMPLATE = """

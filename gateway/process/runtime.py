@@ -167,7 +167,7 @@ async def _seed_live(config: GatewayConfig, engine: AsyncEngine, url: str) -> En
     it is pointed at this run's live endpoint (the simulator's new port, or the `--live` URL now
     given). A real stored live endpoint (from `--live` or a promotion) is left alone.
     """
-    seed = config.live_endpoint(url)
+    seed = config.live.endpoint(url)
     if simulator.needed(config):
         seed = msgspec.structs.replace(seed, kind=SIMULATOR_KIND)
     _version, endpoints = await queries.load_endpoints(engine)
@@ -184,9 +184,9 @@ async def _seed_live(config: GatewayConfig, engine: AsyncEngine, url: str) -> En
 async def prepare_storage(config: GatewayConfig) -> None:
     """Check (and on a new SQLite file, create) the schema once, before `--workers N` processes
     start, so they never race to migrate and a schema error stops the supervisor with exit 2."""
-    engine = make_engine(config.db_url)
+    engine = make_engine(config.storage.db_url)
     try:
-        await _check_schema(engine, config.db_url)
+        await _check_schema(engine, config.storage.db_url)
     finally:
         await engine.dispose()
 
@@ -199,17 +199,17 @@ def _customize(parts: Components) -> list[AppCustomizer]:
         ctx = AdminContext(
             engine=parts.engine,
             registry=parts.registry,
-            tokens=parse_admin_tokens(config.admin_token),
-            insecure=config.insecure_admin,
+            tokens=parse_admin_tokens(config.admin.token),
+            insecure=config.admin.insecure,
             counters=parts.mirror.host_counters,
             writer_stats=parts.mirror.writer_stats,
             verdict_settings=_verdict_settings(config),
-            listen_host=config.listen_host,
+            listen_host=config.server.host,
             rates=parts.mirror.host_rates,
             replica=parts.replica,
             reports=parts.reports,
         )
-        mount_admin(app, build_admin_app(ctx, config))
+        mount_admin(app, build_admin_app(ctx, config.admin, config.credentials, config.limits))
 
         async def storage_ready() -> tuple[bool, str]:
             # Reported, never gating: a database outage must not take every replica out of a
@@ -220,10 +220,10 @@ def _customize(parts: Components) -> list[AppCustomizer]:
                     await conn.execute(text("SELECT 1"))
             except Exception as exc:  # any failure: report its name, stay ready
                 return True, (
-                    f"{masked(config.db_url)} unreachable ({type(exc).__name__}); "
+                    f"{masked(config.storage.db_url)} unreachable ({type(exc).__name__}); "
                     f"proxy unaffected, writer queue {depth}"
                 )
-            return True, f"{masked(config.db_url)} reachable, writer queue {depth}"
+            return True, f"{masked(config.storage.db_url)} reachable, writer queue {depth}"
 
         app[READY_CHECKS]["storage"] = storage_ready
 
@@ -242,21 +242,21 @@ async def running(
     plane_socket: str | None = None,
     report_socket: str | None = None,
 ) -> AsyncIterator[Components]:
-    """Start a complete gateway on `config.listen`; stop it, in order, on exit.
+    """Start a complete gateway on `config.server.listen`; stop it, in order, on exit.
 
     `simulator_url`: the built-in simulator a `--workers` supervisor started for all workers
     (`gateway.process.simulator` decides when there is one; without it, it starts one here).
     `plane_socket`: the host's mirror process the supervisor started; without it this process
     starts (and owns) one. `report_socket`: likewise, the host's report process."""
-    engine = make_engine(config.db_url)
+    engine = make_engine(config.storage.db_url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(engine.dispose)
-        await _check_schema(engine, config.db_url)
+        await _check_schema(engine, config.storage.db_url)
         url = await stack.enter_async_context(simulator.live_url(config, simulator_url))
         try:
             seed = await _seed_live(config, engine, url)
         except storage_errors.StorageError as exc:
-            raise UsageError(f"storage {masked(config.db_url)}: {exc}") from exc
+            raise UsageError(f"storage {masked(config.storage.db_url)}: {exc}") from exc
         replica = replica_name(config)
         metrics = Exporter()
         live = LiveTarget(seed)
@@ -269,11 +269,13 @@ async def running(
             except RuntimeError as exc:
                 await asyncio.to_thread(plane.stop, 1.0)
                 raise UsageError(str(exc)) from exc
-            stack.push_async_callback(asyncio.to_thread, plane.stop, 2 * config.drain_timeout_s)
+            stack.push_async_callback(
+                asyncio.to_thread, plane.stop, 2 * config.server.drain_timeout_s
+            )
             plane_socket = plane.socket_path
         report_process: ReportProcess | None = None
         report_start: StartWatch | None = None
-        if report_socket is None and config.report_process:
+        if report_socket is None and config.reports.enabled:
             report_process = ReportProcess(config)
             # The main thread, as the mirror process; waited for `report_start_wait_s` at most
             # (`blocks_start`): then the watcher below says when it listens, and reports
@@ -281,18 +283,23 @@ async def running(
             report_process.spawn()
             stack.push_async_callback(asyncio.to_thread, report_process.stop, 5.0)
             report_start = StartWatch(report_process)
-            if await asyncio.to_thread(report_start.check, config.report_start_wait_s):
+            if await asyncio.to_thread(report_start.check, config.reports.start_wait_s):
                 report_start = None
             report_socket = report_process.socket_path
-        reports = RemoteReports(report_socket, config.report_timeout_s)
+        reports = RemoteReports(report_socket, config.reports.timeout_s)
         stack.push_async_callback(reports.close)
-        handoff = Handoff(config, live, plane_socket, replica)
+        handoff = Handoff(
+            config.mirror, live, plane_socket, replica, session_header=config.server.session_header
+        )
 
         def on_change(snapshot: Snapshot) -> None:
             handoff.apply(snapshot.candidates)
 
         registry = Registry(
-            engine, live, poll_interval_s=config.registry_poll_interval_s, on_change=on_change
+            engine,
+            live,
+            poll_interval_s=config.storage.registry_poll_interval_s,
+            on_change=on_change,
         )
         parts = Components(
             config,
@@ -311,11 +318,11 @@ async def running(
                 seed_live=seed, seed_candidates=[c.to_endpoint() for c in config.candidates]
             )
         except storage_errors.StorageError as exc:
-            raise UsageError(f"storage {masked(config.db_url)}: {exc}") from exc
+            raise UsageError(f"storage {masked(config.storage.db_url)}: {exc}") from exc
         stack.push_async_callback(registry.close)
         await handoff.start()  # after seeding: the mirror process waits for a live endpoint
-        stack.push_async_callback(handoff.close, config.drain_timeout_s)
-        flusher = _CountersFlusher(parts, config.counters_flush_interval_s)
+        stack.push_async_callback(handoff.close, config.server.drain_timeout_s)
+        flusher = _CountersFlusher(parts, config.storage.counters_flush_interval_s)
         stack.push_async_callback(flusher.flush)  # after the channel drained: final totals
         flusher.start()
         stack.push_async_callback(flusher.close)
@@ -404,7 +411,7 @@ async def serve_until_stopped(
                     "fields": {
                         "url": parts.url,
                         "live_url": parts.live.endpoint.url,
-                        "db": masked(config.db_url),
+                        "db": masked(config.storage.db_url),
                         "candidates": [c.name for c in parts.registry.snapshot.candidates],
                         "replica": parts.replica,
                         "pid": os.getpid(),

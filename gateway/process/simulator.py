@@ -1,6 +1,6 @@
 """The built-in engine simulator as the live endpoint: the one place that decides when it runs.
 
-With no live URL configured (`config.live_url` unset) `canary serve` proxies to a simulator
+With no live URL configured (`config.live.url` unset) `canary serve` proxies to a simulator
 ("baseline" profile) on 127.0.0.1. `needed` is that decision, and nothing else in the gateway
 makes it: the data plane (`gateway.server`) always receives its live endpoint.
 
@@ -33,7 +33,7 @@ _STARTED = "no live endpoint configured: started the built-in engine simulator"
 
 def needed(config: GatewayConfig) -> bool:
     """True when the gateway must run the built-in simulator as its live endpoint."""
-    return config.live_url is None
+    return config.live.url is None
 
 
 @contextlib.asynccontextmanager
@@ -42,8 +42,8 @@ async def live_url(config: GatewayConfig, started: str | None = None) -> AsyncIt
     simulator a supervisor runs for every worker); else a simulator started here, in this event
     loop, and closed on exit."""
     if not needed(config):
-        assert config.live_url is not None
-        yield config.live_url
+        assert config.live.url is not None
+        yield config.live.url
     elif started is not None:
         yield started
     else:

@@ -47,8 +47,8 @@ log = logging.getLogger("canary.supervisor")
 
 def serve_forever(config: GatewayConfig) -> int:
     """Run `canary serve` with this config until SIGTERM/SIGINT; returns the exit code."""
-    if config.workers == 1:
-        run_loop(serve_until_stopped(config), config.event_loop)
+    if config.server.workers == 1:
+        run_loop(serve_until_stopped(config), config.server.event_loop)
         return 0
     return _supervise(config)
 
@@ -62,7 +62,7 @@ def _worker_main(
     report_socket: str | None,
 ) -> None:
     die_with_parent(parent_pid)
-    setup_logging(config.log_format, config.log_level)
+    setup_logging(config.server.log_format, config.server.log_level)
     run_loop(
         serve_until_stopped(
             config,
@@ -70,7 +70,7 @@ def _worker_main(
             plane_socket=plane_socket,
             report_socket=report_socket,
         ),
-        config.event_loop,
+        config.server.event_loop,
     )
 
 
@@ -113,20 +113,21 @@ def _supervise(config: GatewayConfig) -> int:
         plane = PlaneProcess(config)
         plane.start()
         log.info("started the mirror process", extra={"fields": {"pid": plane.pid}})
-        if config.report_process:
+        if config.reports.enabled:
             reporter = ReportProcess(config)
             # Waited for `report_start_wait_s` at most (`blocks_start`): then the loop below
             # says when it listens.
             reporter.spawn()
             log.info("spawned the report process", extra={"fields": {"pid": reporter.pid}})
             started = StartWatch(reporter)
-            if started.check(config.report_start_wait_s):
+            if started.check(config.reports.start_wait_s):
                 started = None
-        host, port = split_host_port(config.listen)
+        host, port = split_host_port(config.server.listen)
         if port == 0:
             reserved = _reserve_port(host)
             port = reserved.getsockname()[1]
-            config = msgspec.structs.replace(config, listen=f"[{host}]:{port}")
+            server = msgspec.structs.replace(config.server, listen=f"[{host}]:{port}")
+            config = msgspec.structs.replace(config, server=server)
 
         def spawn(index: int) -> BaseProcess:
             proc = ctx.Process(
@@ -144,10 +145,10 @@ def _supervise(config: GatewayConfig) -> int:
             proc.start()
             return proc
 
-        children.extend(spawn(i) for i in range(config.workers))
+        children.extend(spawn(i) for i in range(config.server.workers))
         log.info(
             "supervising workers",
-            extra={"fields": {"workers": config.workers, "pids": [c.pid for c in children]}},
+            extra={"fields": {"workers": config.server.workers, "pids": [c.pid for c in children]}},
         )
         restarts: deque[float] = deque()
         while not stopping:
@@ -192,7 +193,7 @@ def _supervise(config: GatewayConfig) -> int:
         on_signal(signal.SIGTERM, None)
         _join_all(children, config)
         if plane is not None:
-            plane.stop(2 * config.drain_timeout_s + 5.0)
+            plane.stop(2 * config.server.drain_timeout_s + 5.0)
         if reporter is not None:
             reporter.stop(5.0)
         stack.close()
@@ -207,7 +208,7 @@ def _join_all(children: list[BaseProcess], config: GatewayConfig) -> bool:
     or were stopped by the supervisor's SIGTERM before they could serve."""
     # A worker's shutdown waits up to drain_timeout_s three times: in-flight production
     # requests, the mirror's drain and the writer's final flush.
-    deadline = time.monotonic() + 3 * config.drain_timeout_s + 5.0
+    deadline = time.monotonic() + 3 * config.server.drain_timeout_s + 5.0
     clean = True
     for child in children:
         child.join(max(deadline - time.monotonic(), 0.1))

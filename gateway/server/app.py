@@ -105,9 +105,16 @@ def build_app(
     metrics: Exporter | None = None,
 ) -> web.Application:
     """The gateway application; compose more onto it before it starts (see module docstring)."""
-    app = web.Application(client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.limits.max_body_bytes)
     registry = metrics if metrics is not None else Exporter()
-    proxy = Proxy(config, live, ProxyMetrics(registry), tee)
+    proxy = Proxy(
+        config.limits,
+        config.upstream,
+        live,
+        ProxyMetrics(registry),
+        tee,
+        text_max=config.storage.store_text_max_chars,
+    )
     app[CONFIG] = config
     app[LIVE] = live
     app[METRICS] = registry
@@ -119,9 +126,9 @@ def build_app(
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         session = make_client_session(
-            limit=config.upstream_max_connections,
-            keepalive_s=config.upstream_keepalive_s,
-            connect_timeout_s=config.connect_timeout_s,
+            limit=config.upstream.max_connections,
+            keepalive_s=config.upstream.keepalive_s,
+            connect_timeout_s=config.upstream.connect_timeout_s,
         )
         app[UPSTREAM_SESSION] = proxy.session = session
         yield
@@ -145,7 +152,7 @@ def mount_admin(app: web.Application, admin: web.Application) -> None:
     app[READY_CHECKS].update(checks)
     for collector in admin.get(ADMIN_COLLECTORS, []):
         app[METRICS].add_collector(collector)
-    if app[CONFIG].admin_listen is None:
+    if app[CONFIG].admin.listen is None:
         app.add_subapp("/admin", admin)
     else:
         app[ADMIN_APP] = admin
@@ -164,15 +171,15 @@ def make_runner(
     connection guards of `gateway.server.connections`."""
     return GatewayRunner(
         app,
-        max_connections=max_connections or config.max_connections,
-        header_read_timeout_s=config.header_read_timeout_s,
-        log_interval_s=config.bad_request_log_interval_s,
+        max_connections=max_connections or config.limits.max_connections,
+        header_read_timeout_s=config.limits.header_read_timeout_s,
+        log_interval_s=config.limits.bad_request_log_interval_s,
         stats=stats if stats is not None else app.get(CONNECTIONS) or ConnectionStats("proxy"),
-        keepalive_timeout=config.keepalive_timeout_s,
+        keepalive_timeout=config.limits.keepalive_timeout_s,
         handler_cancellation=True,
         auto_decompress=False,
         access_log=None,
-        shutdown_timeout=config.drain_timeout_s,
+        shutdown_timeout=config.server.drain_timeout_s,
         **kwargs,
     )
 
@@ -181,19 +188,21 @@ def connection_limits(config: GatewayConfig) -> EdgeLimits:
     """Client, upstream and admin connection limits that fit the process's descriptor limit
     together (`gateway.server.limits`), so a flood on the proxy port can never take the
     descriptors the admin API and the live endpoint's pool need. Logs them in one line."""
-    admin = config.admin_max_connections if config.admin_listen is not None else 0
-    wanted = descriptors_wanted(config.max_connections, config.upstream_max_connections, admin)
+    admin = config.admin.max_connections if config.admin.listen is not None else 0
+    wanted = descriptors_wanted(
+        config.limits.max_connections, config.upstream.max_connections, admin
+    )
     limits = plan_limits(
         fit_file_limit(wanted),
-        max_connections=config.max_connections,
-        upstream=config.upstream_max_connections,
+        max_connections=config.limits.max_connections,
+        upstream=config.upstream.max_connections,
         admin=admin,
     )
     fields: dict[str, object] = dict(limits._asdict())
     fields["loop"] = type(asyncio.get_running_loop()).__module__.partition(".")[0]
     if limits.lowered:
-        fields["configured_max_connections"] = config.max_connections
-        fields["configured_upstream_max_connections"] = config.upstream_max_connections
+        fields["configured_max_connections"] = config.limits.max_connections
+        fields["configured_upstream_max_connections"] = config.upstream.max_connections
     message = "connection limits sized from the file descriptor limit"
     if not limits.enough:
         message += " (below the floor: raise the limit, e.g. `ulimit -n 4096`)"
@@ -241,36 +250,38 @@ async def start_gateway(
     customize: Sequence[AppCustomizer] = (),
     reuse_port: bool | None = None,
 ) -> RunningGateway:
-    """Build, start and bind a gateway on `config.listen` (port 0: any free port).
+    """Build, start and bind a gateway on `config.server.listen` (port 0: any free port).
 
-    The live endpoint is `live`, else `config.live_url`; with neither, ValueError.
+    The live endpoint is `live`, else `config.live.url`; with neither, ValueError.
     """
     if live is None:
-        if config.live_url is None:
-            raise ValueError("start_gateway needs a live endpoint (live or config.live_url)")
-        live = LiveTarget(config.live_endpoint(config.live_url))
+        if config.live.url is None:
+            raise ValueError("start_gateway needs a live endpoint (live or config.live.url)")
+        live = LiveTarget(config.live.endpoint(config.live.url))
     limits = connection_limits(config)
     config = msgspec.structs.replace(
         config,
-        max_connections=limits.max_connections,
-        upstream_max_connections=limits.upstream_max_connections,
+        limits=msgspec.structs.replace(config.limits, max_connections=limits.max_connections),
+        upstream=msgspec.structs.replace(
+            config.upstream, max_connections=limits.upstream_max_connections
+        ),
     )
     app = build_app(config, live=live, tee=tee, metrics=metrics)
     for fn in customize:
         fn(app)
     runner = make_runner(app, config, max_connections=limits.max_connections)
     admin_runner: web.AppRunner | None = None
-    reuse = config.workers > 1 if reuse_port is None else reuse_port
+    reuse = config.server.workers > 1 if reuse_port is None else reuse_port
     try:
         await runner.setup()
         site = web.TCPSite(
-            runner, config.listen_host, config.listen_port, backlog=4096, reuse_port=reuse
+            runner, config.server.host, config.server.port, backlog=4096, reuse_port=reuse
         )
         await site.start()
         admin_app = app.get(ADMIN_APP)
-        if admin_app is not None and config.admin_listen is not None:
+        if admin_app is not None and config.admin.listen is not None:
             admin_runner = await _start_admin(
-                admin_app, config, config.admin_max_connections, reuse, app
+                admin_app, config, config.admin.max_connections, reuse, app
             )
     except BaseException:
         if admin_runner is not None:
@@ -284,8 +295,8 @@ async def _start_admin(
     admin: web.Application, config: GatewayConfig, limit: int, reuse: bool, app: web.Application
 ) -> web.AppRunner:
     """The admin API alone on `admin_listen`: `/admin/...` paths, nothing of the proxy."""
-    assert config.admin_listen is not None
-    host, port = split_host_port(config.admin_listen)
+    assert config.admin.listen is not None
+    host, port = split_host_port(config.admin.listen)
     root = web.Application()
     root.add_subapp("/admin", admin)
     stats = ConnectionStats("admin")

@@ -25,7 +25,7 @@ from yarl import URL
 
 from domain.ids import uuid7
 from domain.outcomes import ErrorKind
-from gateway.config import GatewayConfig
+from gateway.config import LimitsConfig, UpstreamConfig
 from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
 from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
 from gateway.server.hooks import LiveTarget, RequestTee
@@ -193,25 +193,28 @@ class Proxy:
 
     def __init__(
         self,
-        config: GatewayConfig,
+        limits: LimitsConfig,
+        upstream: UpstreamConfig,
         live: LiveTarget,
         metrics: ProxyMetrics,
         tee: RequestTee | None = None,
+        *,
+        text_max: int,
     ) -> None:
         self.live = live
         self.tee = tee
         self.metrics = metrics
         self.session: aiohttp.ClientSession | None = None
-        self.max_body = config.max_body_bytes
-        self.budget = BodyBudget(config.max_body_bytes_in_flight)
-        self.body_idle_s = config.body_read_timeout_s
-        self.text_max = config.store_text_max_chars
+        self.max_body = limits.max_body_bytes
+        self.budget = BodyBudget(limits.max_body_bytes_in_flight)
+        self.body_idle_s = limits.body_read_timeout_s
+        self.text_max = text_max  # stored output text is cut to this
         self.timeouts = UpstreamTimeouts(
-            connect_s=config.connect_timeout_s,
-            ttfb_s=config.ttfb_timeout_s,
-            idle_s=config.idle_timeout_s,
-            total_s=config.total_timeout_s,
-            client_write_s=config.client_write_timeout_s,
+            connect_s=upstream.connect_timeout_s,
+            ttfb_s=upstream.ttfb_timeout_s,
+            idle_s=upstream.idle_timeout_s,
+            total_s=upstream.total_timeout_s,
+            client_write_s=limits.client_write_timeout_s,
         )
         self.sweeper = DeadlineSweeper(self.timeouts)
         self._body_timeout = error_body(

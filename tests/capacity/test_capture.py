@@ -138,17 +138,17 @@ def test_redaction_of_fields_and_headers() -> None:
 
 
 def test_capture_is_off_by_default_and_store_text_false_keeps_it_off() -> None:
-    """Defaults capture nothing; `capture = true` with `store_text = false` is refused with a
-    message naming the override, and accepted with it."""
-    assert load_config(None, environ={}).capture is False
-    with pytest.raises(ConfigError, match="capture_despite_store_text_off"):
+    """Defaults capture nothing; `[capture] enabled` with `[storage] store_text = false` is
+    refused with a message naming the override, and accepted with it."""
+    assert load_config(None, environ={}).capture.enabled is False
+    with pytest.raises(ConfigError, match=r"capture\.despite_store_text_off"):
         load_config(None, environ={}, overrides={"capture": True, "store_text": False})
     cfg = load_config(
         None,
         environ={},
         overrides={"capture": True, "store_text": False, "capture_despite_store_text_off": True},
     )
-    assert cfg.capture
+    assert cfg.capture.enabled
 
 
 async def test_gateway_captures_whole_conversations(migrated_db_url: str) -> None:

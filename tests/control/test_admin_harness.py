@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
-from gateway.config import GatewayConfig
+from gateway.config import config_from
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry
 from gateway.control.reports import LocalReports
@@ -74,7 +74,7 @@ async def real_gateway(tmp_path: Path, **overrides: Any) -> AsyncIterator[Compon
         "report_start_wait_s": 120.0,
         **overrides,
     }
-    async with running(GatewayConfig(**settings)) as parts:
+    async with running(config_from(settings)) as parts:
         yield parts
 
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.endpoint import URL_PATTERN
-from gateway.config import CandidateConfig, GatewayConfig, check_http_url
+from gateway.config import CandidateConfig, CredentialsConfig, check_http_url
 from gateway.control.admin.openapi import openapi_document
 from gateway.control.admin.schema import CandidateCreate
 from gateway.control.admin.ui import is_public
@@ -49,7 +49,7 @@ checks.positive_data_acceptance.enabled = false
 async def test_document_covers_every_route(tmp_path: Path) -> None:
     """Every route of the sub-app is documented with its methods, auth and error responses,
     and schemathesis accepts the document as OpenAPI 3.1."""
-    doc = openapi_document(GatewayConfig())  # the credential policy of the server's settings
+    doc = openapi_document(CredentialsConfig())  # the credential policy of the server's settings
     assert doc["openapi"] == "3.1.0"
     async with admin_server(f"sqlite+aiosqlite:///{tmp_path / 'a.db'}") as srv:
         sub = next(

@@ -38,7 +38,7 @@ async def test_identical_looks_share_one_report_and_the_queue_is_bounded(
     assert not isinstance(first, BaseException) and not isinstance(b, BaseException)
     assert again is first  # the very same document
     assert first.verdict == "hold" and b'"candidate":"a"' in first.body
-    assert isinstance(c, ReportsUnavailable) and "report_queue_max" in str(c)
+    assert isinstance(c, ReportsUnavailable) and "reports.queue_max" in str(c)
     assert reports.stats["computed"] == 2 and reports.stats["shared"] == 1
     assert reports.stats["refused"] == 1
     # Once the queue drained, the next look is computed afresh.

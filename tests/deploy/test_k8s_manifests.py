@@ -122,8 +122,8 @@ def test_admin_port_is_internal_and_probes_are_the_gateways() -> None:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     config = load_config(str(BASE / "gateway.toml"), environ={})
-    assert config.listen.endswith(f":{ports['proxy']}")
-    assert config.admin_listen is not None and config.admin_listen.endswith(f":{ports['admin']}")
+    assert config.server.listen.endswith(f":{ports['proxy']}")
+    assert config.admin.listen is not None and config.admin.listen.endswith(f":{ports['admin']}")
 
     proxy, admin = _load("service.yaml"), _load("service-admin.yaml")
     assert [p["targetPort"] for p in proxy["spec"]["ports"]] == ["proxy"]

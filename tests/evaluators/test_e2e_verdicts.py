@@ -84,7 +84,7 @@ async def _scenario(tmp: Path) -> dict[str, Any]:
             spec = WorkloadSpec(sessions=100, turns=6, concurrency=16, seed=7)
             summary = await run_workload(parts.url, spec)
             await parts.mirror.wait_idle()
-        engine = make_engine(config.db_url)
+        engine = make_engine(config.storage.db_url)
         settings = VerdictSettings().with_overrides(config.verdict)
         try:
             out: dict[str, Any] = {"summary": summary}

@@ -47,7 +47,7 @@ def test_short_admin_token_stops_serve(
     code = main(["serve", "--listen", "127.0.0.1:0", "--db", db])
     err = capsys.readouterr().err
     assert code == 2
-    assert "admin_token_min_length" in err and "ops:z" not in err
+    assert "admin.token_min_length" in err and "ops:z" not in err
 
 
 async def test_failed_logins_are_counted_and_backed_off(tmp_path: Path) -> None:

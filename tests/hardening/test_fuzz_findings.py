@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.config import GatewayConfig
+from gateway.config import CredentialsConfig
 from gateway.control.admin.openapi import openapi_document
 from tests.control.test_admin_harness import call, real_gateway
 
@@ -54,7 +54,7 @@ async def test_document_states_the_credential_policy(tmp_path: Path) -> None:
 def test_verdict_overrides_document_whole_numbers() -> None:
     """A verdict setting that is a count is documented as an integer (schemathesis: `1.5` for
     `min_metric_pairs` was schema-valid), and no unknown setting is admitted."""
-    doc = openapi_document(GatewayConfig())
+    doc = openapi_document(CredentialsConfig())
     verdict = doc["components"]["schemas"]["CandidatePatch"]["properties"]["verdict"]
     assert verdict["properties"]["min_metric_pairs"] == {"type": "integer"}
     assert verdict["properties"]["alpha"] == {"type": "number"}

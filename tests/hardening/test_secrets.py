@@ -14,7 +14,12 @@ import pytest
 
 from domain.endpoint import Endpoint
 from domain.errors import ConfigError
-from gateway.config import GatewayConfig, load_config
+from gateway.config import (
+    CredentialsConfig,
+    credential_env_refusal,
+    load_config,
+    settings_variables,
+)
 from gateway.credentials import REFUSALS, candidate_credential
 from storage import queries as q
 from storage.engine import masked
@@ -54,11 +59,26 @@ def test_config_file_refuses_other_variables(tmp_path: Path) -> None:
     path.write_text(cand.format("CANARY_ADMIN_TOKEN"))
     with pytest.raises(ConfigError, match=r"candidates\[0\]\.credentials_env"):
         load_config(str(path), environ={})
-    path.write_text('candidate_credentials_allow = ["VENDOR_KEY"]\n' + cand.format("VENDOR_KEY"))
+    allow = '[credentials]\ncandidate_allow = ["{}"]\n'
+    path.write_text(allow.format("VENDOR_KEY") + cand.format("VENDOR_KEY"))
     assert load_config(str(path), environ={}).candidates[0].credentials_env == "VENDOR_KEY"
-    path.write_text('candidate_credentials_allow = ["CANARY_ADMIN_TOKEN"]\n')
-    with pytest.raises(ConfigError, match="candidate_credentials_allow"):
-        load_config(str(path), environ={})
+    for setting in ("CANARY_ADMIN_TOKEN", "CANARY_REPORTS_MAX_PAIRS", "CANARY_REPORT_MAX_PAIRS"):
+        path.write_text(allow.format(setting))
+        with pytest.raises(ConfigError, match=r"credentials\.candidate_allow\[0\]"):
+            load_config(str(path), environ={})
+
+
+def test_every_settings_variable_is_refused_as_a_credential() -> None:
+    """Every CANARY_ variable that configures the gateway, by its sectioned name or its flat
+    name of before the sections, is refused as a candidate's credential even under a prefix
+    that would admit it."""
+    policy = CredentialsConfig(candidate_prefix="CANARY_ADMIN_")
+    names = settings_variables()
+    assert {"CANARY_ADMIN_TOKEN", "CANARY_ADMIN_TOKEN_MIN_LENGTH", "CANARY_DB_URL"} <= names
+    assert {"CANARY_STORAGE_DB_URL", "CANARY_CAPTURE", "CANARY_CAPTURE_ENABLED"} <= names
+    for name in names:
+        assert credential_env_refusal(policy, name) is not None, name
+    assert credential_env_refusal(policy, "CANARY_ADMIN_VENDOR_KEY") is None
 
 
 async def test_copies_carry_no_client_or_foreign_credential(
@@ -127,7 +147,7 @@ async def test_copies_carry_no_client_or_foreign_credential(
 
 def test_a_refused_credential_is_logged_once_and_counted(caplog: pytest.LogCaptureFixture) -> None:
     """Every refused look-up is counted; the first for an (endpoint, name) is logged, once."""
-    config = GatewayConfig()
+    config = CredentialsConfig()
     before = REFUSALS.count
     with caplog.at_level(logging.WARNING, logger="canary.credentials"):
         for _ in range(3):
@@ -158,7 +178,7 @@ async def test_urls_with_query_or_fragment_are_refused(tmp_path: Path, url: str)
             http, "POST", srv.admin + "/candidates", json={**BODY, "url": url}
         )
         assert status == 422 and body["error"]["field"] == "url"
-    with pytest.raises(ConfigError, match=r"live_url.*query"):
+    with pytest.raises(ConfigError, match=r"live\.url.*query"):
         load_config(overrides={"live_url": url}, environ={})
     path = tmp_path / "gw.toml"
     path.write_text(f'[[candidates]]\nname = "c"\nurl = "{url}"\n')

@@ -18,7 +18,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from domain.endpoint import Endpoint
-from gateway.config import GatewayConfig
+from gateway.config import config_from
 from gateway.mirror.counters import identity_holds
 from gateway.mirror.replay.sinks import InMemorySink
 from gateway.mirror.tee import Mirror
@@ -68,15 +68,15 @@ def make_mirror(
     # A lenient loop-lag threshold and no CPU signal unless a test sets them: on a busy host a
     # scheduling pause or a tight test loop must not shed the copies a test is about (the guard
     # has its own tests).
-    cfg = GatewayConfig(
-        **{
-            "drain_timeout_s": 2.0,
-            "mirror_shed_loop_lag_ms": 2000.0,
-            "mirror_shed_cpu_busy": cpu_busy,
+    cfg = config_from(
+        {
+            "server.drain_timeout_s": 2.0,
+            "mirror.shed_loop_lag_ms": 2000.0,
+            "mirror.shed_cpu_busy": cpu_busy,
             **settings,
         }
     )
-    live = LiveTarget(cfg.live_endpoint("http://127.0.0.1:9"))
+    live = LiveTarget(cfg.live.endpoint("http://127.0.0.1:9"))
     mirror = Mirror(cfg, live, sink, "test")
     mirror.apply(candidates)
     return mirror

@@ -25,15 +25,15 @@ CHAT = "/v1/chat/completions"
 
 def _config(tmp: Path, **overrides: object) -> GatewayConfig:
     base: dict[str, object] = {
-        "listen": "127.0.0.1:0",
-        "db_url": f"sqlite+aiosqlite:///{tmp / 'canary.db'}",
-        "insecure_admin": True,
-        "drain_timeout_s": 2.0,
-        "counters_flush_interval_s": 0.2,
-        "registry_poll_interval_s": 0.2,
+        "server.listen": "127.0.0.1:0",
+        "storage.db_url": f"sqlite+aiosqlite:///{tmp / 'canary.db'}",
+        "admin.insecure": True,
+        "server.drain_timeout_s": 2.0,
+        "storage.counters_flush_interval_s": 0.2,
+        "storage.registry_poll_interval_s": 0.2,
         # The shared test machine runs near saturation: at idle priority the mirror process
         # would get almost no CPU and these tests (about accounting, not priority) would crawl.
-        "mirror_priority": "normal",
+        "mirror.priority": "normal",
     }
     return load_config(None, environ={}, overrides={**base, **overrides})
 
@@ -80,7 +80,7 @@ async def test_stalled_mirror_process_costs_production_nothing_and_is_counted(
             )
             await parts.mirror.wait_idle()
         # Both processes have saved their final rows on the way out.
-        engine = make_engine(config.db_url)
+        engine = make_engine(config.storage.db_url)
         try:
             totals = await queries.sum_counters(engine)
         finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import re
 from pathlib import Path
 
@@ -10,14 +12,20 @@ import pytest
 
 from domain.errors import ConfigError
 from gateway.config import (
+    FLAT_KEYS,
+    SECTIONS,
+    AdminConfig,
     CandidateConfig,
     GatewayConfig,
     load_config,
     parse_admin_tokens,
+    reference,
+    settings_variables,
     split_host_port,
 )
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "gateway.example.toml"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "configs" / "gateway.example.toml"
 
 
 def _write(tmp_path: Path, text: str) -> str:
@@ -27,40 +35,135 @@ def _write(tmp_path: Path, text: str) -> str:
 
 
 def test_example_config_documents_every_key() -> None:
-    """Every top-level and candidate setting appears (set or commented) in the example file."""
+    """Every setting appears (set or commented) in its own table of the example file, and every
+    candidate setting under the commented `[[candidates]]` table."""
     text = EXAMPLE.read_text()
-    keys = [f.name for f in msgspec.structs.fields(GatewayConfig)]
-    keys += [f.name for f in msgspec.structs.fields(CandidateConfig)]
-    documented = re.compile(r"^#? ?(\w+) =|^#? ?\[+(?:candidates\.)?(\w+)\]+", re.M)
-    present = {a or b for a, b in documented.findall(text)}
-    missing = [k for k in keys if k not in present]
+    tables = re.split(r"^(#? ?\[+[\w.]+\]+)", text, flags=re.M)
+    keys_in: dict[str, set[str]] = {}
+    for header, block in zip(tables[1::2], tables[2::2], strict=True):
+        name = header.strip("# []")
+        keys_in.setdefault(name, set()).update(re.findall(r"^#? ?(\w+) =", block, re.M))
+    missing = [
+        f"{section}.{f.name}"
+        for section, cls in SECTIONS.items()
+        for f in msgspec.structs.fields(cls)
+        if f.name not in keys_in.get(section, set())
+    ]
+    missing += [
+        f"candidates.{f.name}"
+        for f in msgspec.structs.fields(CandidateConfig)
+        if f.name not in keys_in.get("candidates", set()) | {"verdict"}
+    ]
     assert missing == []
+    assert {"verdict", "candidates", "candidates.verdict"} <= set(keys_in)
 
 
 def test_example_config_loads_with_defaults() -> None:
-    """The example file, as shipped, yields the built-in defaults except `admin_listen`: new
+    """The example file, as shipped, yields the built-in defaults except `admin.listen`: new
     configurations get the admin API on its own listener, existing ones keep the same port."""
-    assert load_config(str(EXAMPLE), environ={}) == GatewayConfig(admin_listen="127.0.0.1:8081")
+    expected = GatewayConfig(admin=AdminConfig(listen="127.0.0.1:8081"))
+    assert load_config(str(EXAMPLE), environ={}) == expected
+
+
+def test_sectioned_file_env_and_flags(tmp_path: Path) -> None:
+    """Section tables set their keys; CANARY_<SECTION>_<KEY> overrides the file and a dotted
+    flag override beats both."""
+    path = _write(
+        tmp_path,
+        "[server]\nworkers = 2\n[reports]\nmax_pairs = 7\nenabled = false\n"
+        "[limits]\nmax_body_bytes = 10\n",
+    )
+    env = {"CANARY_REPORTS_MAX_PAIRS": "8", "CANARY_SERVER_WORKERS": "3"}
+    cfg = load_config(path, overrides={"server.workers": 5}, environ=env)
+    assert (cfg.server.workers, cfg.reports.max_pairs, cfg.reports.enabled) == (5, 8, False)
+    assert cfg.limits.max_body_bytes == 10
+
+
+def test_flat_key_of_before_the_sections_is_mapped_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A flat key at the top of a file still sets its sectioned place, with a deprecation line
+    naming the new place; the same key given both ways is refused naming both."""
+    path = _write(tmp_path, "report_max_pairs = 123\ncapture = false\nadmin_listen = '[::1]:9'\n")
+    with caplog.at_level(logging.WARNING, logger="gateway.config"):
+        cfg = load_config(path, environ={})
+    assert cfg.reports.max_pairs == 123 and cfg.admin.listen == "[::1]:9"
+    assert "'report_max_pairs' -> [reports] max_pairs" in caplog.text
+    both = _write(tmp_path, "report_max_pairs = 1\n[reports]\nmax_pairs = 2\n")
+    with pytest.raises(ConfigError, match=r"'reports.max_pairs' set twice .*'report_max_pairs'"):
+        load_config(both, environ={})
+
+
+def test_every_flat_name_maps_onto_one_declared_field() -> None:
+    """The table of flat names covers every sectioned field once, and each target exists."""
+    declared = {f"{s}.{f.name}" for s, c in SECTIONS.items() for f in msgspec.structs.fields(c)}
+    assert sorted(FLAT_KEYS.values()) == sorted(declared)
+
+
+def test_environment_old_and_new_names() -> None:
+    """CANARY_<OLD_KEY> and CANARY_<SECTION>_<KEY> both set the key, and both are settings
+    variables (never a candidate's credential)."""
+    old = load_config(
+        None, environ={"CANARY_REPORT_MAX_PAIRS": "9", "CANARY_DB_URL": "sqlite+aiosqlite:///x.db"}
+    )
+    new = load_config(
+        None,
+        environ={
+            "CANARY_REPORTS_MAX_PAIRS": "9",
+            "CANARY_STORAGE_DB_URL": "sqlite+aiosqlite:///x.db",
+        },
+    )
+    assert old == new
+    assert old.reports.max_pairs == 9 and old.storage.db_url == "sqlite+aiosqlite:///x.db"
+    names = settings_variables()
+    assert {"CANARY_REPORT_MAX_PAIRS", "CANARY_REPORTS_MAX_PAIRS", "CANARY_CAPTURE"} <= names
+    assert {"CANARY_CAPTURE_ENABLED", "CANARY_ADMIN_TOKEN", "CANARY_ADMIN_INSECURE"} <= names
+
+
+def test_schema_shows_description_default_and_bounds() -> None:
+    """The JSON schema of the declaration carries each field's description, default and bounds,
+    so the reference is generated from it."""
+    schema = msgspec.json.schema(GatewayConfig)
+    for cls in SECTIONS.values():
+        for name, prop in schema["$defs"][cls.__name__]["properties"].items():
+            assert prop.get("description"), f"{cls.__name__}.{name}"
+    reports = schema["$defs"]["ReportsConfig"]["properties"]["max_pairs"]
+    assert (reports["default"], reports["exclusiveMinimum"]) == (10_000_000, 0)
+    assert len(reference()) == sum(len(c.__struct_fields__) for c in SECTIONS.values()) + 2
+
+
+def test_docs_configuration_is_generated_from_the_declaration() -> None:
+    """docs/configuration.md is what docs/gen_config.py renders from gateway/config.py now."""
+    spec = importlib.util.spec_from_file_location("gen_config", ROOT / "docs" / "gen_config.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    committed = (ROOT / "docs" / "configuration.md").read_text()
+    assert committed == gen.render(), "run `python docs/gen_config.py`"
 
 
 def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
-    """Flags override CANARY_* variables, which override the file."""
+    """With the flat names of before the sections, flags override CANARY_* variables, which
+    override the file."""
     path = _write(tmp_path, "workers = 2\nmax_body_bytes = 10\nlog_format = 'json'\n")
     env = {"CANARY_WORKERS": "3", "CANARY_MAX_BODY_BYTES": "20", "OTHER": "x"}
     cfg = load_config(path, overrides={"workers": 4, "listen": None}, environ=env)
-    assert (cfg.workers, cfg.max_body_bytes, cfg.log_format) == (4, 20, "json")
-    assert cfg.listen == "127.0.0.1:8080"
+    assert (cfg.server.workers, cfg.limits.max_body_bytes, cfg.server.log_format) == (4, 20, "json")
+    assert cfg.server.listen == "127.0.0.1:8080"
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
         ("wrkers = 2\n", "unknown key 'wrkers'"),
-        ("workers = 'two'\n", "key 'workers': expected `int`, got `str`"),
-        ("workers = 0\n", "key 'workers': expected `int` >= 1"),
-        ("live_url = 'ftp://x'\n", "key 'live_url': URL scheme must be http or https"),
-        ("listen = 'localhost'\n", "key 'listen': expected HOST:PORT"),
-        ("db_url = 'mysql://x'\n", "key 'db_url': must start with"),
+        ("[server]\nwrkers = 2\n", "unknown key 'server.wrkers'"),
+        ("[srever]\nworkers = 2\n", "unknown key 'srever'"),
+        ("[server]\nworkers = 'two'\n", "key 'server.workers': expected `int`, got `str`"),
+        ("workers = 0\n", "key 'server.workers': expected `int` >= 1"),
+        ("report_max_pairs = 0\n", "key 'reports.max_pairs': expected `int` >= 1"),
+        ("[live]\nurl = 'ftp://x'\n", "key 'live.url': URL scheme must be http or https"),
+        ("[server]\nlisten = 'localhost'\n", "key 'server.listen': expected HOST:PORT"),
+        ("[storage]\ndb_url = 'mysql://x'\n", "key 'storage.db_url': must start with"),
         ("[[candidates]]\nname = 'Bad Name'\nurl = 'http://x'\n", "key 'candidates[0].name'"),
         ("[[candidates]]\nname = 'a'\nurl = 'http://x'\nsample_rate = 2\n", "sample_rate"),
         (
@@ -99,8 +202,10 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_bad_environment_variable_names_the_variable() -> None:
     """A CANARY_* variable of the wrong type is reported by its variable name."""
-    with pytest.raises(ConfigError, match="CANARY_WORKERS"):
+    with pytest.raises(ConfigError, match=r"CANARY_WORKERS \(server.workers\)"):
         load_config(None, environ={"CANARY_WORKERS": "many"})
+    with pytest.raises(ConfigError, match=r"CANARY_MIRROR_NICE \(mirror.nice\)"):
+        load_config(None, environ={"CANARY_MIRROR_NICE": "40"})
 
 
 def test_admin_tokens_parse_labels() -> None:
@@ -116,7 +221,7 @@ def test_split_host_port_handles_ipv6() -> None:
     """Listener addresses parse for IPv4, names and bracketed IPv6."""
     assert split_host_port("[::1]:9000") == ("::1", 9000)
     assert split_host_port("0.0.0.0:0") == ("0.0.0.0", 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="port must be an integer"):
         split_host_port("host:http")
 
 

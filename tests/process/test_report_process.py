@@ -205,15 +205,15 @@ def _report_process(parent: int) -> int:
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 async def test_a_replica_without_a_report_process(tmp_path: Path, workers: str) -> None:
-    """`report_process = false`: no report process on this host (one worker, or a supervisor
+    """`[reports] enabled = false`: no report process on this host (one worker, or a supervisor
     of two), reports and the gate answer 503 `reports_unavailable` saying why (counted),
     production is served as ever."""
-    proc, url = await _start_with(tmp_path, "report_process = false\n", "--workers", workers)
+    proc, url = await _start_with(tmp_path, "[reports]\nenabled = false\n", "--workers", workers)
     try:
         async with aiohttp.ClientSession() as http:
             for error in await _report_errors(http, url, 503):
                 assert error["type"] == "reports_unavailable"
-                assert "report_process = false" in error["message"]
+                assert "[reports] enabled = false" in error["message"]
             metrics = await _served_then_metrics(http, url)
             if workers == "1":  # with two, the calls may have gone to either worker
                 assert 'canary_reports_total{outcome="unavailable"} 2' in metrics

@@ -13,9 +13,9 @@ from gateway.sim.server import start_sim
 
 def _config(tmp: Path, **overrides: object) -> GatewayConfig:
     base: dict[str, object] = {
-        "listen": "127.0.0.1:0",
-        "db_url": f"sqlite+aiosqlite:///{tmp / 'canary.db'}",
-        "insecure_admin": True,
+        "server.listen": "127.0.0.1:0",
+        "storage.db_url": f"sqlite+aiosqlite:///{tmp / 'canary.db'}",
+        "admin.insecure": True,
     }
     return load_config(None, environ={}, overrides={**base, **overrides})
 

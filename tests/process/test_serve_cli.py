@@ -38,17 +38,17 @@ def test_wrong_type_in_config_file_exits_2(
 ) -> None:
     """A wrongly typed value names the file, the key and the expected type."""
     cfg = tmp_path / "gw.toml"
-    cfg.write_text('idle_timeout_s = "soon"\n')
+    cfg.write_text('[upstream]\nidle_timeout_s = "soon"\n')
     code, err = run_cli(["serve", "--config", str(cfg)], capsys)
     assert code == 2
-    assert str(cfg) in err and "idle_timeout_s" in err and "float" in err
+    assert str(cfg) in err and "'upstream.idle_timeout_s'" in err and "float" in err
 
 
 def test_bad_live_url_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     """A live URL that is not http(s) is refused with the key and the reason."""
     code, err = run_cli(["serve", "--live", "ftp://example"], capsys)
     assert code == 2
-    assert "live_url" in err and "scheme" in err
+    assert "'live.url'" in err and "scheme" in err
 
 
 def test_unreadable_config_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -139,7 +139,7 @@ def _check(args: argparse.Namespace) -> tuple[str, Slo, tuple[int, ...]]:
         )
     if args.reference and (reason := check_http_url(args.reference)):
         raise UsageError(f"--reference: {reason}")
-    url: str = args.db or load_config(args.config).db_url
+    url: str = args.db or load_config(args.config).storage.db_url
     if not url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
         raise UsageError(
             f"--db: must start with sqlite+aiosqlite:// or postgresql+asyncpg://, got {url!r}"

@@ -110,7 +110,7 @@ def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings, Spill]:
     from gateway.config import load_config
 
     cfg = load_config(args.config)
-    url: str = args.db or cfg.db_url
+    url: str = args.db or cfg.storage.db_url
     if not url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
         raise UsageError(
             f"--db: must start with sqlite+aiosqlite:// or postgresql+asyncpg://, got {url!r}"
@@ -119,7 +119,7 @@ def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings, Spill]:
 
     require_existing_database(url)  # a report never creates an empty database
     # A large window's columns go to a file, as in the gateway's report process.
-    spill = Spill(cfg.report_spill_dir or default_dir(url), cfg.report_spill_over_bytes)
+    spill = Spill(cfg.reports.spill_dir or default_dir(url), cfg.reports.spill_over_bytes)
     settings = VerdictSettings().with_overrides(cfg.verdict)
     return url, settings.with_overrides(STRICT) if args.strict else settings, spill
 

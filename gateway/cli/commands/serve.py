@@ -61,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
         "insecure_admin": args.insecure_admin,
     }
     config = load_config(args.config, overrides=overrides)
-    setup_logging(config.log_format, config.log_level)
+    setup_logging(config.server.log_format, config.server.log_level)
     return serve_forever(config)

@@ -46,7 +46,7 @@ def admin_mode(tokens: Mapping[str, str], insecure: bool, listen_host: str | Non
         return "disabled"
     if not is_loopback(listen_host):
         raise ConfigError(
-            f"key 'insecure_admin': an admin API without a token is only allowed on a loopback "
+            f"key 'admin.insecure': an admin API without a token is only allowed on a loopback "
             f"listener, not on {listen_host!r}; set CANARY_ADMIN_TOKEN or listen on 127.0.0.1"
         )
     return "insecure"

@@ -26,7 +26,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain import errors as se
 from domain.endpoint import CandidatePatch, Endpoint
 from domain.records import PromotionRecord
-from gateway.config import GatewayConfig, check_http_url, credential_env_refusal
+from gateway.config import (
+    AdminConfig,
+    CredentialsConfig,
+    LimitsConfig,
+    check_http_url,
+    credential_env_refusal,
+)
 from gateway.control.admin import schema as s
 from gateway.control.admin import ui
 from gateway.control.admin.auth import INSECURE_ACTOR, TokenChecker, admin_mode, is_loopback
@@ -75,7 +81,7 @@ class RegistryLike(Protocol):
 class AdminContext:
     """Everything the admin handlers use; built by the app factory from the config.
 
-    `tokens` is `config.parse_admin_tokens(config.admin_token)` (token -> label); `listen_host`
+    `tokens` is `config.parse_admin_tokens(config.admin.token)` (token -> label); `listen_host`
     is the gateway's listener host, checked when `insecure` is set and no token is configured.
     `reports` computes reports: in a gateway, the client of the host's report process
     (`gateway.control.reports.RemoteReports`), so no report runs in a worker.
@@ -101,13 +107,13 @@ class AdminContext:
 
 
 CTX = web.AppKey("canary_admin_ctx", AdminContext)
-SETTINGS = web.AppKey("canary_admin_settings", GatewayConfig)
+CREDENTIALS = web.AppKey("canary_admin_credentials", CredentialsConfig)
 DB_FILE = web.AppKey("canary_admin_db_file", DatabaseFileGuard)
 _WRITES = frozenset(("POST", "PATCH", "PUT", "DELETE"))
 
 
 def _check_credentials_env(request: web.Request, name: str | None) -> None:
-    if name and (reason := credential_env_refusal(request.app[SETTINGS], name)):
+    if name and (reason := credential_env_refusal(request.app[CREDENTIALS], name)):
         raise ApiError(
             422, "validation_error", f"credentials_env: {reason}", field="credentials_env"
         )
@@ -335,24 +341,31 @@ def _authenticator(
     return authenticate
 
 
-def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> web.Application:
-    """The `/admin` sub-application (mount it with `gateway.server.app.mount_admin`). `config`
-    supplies the credential policy, the auth back-off and the database file to watch (default
-    settings when None). Raises ConfigError for `insecure` on a public listener."""
+def build_admin_app(
+    ctx: AdminContext,
+    admin: AdminConfig | None = None,
+    credentials: CredentialsConfig | None = None,
+    limits: LimitsConfig | None = None,
+) -> web.Application:
+    """The `/admin` sub-application (mount it with `gateway.server.app.mount_admin`). `admin`
+    supplies the auth back-off, `credentials` the credential policy, `limits` the interval of
+    malformed requests' log lines (defaults when None). Raises ConfigError for `insecure` on a
+    public listener."""
     from gateway.control.admin.openapi import openapi_document
 
     mode = admin_mode(ctx.tokens, ctx.insecure, ctx.listen_host)
     enabled = mode != "disabled"
-    settings = config if config is not None else GatewayConfig()
+    admin = admin if admin is not None else AdminConfig()
+    credentials = credentials if credentials is not None else CredentialsConfig()
     guard = AuthGuard(
-        settings.admin_auth_failures_allowed,
-        settings.admin_auth_backoff_max_s,
-        settings.bad_request_log_interval_s,
+        admin.auth_failures_allowed,
+        admin.auth_backoff_max_s,
+        (limits or LimitsConfig()).bad_request_log_interval_s,
     )
     db_file = DatabaseFileGuard(str(ctx.engine.url))
     app = web.Application(middlewares=[boundary(enabled, _authenticator(ctx, guard, db_file))])
     app[CTX] = ctx
-    app[SETTINGS] = settings
+    app[CREDENTIALS] = credentials
     app[DB_FILE] = db_file
 
     async def database_file() -> tuple[bool, str]:
@@ -372,7 +385,7 @@ def build_admin_app(ctx: AdminContext, config: GatewayConfig | None = None) -> w
     async def openapi_json(_request: web.Request) -> web.Response:
         async with building:
             if not openapi:
-                doc = await asyncio.to_thread(openapi_document, settings)
+                doc = await asyncio.to_thread(openapi_document, credentials)
                 openapi.append(msgspec.json.encode(doc))
         return web.Response(body=openapi[0], content_type="application/json")
 

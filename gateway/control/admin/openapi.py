@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from domain.endpoint import NAME_PATTERN, CandidatePatch
-from gateway.config import GatewayConfig, settings_variables
+from gateway.config import CredentialsConfig, settings_variables
 from gateway.control.admin.schema import (
     FINAL_FALSE,
     FINAL_TRUE,
@@ -46,7 +46,7 @@ _ERRORS = {
     "refused promote: `error.detail` holds the verdict and reasons)",
     413: "Body over 64 KiB",
     422: "Validation error: `error.field` names the field, `error.message` the reason; or "
-    "`report_too_large`: the report's window holds more pairs than `report_max_pairs`",
+    "`report_too_large`: the report's window holds more pairs than `[reports] max_pairs`",
     503: "Storage is unavailable, or no report can be had now (`reports_unavailable`)",
 }
 
@@ -104,13 +104,13 @@ def _final(op: dict[str, Any]) -> dict[str, Any]:
     return op
 
 
-def _narrow_credentials_env(components: dict[str, Any], settings: GatewayConfig) -> None:
+def _narrow_credentials_env(components: dict[str, Any], settings: CredentialsConfig) -> None:
     """`credentials_env` as this gateway's policy accepts it (the prefix, the allow-list, never
     a variable of the gateway's own settings), so that what the document calls valid the
     handler does not refuse (found by schemathesis: a schema-valid name answered 422)."""
-    prefix = settings.candidate_credentials_prefix
+    prefix = settings.candidate_prefix
     options = [f"{prefix}[A-Z0-9_]{{1,{128 - len(prefix)}}}"] if prefix else []
-    options += sorted(settings.candidate_credentials_allow)
+    options += sorted(settings.candidate_allow)
     # The gateway's own settings variables are refused even when they carry the prefix.
     refused = sorted(v for v in settings_variables() if prefix and v.startswith(prefix))
     for body in ("CandidateCreate", "CandidatePatch"):
@@ -124,9 +124,9 @@ def _narrow_credentials_env(components: dict[str, Any], settings: GatewayConfig)
             text["not"] = {"enum": refused}
 
 
-def openapi_document(settings: GatewayConfig | None = None) -> dict[str, Any]:
+def openapi_document(settings: CredentialsConfig | None = None) -> dict[str, Any]:
     """The OpenAPI 3.1 description of the admin API (served at `/admin/openapi.json`), with
-    `settings`' credential policy when given."""
+    the credential policy `settings` when given."""
     from evaluators.judge.settings import VerdictSettings
     from evaluators.report.model import Report
 

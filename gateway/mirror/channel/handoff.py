@@ -9,7 +9,7 @@ together at most `_COALESCE_S` after the first (one write and one wake-up of the
 per few copies).
 The write is non-blocking: the bytes go to the kernel's socket buffer, and what the kernel cannot
 take waits in the transport's buffer; queued and buffered bytes together are capped at
-`mirror_channel_max_bytes`. A copy that would pass the cap is `dropped_overflow`; one larger
+`[mirror] channel_max_bytes`. A copy that would pass the cap is `dropped_overflow`; one larger
 than the cap or the mirror memory budget is `dropped_oversize` before a byte of it is copied;
 while the mirror process is down every chosen copy is `dropped_overflow` (reason counted), and so
 is every copy whose frame was still queued when the channel dropped. Nothing here
@@ -48,7 +48,7 @@ from domain.accounting import GAUGE_FIELDS, IDENTITY_FIELDS
 from domain.endpoint import Endpoint
 from domain.exposition import Exposed, Family
 from domain.ids import uuid7
-from gateway.config import GatewayConfig
+from gateway.config import MirrorConfig
 from gateway.mirror.channel import frames
 from gateway.mirror.replay.lane import MIRROR_HEADER
 from gateway.mirror.sampling import rate as rate_mod
@@ -103,14 +103,21 @@ class _Protocol(asyncio.Protocol):
 class Handoff:
     """Samples production requests and hands the chosen copies to the mirror process."""
 
-    def __init__(self, config: GatewayConfig, live: LiveTarget, socket_path: str, worker: str):
-        self._config = config
+    def __init__(
+        self,
+        config: MirrorConfig,
+        live: LiveTarget,
+        socket_path: str,
+        worker: str,
+        *,
+        session_header: str,
+    ):
         self._live = live
         self._path = socket_path
         self.worker = worker
-        self._session_header = config.session_header
-        self._limit = config.mirror_channel_max_bytes
-        self._oversize = min(config.mirror_channel_max_bytes, config.mirror_memory_budget_bytes)
+        self._session_header = session_header
+        self._limit = config.channel_max_bytes
+        self._oversize = min(config.channel_max_bytes, config.memory_budget_bytes)
         self._offers: tuple[Offer, ...] = ()
         self._candidates: tuple[Endpoint, ...] = ()
         start = rate_mod.START_REFERENCE_RPS

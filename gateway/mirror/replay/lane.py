@@ -32,7 +32,7 @@ from domain.endpoint import Endpoint
 from domain.kinds import CONTROL, score_rate
 from domain.outcomes import ErrorKind
 from domain.records import ObservationRecord
-from gateway.config import GatewayConfig
+from gateway.config import CredentialsConfig, MirrorConfig, StorageConfig, UpstreamConfig
 from gateway.credentials import candidate_credential
 from gateway.mirror.counters import LaneCounters
 from gateway.mirror.replay.observe import classify, observation
@@ -99,9 +99,13 @@ class Lane:
     def __init__(
         self,
         endpoint: Endpoint,
-        config: GatewayConfig,
         budget: MemoryBudget,
         sink: ObservationSink,
+        *,
+        mirror: MirrorConfig,
+        upstream: UpstreamConfig,
+        storage: StorageConfig,
+        credentials: CredentialsConfig,
     ) -> None:
         self.counters = LaneCounters()
         self.ring: RingBuffer[Copy] = RingBuffer(
@@ -109,11 +113,13 @@ class Lane:
             endpoint.buffer_max_bytes,
             budget,
             self.counters,
-            config.dedup_window_s,
+            mirror.dedup_window_s,
         )
-        self._config = config
+        self._upstream = upstream
+        self._storage = storage
+        self._credentials = credentials
         self._sink = sink
-        self._text_max = config.store_text_max_chars if config.store_text else 0
+        self._text_max = storage.store_text_max_chars if storage.store_text else 0
         self._sweeper: DeadlineSweeper | None = None
         self._session: aiohttp.ClientSession | None = None
         self._workers: dict[int, asyncio.Task[None]] = {}
@@ -133,15 +139,15 @@ class Lane:
         self.name = endpoint.name
         self.session_mode = endpoint.sampling == "session"
         self._base = endpoint.url.rstrip("/")
-        self._drop = _DROP | copy_skip(self._config.credential_headers, endpoint.forward_auth)
-        token = candidate_credential(self._config, endpoint.name, endpoint.credentials_env)
+        self._drop = _DROP | copy_skip(self._credentials.headers, endpoint.forward_auth)
+        token = candidate_credential(self._credentials, endpoint.name, endpoint.credentials_env)
         self._auth = f"Bearer {token}" if token else None
         self._timeout_s = endpoint.timeout_s
         if self._sweeper is None or self._sweeper.timeouts.total_s != endpoint.timeout_s:
             # Copies in flight keep the sweeper they were started under until they end.
             self._sweeper = DeadlineSweeper(
                 UpstreamTimeouts(
-                    connect_s=self._config.connect_timeout_s,
+                    connect_s=self._upstream.connect_timeout_s,
                     ttfb_s=0,
                     idle_s=0,
                     total_s=endpoint.timeout_s,
@@ -187,13 +193,13 @@ class Lane:
         """Open the lane's own HTTP session and start its workers (needs a running loop)."""
         if self._session is not None:
             return
-        cfg = self._config
+        up = self._upstream
         # The same client as production's (gateway.server.upstream): no connection cap of its
         # own (the workers are the concurrency bound, and it follows `concurrency`), the
         # configured connect timeout and keep-alive, no cookie jar (candidates' cookies must
         # not leak between copies), bytes untouched.
         self._session = make_client_session(
-            limit=0, keepalive_s=cfg.upstream_keepalive_s, connect_timeout_s=cfg.connect_timeout_s
+            limit=0, keepalive_s=up.keepalive_s, connect_timeout_s=up.connect_timeout_s
         )
         self._scale()
 
@@ -401,8 +407,8 @@ class Lane:
             started_at,
             result,
             error_kind,
-            store_text=self._config.store_text,
-            max_chars=self._config.store_text_max_chars,
+            store_text=self._storage.store_text,
+            max_chars=self._storage.store_text_max_chars,
             queue_wait_s=queue_wait,
         )
         if not self.hold(record):

@@ -29,7 +29,7 @@ import msgspec
 import xxhash
 
 from domain.records import ObservationRecord
-from gateway.config import GatewayConfig
+from gateway.config import MirrorConfig
 from gateway.mirror.replay.lane import Lane
 from gateway.mirror.scoring import forced as scoring
 from gateway.server.hooks import ObservationSink
@@ -79,7 +79,7 @@ class _Job:
 class Scorer:
     """Scoring jobs of one mirror process."""
 
-    def __init__(self, config: GatewayConfig, sink: ObservationSink) -> None:
+    def __init__(self, config: MirrorConfig, sink: ObservationSink) -> None:
         self._k = config.score_logprobs
         self._concurrency = config.score_concurrency
         self._max = config.score_max_pending
