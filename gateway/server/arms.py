@@ -307,15 +307,23 @@ class ArmRouter:
         return self._rollout
 
     def swap(self, rollout: Rollout) -> None:
-        """Install the control plane's new snapshot. Within a generation the weight only rises;
-        a generation never goes back."""
+        """Install the control plane's new snapshot. Within a generation the weight only rises
+        and the salt and candidate stay (a forgotten session is decided again by the same hash,
+        and the table's arm means the same target); a generation never goes back."""
         current = self._rollout
+        same = rollout.generation == current.generation
         if rollout.generation < current.generation or (
-            rollout.generation == current.generation and rollout.weight < current.weight
+            same
+            and (
+                rollout.weight < current.weight
+                or rollout.salt != current.salt
+                or rollout.candidate != current.candidate
+            )
         ):
             raise UsageError(
                 f"rollout {rollout.generation} at {rollout.weight} cannot follow "
-                f"{current.generation} at {current.weight}"
+                f"{current.generation} at {current.weight} (same generation: the weight only "
+                "rises, salt and candidate stay)"
             )
         self._rollout = rollout
 

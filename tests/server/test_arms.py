@@ -7,6 +7,7 @@ import multiprocessing
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xxhash
@@ -34,7 +35,7 @@ def _ramp(weight: float, generation: int = 1, salt: int = SALT) -> Rollout:
 
 
 def _within_binomial(hits: int, n: int, p: float) -> bool:
-    """Within 5 standard deviations of n * p (a false alarm about once in 3.5 million runs)."""
+    """Within 5 standard deviations of n * p (keys are fixed: fails for ~1 salt in 3.5 M)."""
     return abs(hits - n * p) <= 5 * math.sqrt(n * p * (1 - p))
 
 
@@ -43,18 +44,31 @@ def _fresh_arm(key: str, weight: float, salt: int = SALT) -> int:
     return int(xxhash.xxh3_64_intdigest(key.encode(), salt) < round(weight * 2**64))
 
 
-def _route_in_child(path: str, rollout: Rollout, keys: list[str]) -> list[int]:
-    """Runs in a spawned process: open the host's table by path and route `keys`."""
+def _route_and_send(path: str, rollout: Rollout, keys: list[str], start: Any, out: Any) -> None:
+    """Runs in a spawned process: open the table by path, wait for the others, route `keys`."""
     with SessionArms.open(path) as table:
         router = ArmRouter(table, rollout)
-        return [router.arm_for(k) for k in keys]
+        start.wait(timeout=60)
+        arms = [router.arm_for(k) for k in keys]
+    out.put((os.getpid(), arms))
 
 
-def _route_in_own_table(path: str, rollout: Rollout, keys: list[str]) -> list[int]:
-    """Runs in a spawned process: a table of its own, so only the hash decides."""
-    with SessionArms.create(path, slots=1 << 16) as table:
-        router = ArmRouter(table, rollout)
-        return [router.arm_for(k) for k in keys]
+def _in_processes(*jobs: tuple[str, Rollout, list[str]]) -> list[tuple[int, list[int]]]:
+    """Route each job in its own spawned process, all starting together; (pid, arms) each."""
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(len(jobs))
+    outs = [ctx.SimpleQueue() for _ in jobs]
+    procs = [
+        ctx.Process(target=_route_and_send, args=(*job, start, out))
+        for job, out in zip(jobs, outs, strict=True)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get() for out in outs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
 
 
 @pytest.fixture
@@ -116,20 +130,19 @@ def test_two_spawned_processes_sharing_one_table_agree(table: SessionArms) -> No
     """Two worker processes opening the same table by path agree on every session: the second
     one, at a higher weight, answers what the first one recorded; run at the same time on the
     same sessions in opposite orders, they answer alike."""
-    ctx = multiprocessing.get_context("spawn")
     early = _keys("early", 10_000)
     both = _keys("both", 10_000)
-    with ctx.Pool(2) as pool:
-        first = pool.apply(_route_in_child, (table.path, _ramp(0.05), early))
-        second = pool.apply(_route_in_child, (table.path, _ramp(0.25), early))
-        together = pool.starmap(
-            _route_in_child,
-            [(table.path, _ramp(0.5), both), (table.path, _ramp(0.5), both[::-1])],
-        )
+    [(_, first)] = _in_processes((table.path, _ramp(0.05), early))
+    [(_, second)] = _in_processes((table.path, _ramp(0.25), early))
     assert second == first
     assert any(a != _fresh_arm(k, 0.25) for k, a in zip(early, first, strict=True))
-    assert together[0] == together[1][::-1]
-    assert _within_binomial(sum(together[0]), 10_000, 0.5)
+
+    (pid_a, arms_a), (pid_b, arms_b) = _in_processes(
+        (table.path, _ramp(0.5), both), (table.path, _ramp(0.5), both[::-1])
+    )
+    assert pid_a != pid_b
+    assert arms_a == arms_b[::-1]
+    assert _within_binomial(sum(arms_a), 10_000, 0.5)
     # The parent sees the same memory.
     router = ArmRouter(table, _ramp(0.9))
     assert [router.arm_for(k) for k in early] == first
@@ -139,14 +152,18 @@ def test_two_spawned_processes_sharing_one_table_agree(table: SessionArms) -> No
 def test_the_arm_is_deterministic_across_processes_for_the_same_salt(tmp_path: Path) -> None:
     """Two processes with tables of their own route new sessions identically for one salt, and
     differently for another."""
-    ctx = multiprocessing.get_context("spawn")
     keys = _keys("k", 10_000)
-    with ctx.Pool(2) as pool:
-        a, b = pool.starmap(
-            _route_in_own_table,
-            [(str(tmp_path / "a"), _ramp(0.3), keys), (str(tmp_path / "b"), _ramp(0.3), keys)],
+    tables = [SessionArms.create(str(tmp_path / name), slots=1 << 16) for name in "abc"]
+    try:
+        (pid_a, a), (pid_b, b), (_, other) = _in_processes(
+            (tables[0].path, _ramp(0.3), keys),
+            (tables[1].path, _ramp(0.3), keys),
+            (tables[2].path, _ramp(0.3, salt=7), keys),
         )
-        other = pool.apply(_route_in_own_table, (str(tmp_path / "c"), _ramp(0.3, salt=7), keys))
+    finally:
+        for t in tables:
+            t.close()
+    assert pid_a != pid_b
     assert a == b == [_fresh_arm(k, 0.3) for k in keys]
     assert other != a
     assert not list(tmp_path.iterdir())
@@ -218,7 +235,8 @@ def test_the_table_file_is_removed_at_close_by_its_creator_only(tmp_path: Path) 
 
 
 def test_the_weight_only_rises_within_a_rollout(table: SessionArms) -> None:
-    """A lower weight in the same generation, or an older generation, is refused."""
+    """A lower weight or another salt in the same generation, or an older generation, is
+    refused."""
     router = ArmRouter(table, _ramp(0.25, generation=3))
     with pytest.raises(UsageError):
         router.rollout.step(0.05)
@@ -226,6 +244,8 @@ def test_the_weight_only_rises_within_a_rollout(table: SessionArms) -> None:
         router.swap(_ramp(0.05, generation=3))
     with pytest.raises(UsageError):
         router.swap(_ramp(0.5, generation=2))
+    with pytest.raises(UsageError):
+        router.swap(_ramp(0.5, generation=3, salt=SALT + 1))
     with pytest.raises(UsageError):
         Rollout(4, weight=0.1)
     router.swap(router.rollout.step(0.5))
