@@ -1,0 +1,76 @@
+"""Per-request cost of the ramp's routing decision (gateway/server/arms.py).
+
+    .venv/bin/python bench/arms.py [--sessions 20000] [--slots 1048576]
+
+Times `ArmRouter.arm_for` with timeit on a real table in /dev/shm: with no rollout (the session
+still recorded, so that a later ramp leaves it on production), during a ramp for sessions already
+known, for sessions from before the ramp and for new ones, and after a rollback; beside them the
+floor of encoding and hashing the key once. "New" runs use fresh keys in every repeat. Prints a
+markdown table of microseconds per call (best of 5 repeats). A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import tempfile
+import timeit
+from collections.abc import Callable
+
+import xxhash
+
+from gateway.server.arms import ArmRouter, Rollout, SessionArms
+
+REPEAT = 5
+_fresh = itertools.count()
+
+
+def _known(fn: Callable[[str], object], keys: list[str]) -> float:
+    """µs per call, best of REPEAT passes over the same keys."""
+    timer = timeit.Timer("for k in keys: fn(k)", globals={"fn": fn, "keys": keys})
+    return min(timer.repeat(repeat=REPEAT, number=1)) / len(keys) * 1e6
+
+
+def _new(fn: Callable[[str], object], n: int, prefix: str) -> tuple[float, list[str]]:
+    """µs per call, best of REPEAT passes each over n keys never seen; and the first pass's keys."""
+    batches = [[f"{prefix}-{next(_fresh)}" for _ in range(n)] for _ in range(REPEAT)]
+    it = iter(batches)
+    timer = timeit.Timer("for k in next(it): fn(k)", globals={"fn": fn, "it": it})
+    return min(timer.repeat(repeat=REPEAT, number=1)) / n * 1e6, batches[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=20_000)
+    parser.add_argument("--slots", type=int, default=1 << 20)
+    args = parser.parse_args()
+    n = args.sessions
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    path = os.path.join(shm, f"canary-arms-bench-{os.getpid()}")
+    rows: list[tuple[str, float]] = []
+    with SessionArms.create(path, slots=args.slots) as table:
+        router = ArmRouter(table)
+        floor = _known(lambda k: xxhash.xxh3_64_intdigest(k.encode()), [f"f-{i}" for i in range(n)])
+        rows.append(("floor: encode + xxh3_64 of the key", floor))
+        us, before = _new(router.arm_for, n, "idle")
+        rows.append(("no rollout, new session (recorded)", us))
+        rows.append(("no rollout, known session", _known(router.arm_for, before)))
+        ramp = Rollout(1, salt=0x5EED, weight=0.25, candidate="cand", state="ramping")
+        router.swap(ramp)
+        us, during = _new(router.arm_for, n, "ramp")
+        rows.append(("ramp at 25 %, new session", us))
+        rows.append(("ramp at 25 %, known session", _known(router.arm_for, during)))
+        rows.append(("ramp at 25 %, session from before the ramp", _known(router.arm_for, before)))
+        router.swap(ramp.rolled_back())
+        rows.append(("rolled back, known session", _known(router.arm_for, during)))
+        counters = router.counters()
+    print(f"{n} sessions per pass, {args.slots} slots ({args.slots * 8 >> 20} MiB)\n")
+    print("| case | µs per call |\n|---|---:|")
+    for name, us in rows:
+        print(f"| {name} | {us:.2f} |")
+    print(f"\ncounters: {counters}")
+
+
+if __name__ == "__main__":
+    main()
