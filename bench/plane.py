@@ -4,7 +4,7 @@ The table of the mirror-plane issue, in one run, every part in its own process o
 
 1. Tiny requests, open loop at each `--rates` (req/s): unique non-streamed chat requests to an
    nginx `return 200` live engine through `canary serve` (a worker + the host's mirror process,
-   real SQLite, `mirror_priority = idle`). Each row starts a fresh gateway with no candidate,
+   real SQLite, `[mirror] priority = "idle"`). Each row starts a fresh gateway with no candidate,
    starts the load, and registers the row's candidate at 100 % through the admin API one second
    in; latency is from each request's *scheduled* send time to its last byte, over the whole
    row, registration included. Candidates: hung (accepts, never answers), slow (1 s TTFT),
@@ -208,15 +208,13 @@ class Gateway:
         self.log = Path(tmp, f"gw-{self.port}.log")
         cfg = Path(tmp, f"gw-{self.port}.toml")
         cfg.write_text(
-            f'listen = "127.0.0.1:{self.port}"\n'
-            f'live_url = "{live}"\n'
-            f'db_url = "sqlite+aiosqlite:///{tmp}/gw-{self.port}.db"\n'
-            f"workers = {workers}\n"
-            "insecure_admin = true\n"
-            f"mirror_memory_budget_bytes = {budget}\n"
-            "registry_poll_interval_s = 1.0\n"
-            "counters_flush_interval_s = 1.0\n"
+            f'[server]\nlisten = "127.0.0.1:{self.port}"\nworkers = {workers}\n'
             "drain_timeout_s = 0.5\n"
+            f'[live]\nurl = "{live}"\n'
+            f'[storage]\ndb_url = "sqlite+aiosqlite:///{tmp}/gw-{self.port}.db"\n'
+            "registry_poll_interval_s = 1.0\ncounters_flush_interval_s = 1.0\n"
+            "[admin]\ninsecure = true\n"
+            f"[mirror]\nmemory_budget_bytes = {budget}\n"
         )
         exe = str(Path(sys.executable).with_name("canary"))
         self._out = self.log.open("w")

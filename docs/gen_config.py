@@ -33,7 +33,7 @@ is mapped onto its place (column *formerly*) and logged once as deprecated.
 
 Environment variables: `CANARY_<SECTION>_<KEY>` (column *env*), e.g.
 `CANARY_REPORTS_MAX_PAIRS=1000000`; the flat names of before the sections (`CANARY_<FORMERLY>`,
-e.g. `CANARY_REPORT_MAX_PAIRS`, `CANARY_DB_URL`, `CANARY_ADMIN_TOKEN`) still work. No
+e.g. `CANARY_REPORT_MAX_PAIRS`, `CANARY_STORAGE_DB_URL`, `CANARY_ADMIN_TOKEN`) still work. No
 `CANARY_` setting variable may be named as a candidate's `credentials_env`.
 """
 

@@ -40,9 +40,9 @@ equal (exit code, admin status and `code`, then what it means):
     │                                    an admin answer, its own status and type per instance
     ├── ReportsUnavailable       exit 1  admin 503 reports_unavailable (gateway.control.reports):
     │                                    the report process is down, its queue full, too slow
-    │                                    (or this replica has none: report_process = false)
+    │                                    (or this replica has none: [reports] enabled = false)
     ├── ReportTooLarge           exit 1  admin 422 report_too_large: more pairs than
-    │                                    report_max_pairs (checked on counts, before columns)
+    │                                    reports.max_pairs (checked on counts, before columns)
     ├── AdminAPIError            exit 1  admin 502 admin_api_error (gateway.cli.client): the
     │                                    admin API refused; per instance exit 2 on a 4xx
     ├── AdminUnreachable         exit 1  admin 502 admin_unreachable (gateway.cli.client)
@@ -177,7 +177,7 @@ class PromotionConflict(StorageError):
 
 class ReportTooLarge(CanaryError):
     """A report's window holds more pairs than the process computing it may hold in memory
-    (`report_max_pairs`); the message says how many, the limit, and what to do."""
+    (`[reports] max_pairs`); the message says how many, the limit, and what to do."""
 
     http_status = 422
     code = "report_too_large"
@@ -185,9 +185,9 @@ class ReportTooLarge(CanaryError):
     @classmethod
     def of(cls, pairs: int, limit: int) -> ReportTooLarge:
         return cls(
-            f"the report's window holds {pairs:,} pairs, more than report_max_pairs "
+            f"the report's window holds {pairs:,} pairs, more than [reports] max_pairs "
             f"({limit:,}; a report holds about 330 bytes a pair while it is computed): raise "
-            "report_max_pairs where the report process has the memory, or run `canary report` "
+            "max_pairs where the report process has the memory, or run `canary report` "
             "(with --since / --until for a shorter window) on a machine that has it"
         )
 

@@ -240,7 +240,7 @@ def require_existing_database(db_url: str) -> None:
     path = sqlite_path(db_url)
     if path is not None and not os.path.exists(path):
         raise UsageError(
-            f"no database at {path} (from {masked(db_url)}): check --db or CANARY_DB_URL; "
+            f"no database at {path} (from {masked(db_url)}): check --db or CANARY_STORAGE_DB_URL; "
             "a read-only command never creates one"
         )
 

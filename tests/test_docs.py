@@ -335,7 +335,7 @@ async def test_cli_admin_examples_run(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CANARY_ADMIN_TOKEN", TOKEN)
     async with stage(tmp_path) as st:
-        monkeypatch.setenv("CANARY_DB_URL", st.db_url)
+        monkeypatch.setenv("CANARY_STORAGE_DB_URL", st.db_url)
         for line in runnable:
             argv = shlex.split(st.substitute(line))[1:]
             if argv[0] != "report" and "--admin-url" not in argv:

@@ -300,7 +300,18 @@ async def serve_plane(
         else None
     )
     # The workers count the eligible requests (this process sees only the sampled ones).
-    mirror = Mirror(config, live, writer, replica, capture=capture)
+    mirror = Mirror(
+        live,
+        writer,
+        replica,
+        mirror=config.mirror,
+        upstream=config.upstream,
+        storage=config.storage,
+        credentials=config.credentials,
+        session_header=config.server.session_header,
+        drain_timeout_s=config.server.drain_timeout_s,
+        capture=capture,
+    )
     plane = _Plane(config.mirror.results_max, mirror, writer, priority, capture=capture)
     plane.splits = SplitWatch(engine, replica, config.storage.counters_flush_interval_s)
 

@@ -36,7 +36,7 @@ from domain.endpoint import Endpoint
 from domain.exposition import Exposed
 from domain.ids import uuid7
 from domain.records import ExchangeRecord
-from gateway.config import GatewayConfig
+from gateway.config import CredentialsConfig, MirrorConfig, StorageConfig, UpstreamConfig
 from gateway.mirror import counters as counters_mod
 from gateway.mirror.capture import CaptureSink
 from gateway.mirror.counters import MirrorCounters
@@ -88,32 +88,41 @@ class Mirror:
 
     def __init__(
         self,
-        config: GatewayConfig,
         live: LiveTarget,
         sink: ObservationSink,
         replica: str,
         *,
+        mirror: MirrorConfig,
+        upstream: UpstreamConfig,
+        storage: StorageConfig,
+        credentials: CredentialsConfig,
+        session_header: str,
+        drain_timeout_s: float,
         lag_interval_s: float = 0.01,
         capture: CaptureSink | None = None,
     ) -> None:
-        self._config = config
+        self._mirror_cfg = mirror
+        self._upstream_cfg = upstream
+        self._storage_cfg = storage
+        self._credentials_cfg = credentials
+        self._drain_timeout_s = drain_timeout_s
         self._capture = capture
         self._live = live
         self._sink = sink
         self._replica = replica
-        self._session_header = config.server.session_header
-        self.budget = MemoryBudget(config.mirror.memory_budget_bytes)
+        self._session_header = session_header
+        self.budget = MemoryBudget(mirror.memory_budget_bytes)
         # Sheds only on the mirror process's own sustained overload (see loopguard.py).
         self.guard = LoopLagGuard(
-            config.mirror.shed_loop_lag_ms,
+            mirror.shed_loop_lag_ms,
             lag_interval_s,
-            cpu_busy=config.mirror.shed_cpu_busy or None,
-            window_s=config.mirror.shed_window_s,
+            cpu_busy=mirror.shed_cpu_busy or None,
+            window_s=mirror.shed_window_s,
         )
         self.process = MirrorCounters()
         self.order = TurnOrder()
         # Scoring copies (scorer.py): production's answer scored by the candidate and control.
-        self.scorer = Scorer(config.mirror, sink)
+        self.scorer = Scorer(mirror, sink)
         self._lanes: dict[str, Lane] = {}
         self._offers: tuple[Offer, ...] = ()
         self._any_session = False  # some offer samples by session (its key may need the body)
@@ -144,10 +153,10 @@ class Mirror:
                     endpoint,
                     self.budget,
                     self._sink,
-                    mirror=self._config.mirror,
-                    upstream=self._config.upstream,
-                    storage=self._config.storage,
-                    credentials=self._config.credentials,
+                    mirror=self._mirror_cfg,
+                    upstream=self._upstream_cfg,
+                    storage=self._storage_cfg,
+                    credentials=self._credentials_cfg,
                 )
                 lane.hold = self.scorer.hold
                 self._lanes[name] = lane
@@ -201,11 +210,11 @@ class Mirror:
         for lane in lanes:
             lane.begin_drain()
         pending = [t for lane in lanes for t in lane.workers]
-        if pending and self._config.server.drain_timeout_s > 0:
-            await asyncio.wait(pending, timeout=self._config.server.drain_timeout_s)
+        if pending and self._drain_timeout_s > 0:
+            await asyncio.wait(pending, timeout=self._drain_timeout_s)
         for lane in lanes:
             await lane.close()
-        await self.scorer.close(self._config.server.drain_timeout_s)
+        await self.scorer.close(self._drain_timeout_s)
         retiring = list(self._retiring)
         for task in retiring:
             task.cancel()
@@ -379,8 +388,8 @@ class Mirror:
             record.received_at,
             result,
             error_kind,
-            store_text=self._config.storage.store_text,
-            max_chars=self._config.storage.store_text_max_chars,
+            store_text=self._storage_cfg.store_text,
+            max_chars=self._storage_cfg.store_text_max_chars,
         )
         self._sink.put_observation(production)
         if self.scorer.pending:

@@ -145,7 +145,7 @@ def test_admin_port_is_internal_and_probes_are_the_gateways() -> None:
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "proxy"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "proxy"}
     env = {e["name"] for e in container["env"]}
-    assert env == {"CANARY_DB_URL", "CANARY_ADMIN_TOKEN", "CANARY_REPLICA_NAME"}
+    assert env == {"CANARY_STORAGE_DB_URL", "CANARY_ADMIN_TOKEN", "CANARY_SERVER_REPLICA_NAME"}
     assert env <= settings_variables()
     pdb = _load("pdb.yaml")
     selector = deployment["spec"]["selector"]["matchLabels"]
@@ -165,7 +165,7 @@ async def _run(*args: str, env: dict[str, str]) -> tuple[int, str]:
 
 
 async def test_the_pod_runs_as_described(serve: Any, tmp_path: Path) -> None:
-    """The Job's command migrates the database named by CANARY_DB_URL; then the Deployment's
+    """The Job's command migrates the database named by CANARY_STORAGE_DB_URL; then the Deployment's
     command with the ConfigMap's file and the Deployment's variables serves: the probes answer
     200 on the proxy port, the admin API answers on the admin port with the token, and the
     workers log the pod's name as their replica."""
@@ -176,9 +176,9 @@ async def test_the_pod_runs_as_described(serve: Any, tmp_path: Path) -> None:
     token = "ops:" + "k" * 32
     env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
     env |= {
-        "CANARY_DB_URL": f"sqlite+aiosqlite:///{tmp_path / 'canary.db'}",
+        "CANARY_STORAGE_DB_URL": f"sqlite+aiosqlite:///{tmp_path / 'canary.db'}",
         "CANARY_ADMIN_TOKEN": token,
-        "CANARY_REPLICA_NAME": "canary-gateway-7d9f-abcde",
+        "CANARY_SERVER_REPLICA_NAME": "canary-gateway-7d9f-abcde",
         # Where the pod has its own network namespace, the test shares 127.0.0.1.
         "CANARY_LISTEN": f"127.0.0.1:{proxy_port}",
         "CANARY_ADMIN_LISTEN": f"127.0.0.1:{admin_port}",

@@ -33,7 +33,7 @@ CHAT = {
 }
 
 
-@pytest.mark.parametrize("name", ["CANARY_ADMIN_TOKEN", "AWS_SECRET_ACCESS_KEY", "CANARY_DB_URL"])
+@pytest.mark.parametrize("name", ["CANARY_ADMIN_TOKEN", "AWS_SECRET_ACCESS_KEY", "CANARY_STORAGE_DB_URL"])
 async def test_registration_refuses_other_variables(tmp_path: Path, name: str) -> None:
     """POST and PATCH naming a variable not meant for candidates are a 422 naming
     `credentials_env`; a `CANARY_CANDIDATE_` name is accepted."""
@@ -74,7 +74,7 @@ def test_every_settings_variable_is_refused_as_a_credential() -> None:
     that would admit it."""
     policy = CredentialsConfig(candidate_prefix="CANARY_ADMIN_")
     names = settings_variables()
-    assert {"CANARY_ADMIN_TOKEN", "CANARY_ADMIN_TOKEN_MIN_LENGTH", "CANARY_DB_URL"} <= names
+    assert {"CANARY_ADMIN_TOKEN", "CANARY_ADMIN_TOKEN_MIN_LENGTH", "CANARY_STORAGE_DB_URL"} <= names
     assert {"CANARY_STORAGE_DB_URL", "CANARY_CAPTURE", "CANARY_CAPTURE_ENABLED"} <= names
     for name in names:
         assert credential_env_refusal(policy, name) is not None, name

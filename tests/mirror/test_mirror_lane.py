@@ -77,7 +77,17 @@ def make_mirror(
         }
     )
     live = LiveTarget(cfg.live.endpoint("http://127.0.0.1:9"))
-    mirror = Mirror(cfg, live, sink, "test")
+    mirror = Mirror(
+        live,
+        sink,
+        "test",
+        mirror=cfg.mirror,
+        upstream=cfg.upstream,
+        storage=cfg.storage,
+        credentials=cfg.credentials,
+        session_header=cfg.server.session_header,
+        drain_timeout_s=cfg.server.drain_timeout_s,
+    )
     mirror.apply(candidates)
     return mirror
 

@@ -104,7 +104,7 @@ def test_environment_old_and_new_names() -> None:
     """CANARY_<OLD_KEY> and CANARY_<SECTION>_<KEY> both set the key, and both are settings
     variables (never a candidate's credential)."""
     old = load_config(
-        None, environ={"CANARY_REPORT_MAX_PAIRS": "9", "CANARY_DB_URL": "sqlite+aiosqlite:///x.db"}
+        None, environ={"CANARY_REPORT_MAX_PAIRS": "9", "CANARY_STORAGE_DB_URL": "sqlite+aiosqlite:///x.db"}
     )
     new = load_config(
         None,

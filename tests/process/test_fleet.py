@@ -159,7 +159,7 @@ async def _replicas(conf: Path, db_url: str, *names: str) -> AsyncIterator[list[
     children = []
     for name, port, url in zip(names, ports, urls, strict=True):
         args = ["serve", "--config", str(conf), "--listen", f"127.0.0.1:{port}", "--db", db_url]
-        env = _env() | {"CANARY_ADMIN_TOKEN": TOKEN, "CANARY_REPLICA_NAME": name}
+        env = _env() | {"CANARY_ADMIN_TOKEN": TOKEN, "CANARY_SERVER_REPLICA_NAME": name}
         children.append((_cli(*args), url + "/readyz", env))
     async with _processes(*children):
         yield urls

@@ -241,7 +241,7 @@ async def test_a_window_past_report_max_pairs_is_refused_before_it_is_loaded(
             for error in await _report_errors(http, url, 422):
                 assert error["type"] == "report_too_large"
                 assert f"holds {N_PAIRS:,} pairs" in error["message"]
-                assert f"report_max_pairs ({N_PAIRS - 1:,}" in error["message"]
+                assert f"max_pairs ({N_PAIRS - 1:,}" in error["message"]
             metrics = await _served_then_metrics(http, url)
             assert 'canary_reports_total{outcome="too_large"} 2' in metrics
             assert 'canary_reports_total{outcome="ok"} 0' in metrics

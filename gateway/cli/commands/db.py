@@ -1,7 +1,7 @@
 """`canary db`: apply and inspect the schema migrations (`upgrade`, `current`, `downgrade`).
 
 The Alembic environment ships inside the installed package, so these work from any directory.
-The database is `--db URL`, else `db_url` from `--config FILE` / `CANARY_DB_URL`, else the
+The database is `--db URL`, else `db_url` from `--config FILE` / `CANARY_STORAGE_DB_URL`, else the
 default SQLite file. Passwords in URLs are never printed.
 """
 
@@ -15,7 +15,7 @@ from domain.errors import UsageError
 
 _URL_HELP = (
     "database URL, e.g. sqlite+aiosqlite:///./canary.db or "
-    "postgresql+asyncpg://USER@HOST/DB (default: db_url from --config or CANARY_DB_URL)"
+    "postgresql+asyncpg://USER@HOST/DB (default: db_url from --config or CANARY_STORAGE_DB_URL)"
 )
 
 

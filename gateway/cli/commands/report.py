@@ -1,6 +1,6 @@
 """`canary report NAME`: the promotion report of one candidate, read straight from storage.
 
-The database is `--db URL`, else `db_url` from `--config FILE` / `CANARY_DB_URL`. Verdict
+The database is `--db URL`, else `db_url` from `--config FILE` / `CANARY_STORAGE_DB_URL`. Verdict
 settings are the config's `[verdict]` table with the candidate's own overrides on top. A
 progress bar is drawn on stderr while a large window loads. Exit codes: 0 a report was written
 (whatever its verdict), 2 bad input (unknown candidate, bad --since, schema mismatch), 1 the
