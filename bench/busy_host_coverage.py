@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 async def run(rate: float, seconds: float, priority: str) -> None:
-    from gateway.config import load_config
+    from gateway.config.load import load_config
     from gateway.process.runtime import running
     from gateway.sim.server import start_sim
 

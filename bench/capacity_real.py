@@ -32,7 +32,7 @@ import msgspec
 from evaluators.capacity.estimate import CapacityResult
 from evaluators.capacity.render import render_html, render_text
 from gateway.cli.main import main as canary
-from gateway.config import load_config
+from gateway.config.load import load_config
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim

@@ -42,7 +42,7 @@ PY = sys.executable
 BARE_GATEWAY = """
 import asyncio, sys, uvloop
 from aiohttp.web_protocol import RequestHandler
-from gateway.config import GatewayConfig, LiveConfig, ServerConfig
+from gateway.config.sections import GatewayConfig, LiveConfig, ServerConfig
 from gateway.server import connections
 from gateway.server.app import start_gateway
 if sys.argv[3:] == ["guards-off"]:  # aiohttp's own per-read and per-connection code only

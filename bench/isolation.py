@@ -112,7 +112,7 @@ async def _serve_gateway(
     guard_off = (
         {"mirror_shed_loop_lag_ms": lag_ms, "mirror_shed_cpu_busy": 0.0} if lag_ms >= 1e6 else {}
     )
-    from gateway.config import load_config
+    from gateway.config.load import load_config
     from gateway.process.runtime import running
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -52,7 +52,7 @@ from evaluators.pairs import load as store
 from evaluators.pairs.spill import Spill, default_dir
 from evaluators.report.build import build_report
 from evaluators.report.render import render
-from gateway.config import ReportsConfig
+from gateway.config.sections import ReportsConfig
 from storage import queries
 from storage.engine import make_engine, upgrade
 from storage.models import ReportSegmentRow

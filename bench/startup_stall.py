@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 async def suspects() -> None:
     from domain.endpoint import Endpoint
-    from gateway.config import GatewayConfig
+    from gateway.config.sections import GatewayConfig
     from gateway.mirror.replay.lane import Lane
     from gateway.mirror.replay.ring import MemoryBudget
     from gateway.mirror.replay.sinks import InMemorySink
@@ -68,7 +68,7 @@ async def probe(lags: list[float], stop: asyncio.Event) -> None:
 
 
 async def gateway_run(cycles: int) -> None:
-    from gateway.config import load_config
+    from gateway.config.load import load_config
     from gateway.process.runtime import running
     from gateway.sim.server import start_sim
 

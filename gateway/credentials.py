@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Final
 
 from domain.exposition import Family, Sample
-from gateway.config import CredentialsConfig, credential_env_refusal
+from gateway.config.load import credential_env_refusal
+from gateway.config.sections import CredentialsConfig
 
 log = logging.getLogger("canary.credentials")
 

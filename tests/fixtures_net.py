@@ -100,7 +100,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 @pytest_asyncio.fixture
 async def gateway() -> AsyncIterator[Callable[..., Awaitable[Any]]]:
     """`await gateway(live_url, tee=None, **config)` -> a running gateway on 127.0.0.1:0."""
-    from gateway.config import config_from
+    from gateway.config.load import config_from
     from gateway.server.app import RunningGateway, start_gateway
 
     running: list[RunningGateway] = []

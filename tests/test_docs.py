@@ -44,7 +44,9 @@ from evaluators.pairs.columns import pairset_from_pairs
 from evaluators.report.build import build_report
 from evaluators.report.model import PairsSummary, Report, report_to_json
 from gateway.cli import main as cli
-from gateway.config import CandidateConfig, load_config, reference
+from gateway.config.load import load_config
+from gateway.config.reference import reference
+from gateway.config.sections import CandidateConfig
 from gateway.control.admin.openapi import openapi_document
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile

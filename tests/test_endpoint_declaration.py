@@ -15,7 +15,7 @@ from sqlalchemy import Integer
 
 from domain.endpoint import MUTABLE_FIELDS, CandidatePatch, CandidateSpec, Endpoint
 from gateway.cli.commands import candidates as cli
-from gateway.config import LiveConfig
+from gateway.config.sections import LiveConfig
 from gateway.control.admin.openapi import openapi_document
 from gateway.control.admin.schema import EndpointView
 from storage.models import Base, endpoint_columns

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from evaluators.judge.settings import VerdictSettings
     from evaluators.pairs.spill import Spill
-    from gateway.config import ReportsConfig, StorageConfig
+    from gateway.config.sections import ReportsConfig, StorageConfig
 
 log = logging.getLogger("canary.reports")
 

@@ -30,7 +30,7 @@ from domain.records import ExchangeRecord
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from gateway.config import CaptureConfig, StorageConfig
+    from gateway.config.sections import CaptureConfig, StorageConfig
     from storage.capacity.captures import CaptureWriter
 
 __all__ = ["REDACTED", "CaptureSink", "redact_body", "redact_headers", "session_captured"]

@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain import errors
 from domain.endpoint import Endpoint
 from domain.exposition import Exposed, Family, render
-from gateway.config import GatewayConfig
+from gateway.config.sections import GatewayConfig
 from gateway.control.registry import Registry, Snapshot
 from gateway.credentials import REFUSALS
 from gateway.mirror.capture import CaptureSink, capture_from_config, capture_writer_for

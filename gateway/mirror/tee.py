@@ -36,7 +36,7 @@ from domain.endpoint import Endpoint
 from domain.exposition import Exposed
 from domain.ids import uuid7
 from domain.records import ExchangeRecord
-from gateway.config import CredentialsConfig, MirrorConfig, StorageConfig, UpstreamConfig
+from gateway.config.sections import CredentialsConfig, MirrorConfig, StorageConfig, UpstreamConfig
 from gateway.mirror import counters as counters_mod
 from gateway.mirror.capture import CaptureSink
 from gateway.mirror.counters import MirrorCounters

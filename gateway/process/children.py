@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from multiprocessing.process import BaseProcess
 
-from gateway.config import GatewayConfig
+from gateway.config.sections import GatewayConfig
 from gateway.lifecycle import die_with_parent, lower_priority, run_loop
 
 log = logging.getLogger("canary.supervisor")

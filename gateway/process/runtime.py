@@ -40,7 +40,8 @@ from domain.endpoint import Endpoint
 from domain.errors import SchemaBehind, UsageError
 from domain.exposition import Family, Sample
 from evaluators.judge.settings import VerdictSettings
-from gateway.config import GatewayConfig, parse_admin_tokens
+from gateway.config.load import parse_admin_tokens
+from gateway.config.sections import GatewayConfig
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry, Snapshot
 from gateway.control.reports import RemoteReports

@@ -21,7 +21,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 
-from gateway.config import GatewayConfig
+from gateway.config.sections import GatewayConfig
 from gateway.lifecycle import die_with_parent, run_loop
 from gateway.sim.server import start_sim
 

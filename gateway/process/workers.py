@@ -29,7 +29,7 @@ from multiprocessing.process import BaseProcess
 
 import msgspec
 
-from gateway.config import GatewayConfig, split_host_port
+from gateway.config.sections import GatewayConfig, split_host_port
 from gateway.lifecycle import die_with_parent, run_loop
 from gateway.logs import setup_logging
 from gateway.process import simulator

@@ -24,7 +24,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from gateway.config import GatewayConfig, split_host_port
+from gateway.config.sections import GatewayConfig, split_host_port
 from gateway.server.connections import ConnectionStats, GatewayRunner
 from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.limits import EdgeLimits, descriptors_wanted, fit_file_limit, plan_limits

@@ -25,7 +25,7 @@ from yarl import URL
 
 from domain.ids import uuid7
 from domain.outcomes import ErrorKind
-from gateway.config import LimitsConfig, UpstreamConfig
+from gateway.config.sections import LimitsConfig, UpstreamConfig
 from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
 from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
 from gateway.server.hooks import LiveTarget, RequestTee

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli.main import main
-from gateway.config import load_config
+from gateway.config.load import load_config
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.errors import ConfigError
 from domain.records import ExchangeRecord
-from gateway.config import load_config
+from gateway.config.load import load_config
 from gateway.mirror.capture import (
     CAPTURE_SALT,
     REDACTED,

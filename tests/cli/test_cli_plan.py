@@ -17,7 +17,7 @@ import pytest
 
 from evaluators.judge import plan
 from evaluators.judge.settings import STRICT, VerdictSettings
-from gateway.config import load_config
+from gateway.config.load import load_config
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim

@@ -53,7 +53,7 @@ async def test_create_get_list(tmp_path: Path) -> None:
 
 async def test_create_defaults_match_config_file(tmp_path: Path) -> None:
     """Omitted fields take the same defaults as a `[[candidates]]` table of the config file."""
-    from gateway.config import CandidateConfig
+    from gateway.config.sections import CandidateConfig
 
     expected = CandidateConfig(name="int8", url=BODY["url"]).to_endpoint()
     async with admin_server(sqlite_url(tmp_path)) as srv, aiohttp.ClientSession() as http:

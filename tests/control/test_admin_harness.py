@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
-from gateway.config import config_from
+from gateway.config.load import config_from
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry
 from gateway.control.reports import LocalReports

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.endpoint import URL_PATTERN
-from gateway.config import CandidateConfig, CredentialsConfig, check_http_url
+from gateway.config.load import check_http_url
+from gateway.config.sections import CandidateConfig, CredentialsConfig
 from gateway.control.admin.openapi import openapi_document
 from gateway.control.admin.schema import CandidateCreate
 from gateway.control.admin.ui import is_public

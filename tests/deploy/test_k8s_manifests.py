@@ -26,7 +26,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import ValidationError
 
-from gateway.config import load_config, settings_variables
+from gateway.config.load import load_config, settings_variables
 from tests.fixtures_net import Served
 from tests.upstreams import free_port, scripted_app
 

@@ -12,7 +12,7 @@ import pytest
 from evaluators.judge.settings import VerdictSettings
 from evaluators.report.build import evaluate
 from evaluators.report.model import Report
-from gateway.config import load_config
+from gateway.config.load import load_config
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import SimServer, start_sim

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.config import CredentialsConfig
+from gateway.config.sections import CredentialsConfig
 from gateway.control.admin.openapi import openapi_document
 from tests.control.test_admin_harness import call, real_gateway
 

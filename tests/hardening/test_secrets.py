@@ -14,12 +14,8 @@ import pytest
 
 from domain.endpoint import Endpoint
 from domain.errors import ConfigError
-from gateway.config import (
-    CredentialsConfig,
-    credential_env_refusal,
-    load_config,
-    settings_variables,
-)
+from gateway.config.load import credential_env_refusal, load_config, settings_variables
+from gateway.config.sections import CredentialsConfig
 from gateway.credentials import REFUSALS, candidate_credential
 from storage import queries as q
 from storage.engine import masked
@@ -33,7 +29,9 @@ CHAT = {
 }
 
 
-@pytest.mark.parametrize("name", ["CANARY_ADMIN_TOKEN", "AWS_SECRET_ACCESS_KEY", "CANARY_STORAGE_DB_URL"])
+@pytest.mark.parametrize(
+    "name", ["CANARY_ADMIN_TOKEN", "AWS_SECRET_ACCESS_KEY", "CANARY_STORAGE_DB_URL"]
+)
 async def test_registration_refuses_other_variables(tmp_path: Path, name: str) -> None:
     """POST and PATCH naming a variable not meant for candidates are a 422 naming
     `credentials_env`; a `CANARY_CANDIDATE_` name is accepted."""

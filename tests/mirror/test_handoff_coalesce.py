@@ -11,7 +11,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from domain.accounting import identity_holds
 from domain.endpoint import Endpoint
-from gateway.config import GatewayConfig
+from gateway.config.sections import GatewayConfig
 from gateway.mirror.channel import frames
 from gateway.mirror.channel.handoff import Handoff
 from gateway.server.hooks import LiveTarget

@@ -24,7 +24,7 @@ from aiohttp import web
 from sqlalchemy import text
 
 from domain.endpoint import Endpoint
-from gateway.config import load_config
+from gateway.config.load import load_config
 from gateway.mirror.counters import identity_holds
 from gateway.process.runtime import Components, running
 from gateway.sim.profiles import get_profile

@@ -18,7 +18,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from domain.endpoint import Endpoint
-from gateway.config import config_from
+from gateway.config.load import config_from
 from gateway.mirror.counters import identity_holds
 from gateway.mirror.replay.sinks import InMemorySink
 from gateway.mirror.tee import Mirror

@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 
 from domain.accounting import identity_holds
-from gateway.config import GatewayConfig, load_config
+from gateway.config.load import load_config
+from gateway.config.sections import GatewayConfig
 from gateway.process.runtime import running
 from gateway.sim.server import start_sim
 from storage import queries

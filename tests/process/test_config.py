@@ -11,16 +11,14 @@ import msgspec
 import pytest
 
 from domain.errors import ConfigError
-from gateway.config import (
+from gateway.config.load import load_config, parse_admin_tokens, settings_variables
+from gateway.config.reference import reference
+from gateway.config.sections import (
     FLAT_KEYS,
     SECTIONS,
     AdminConfig,
     CandidateConfig,
     GatewayConfig,
-    load_config,
-    parse_admin_tokens,
-    reference,
-    settings_variables,
     split_host_port,
 )
 
@@ -85,7 +83,7 @@ def test_flat_key_of_before_the_sections_is_mapped_and_logged(
     """A flat key at the top of a file still sets its sectioned place, with a deprecation line
     naming the new place; the same key given both ways is refused naming both."""
     path = _write(tmp_path, "report_max_pairs = 123\ncapture = false\nadmin_listen = '[::1]:9'\n")
-    with caplog.at_level(logging.WARNING, logger="gateway.config"):
+    with caplog.at_level(logging.WARNING, logger="gateway.config.load"):
         cfg = load_config(path, environ={})
     assert cfg.reports.max_pairs == 123 and cfg.admin.listen == "[::1]:9"
     assert "'report_max_pairs' -> [reports] max_pairs" in caplog.text
@@ -104,7 +102,11 @@ def test_environment_old_and_new_names() -> None:
     """CANARY_<OLD_KEY> and CANARY_<SECTION>_<KEY> both set the key, and both are settings
     variables (never a candidate's credential)."""
     old = load_config(
-        None, environ={"CANARY_REPORT_MAX_PAIRS": "9", "CANARY_STORAGE_DB_URL": "sqlite+aiosqlite:///x.db"}
+        None,
+        environ={
+            "CANARY_REPORT_MAX_PAIRS": "9",
+            "CANARY_STORAGE_DB_URL": "sqlite+aiosqlite:///x.db",
+        },
     )
     new = load_config(
         None,
@@ -133,7 +135,7 @@ def test_schema_shows_description_default_and_bounds() -> None:
 
 
 def test_docs_configuration_is_generated_from_the_declaration() -> None:
-    """docs/configuration.md is what docs/gen_config.py renders from gateway/config.py now."""
+    """docs/configuration.md is what docs/gen_config.py renders from gateway/config/sections.py now."""
     spec = importlib.util.spec_from_file_location("gen_config", ROOT / "docs" / "gen_config.py")
     assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.config import GatewayConfig, load_config
+from gateway.config.load import load_config
+from gateway.config.sections import GatewayConfig
 from gateway.process.runtime import SIMULATOR_KIND, running
 from gateway.sim.server import start_sim
 

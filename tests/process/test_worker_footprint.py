@@ -12,7 +12,7 @@ from pathlib import Path
 _SCRIPT = """
 import asyncio, sys
 import aiohttp
-from gateway.config import load_config
+from gateway.config.load import load_config
 from gateway.process.runtime import running
 
 async def main(db):

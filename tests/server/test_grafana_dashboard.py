@@ -22,7 +22,7 @@ import pytest
 import gateway
 import storage
 from domain.exposition import Family
-from gateway.config import load_config
+from gateway.config.load import load_config
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim

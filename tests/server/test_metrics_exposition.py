@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 
 from domain.exposition import Family, render
-from gateway.config import load_config
+from gateway.config.load import load_config
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim

@@ -61,7 +61,7 @@ def subparser(
 
 
 def _token() -> str | None:
-    from gateway.config import parse_admin_tokens
+    from gateway.config.load import parse_admin_tokens
 
     tokens = parse_admin_tokens(os.environ.get(TOKEN_ENV))
     return next(iter(tokens), None)  # `label:token,...`: the first one
@@ -71,7 +71,7 @@ def call_admin(args: argparse.Namespace, action: Action) -> int:
     """Run `action(client, args)`; print its result; map API errors to exit codes."""
     from gateway.cli.client import AdminAPIError, AdminClient, AdminUnreachable
     from gateway.cli.escape import terminal_safe
-    from gateway.config import check_http_url
+    from gateway.config.load import check_http_url
 
     prog = f"canary {args.command}"
     if reason := check_http_url(args.admin_url):

@@ -124,7 +124,7 @@ def parse_loads(value: str) -> tuple[int, ...]:
 
 def _check(args: argparse.Namespace) -> tuple[str, Slo, tuple[int, ...]]:
     from evaluators.capacity.slo import parse_slo
-    from gateway.config import check_http_url, load_config
+    from gateway.config.load import check_http_url, load_config
 
     slo = parse_slo(args.slo or ["ttft=0.5s"])
     loads = parse_loads(args.loads)

@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _db_url(args: argparse.Namespace) -> str:
-    from gateway.config import load_config
+    from gateway.config.load import load_config
 
     url: str = args.db or load_config(args.config).storage.db_url
     if not url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):

@@ -107,7 +107,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def _settings(args: argparse.Namespace) -> tuple[str, VerdictSettings, Spill]:
     from evaluators.judge.settings import STRICT, VerdictSettings
     from evaluators.pairs.spill import Spill, default_dir
-    from gateway.config import load_config
+    from gateway.config.load import load_config
 
     cfg = load_config(args.config)
     url: str = args.db or cfg.storage.db_url

@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.config import load_config
+    from gateway.config.load import load_config
     from gateway.logs import setup_logging
     from gateway.process.workers import serve_forever
 

@@ -26,13 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain import errors as se
 from domain.endpoint import CandidatePatch, Endpoint
 from domain.records import PromotionRecord
-from gateway.config import (
-    AdminConfig,
-    CredentialsConfig,
-    LimitsConfig,
-    check_http_url,
-    credential_env_refusal,
-)
+from gateway.config.load import check_http_url, credential_env_refusal
+from gateway.config.sections import AdminConfig, CredentialsConfig, LimitsConfig
 from gateway.control.admin import schema as s
 from gateway.control.admin import ui
 from gateway.control.admin.auth import INSECURE_ACTOR, TokenChecker, admin_mode, is_loopback

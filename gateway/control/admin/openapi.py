@@ -10,7 +10,8 @@ from typing import Any
 import msgspec
 
 from domain.endpoint import NAME_PATTERN, CandidatePatch
-from gateway.config import CredentialsConfig, settings_variables
+from gateway.config.load import settings_variables
+from gateway.config.sections import CredentialsConfig
 from gateway.control.admin.schema import (
     FINAL_FALSE,
     FINAL_TRUE,

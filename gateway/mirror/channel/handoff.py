@@ -48,7 +48,7 @@ from domain.accounting import GAUGE_FIELDS, IDENTITY_FIELDS
 from domain.endpoint import Endpoint
 from domain.exposition import Exposed, Family
 from domain.ids import uuid7
-from gateway.config import MirrorConfig
+from gateway.config.sections import MirrorConfig
 from gateway.mirror.channel import frames
 from gateway.mirror.replay.lane import MIRROR_HEADER
 from gateway.mirror.sampling import rate as rate_mod

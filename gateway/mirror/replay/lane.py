@@ -32,7 +32,7 @@ from domain.endpoint import Endpoint
 from domain.kinds import CONTROL, score_rate
 from domain.outcomes import ErrorKind
 from domain.records import ObservationRecord
-from gateway.config import CredentialsConfig, MirrorConfig, StorageConfig, UpstreamConfig
+from gateway.config.sections import CredentialsConfig, MirrorConfig, StorageConfig, UpstreamConfig
 from gateway.credentials import candidate_credential
 from gateway.mirror.counters import LaneCounters
 from gateway.mirror.replay.observe import classify, observation

@@ -29,7 +29,7 @@ import msgspec
 import xxhash
 
 from domain.records import ObservationRecord
-from gateway.config import MirrorConfig
+from gateway.config.sections import MirrorConfig
 from gateway.mirror.replay.lane import Lane
 from gateway.mirror.scoring import forced as scoring
 from gateway.server.hooks import ObservationSink

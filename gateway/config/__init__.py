@@ -1,0 +1,3 @@
+"""The gateway's configuration: `sections` (the declaration, one Struct per section), `load`
+(reading files, environment variables and flags, validated once) and `reference` (every setting
+as the docs list it). Config sits below the planes and imports none of them."""
