@@ -21,7 +21,14 @@ from domain.errors import EndpointNotFound, PromotionConflict, UsageError
 from domain.records import DEFAULT_STEPS, Rollout, check_steps
 from storage import queries
 from storage.engine import make_engine, upgrade
-from storage.rollouts import ListenStats, current_rollout, listen, start_rollout, transition
+from storage.rollouts import (
+    EVENTS_KEPT,
+    ListenStats,
+    current_rollout,
+    listen,
+    start_rollout,
+    transition,
+)
 from tests.fixtures_db import fresh_database, terminate_backends
 
 LIVE = Endpoint(name="prod", url="http://127.0.0.1:9000", role="live")
@@ -108,6 +115,26 @@ async def test_round_trip_survives_restart(migrated_db_url: str) -> None:
 async def test_no_rollout_reads_none(db_engine: AsyncEngine) -> None:
     """With no rollout ever started, current_rollout is None."""
     assert await current_rollout(db_engine) is None
+
+
+async def test_reads_return_the_newest_events_oldest_first(db_engine: AsyncEngine) -> None:
+    """With more than EVENTS_KEPT events stored, a read returns the newest EVENTS_KEPT, oldest
+    first, ending with the latest transition."""
+    await queries.seed(db_engine, LIVE, [cand("a")])
+    opened = await start(db_engine)
+    async with db_engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO rollout_events (rollout_id, at, kind, from_weight, to_weight, step, "
+                "actor, reason) VALUES (:r, :at, 'pause', 1, 1, 0, 'bulk', :why)"
+            ),
+            [{"r": opened.id, "at": float(i), "why": str(i)} for i in range(EVENTS_KEPT + 5)],
+        )
+    paused = await transition(db_engine, kind="pause", actor="bob", reason="last")
+    assert len(paused.events) == EVENTS_KEPT
+    assert [e.reason for e in paused.events[-3:]] == [str(EVENTS_KEPT + 3), str(EVENTS_KEPT + 4),
+                                                      "last"]  # fmt: skip
+    assert await current_rollout(db_engine) == paused
 
 
 async def test_start_refusals_change_nothing(db_engine: AsyncEngine) -> None:
@@ -335,7 +362,7 @@ async def _listening(url: str, stats: ListenStats) -> AsyncIterator[asyncio.Queu
 @pytest.mark.postgres
 async def test_listener_sees_another_engines_changes(tmp_path: Path) -> None:
     """On PostgreSQL a listener sees each of 20 transitions committed by another engine (the
-    p95 delay from the call to the notification is printed; the bound asserted is 5 s)."""
+    p95 delays are printed, not asserted; the only bound asserted is 5 s)."""
     async with fresh_database("postgresql", tmp_path) as url:
         await upgrade(url)
         writer = make_engine(url)
@@ -345,18 +372,23 @@ async def test_listener_sees_another_engines_changes(tmp_path: Path) -> None:
             async with _listening(url, stats) as seen:
                 await start(writer)
                 await asyncio.wait_for(seen.get(), timeout=5)
-                delays = []
+                delays, after_ack = [], []
                 for i in range(20):
                     t0 = time.perf_counter()
                     kind = "pause" if i % 2 == 0 else "resume"
                     await transition(writer, kind=kind, actor="t", reason="r")  # type: ignore[arg-type]
-                    delays.append(await asyncio.wait_for(seen.get(), timeout=5) - t0)
+                    acked = time.perf_counter()
+                    heard = await asyncio.wait_for(seen.get(), timeout=5)
+                    delays.append(heard - t0)
+                    after_ack.append(heard - acked)
                 assert seen.empty()
         finally:
             await writer.dispose()
     p95 = statistics.quantiles(delays, n=20)[-1]
-    print(f"\nrollout notify delay over 20 transitions: p95 {p95 * 1000:.1f} ms, "
-          f"max {max(delays) * 1000:.1f} ms")  # fmt: skip
+    ack95 = statistics.quantiles(after_ack, n=20)[-1]
+    print(f"\nrollout change seen by another engine, 20 transitions: call -> listener p95 "
+          f"{p95 * 1000:.1f} ms (max {max(delays) * 1000:.1f}); commit acknowledged -> listener "
+          f"p95 {ack95 * 1000:.1f} ms")  # fmt: skip
     assert stats.notifications == 21 and stats.reconnects == 0
 
 
