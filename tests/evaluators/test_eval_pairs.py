@@ -14,6 +14,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
+from domain.errors import EndpointNotFound
 from domain.records import ObservationRecord
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs import synthetic
@@ -161,7 +162,7 @@ async def test_control_is_found_by_kind(db_engine: AsyncEngine) -> None:
     assert (cand.name, live and live.name, control and control.name) == ("cand", "live", "ctrl")
     _, _, none = await load_endpoints(db_engine, "ctrl")
     assert none is None
-    with pytest.raises(LookupError):
+    with pytest.raises(EndpointNotFound):
         await load_endpoints(db_engine, "ghost")
 
 
@@ -184,5 +185,5 @@ async def test_evaluate_reports_from_storage(db_engine: AsyncEngine) -> None:
     assert report.pairs.control == "ctrl" and report.pairs.reference == "control"
     assert report.accounting["sampled"] == 200
     assert report.pairs.n == sum(p.candidate is not None for p in pairs)
-    with pytest.raises(LookupError):
+    with pytest.raises(EndpointNotFound):
         await evaluate(db_engine, "ghost", settings=VerdictSettings())

@@ -297,9 +297,9 @@ async def test_a_client_that_stops_reading_is_its_own_fault(
     text = ""
     for _ in range(600):  # never read: wait until the gateway gives up on this client
         text = await _metrics(http, gw)
-        if 'kind="client_slow_reader"' in text:
+        if 'canary_proxy_upstream_errors_total{kind="client_slow_reader"} 1' in text:
             break
         await asyncio.sleep(0.05)
     writer.close()
     assert 'canary_proxy_upstream_errors_total{kind="client_slow_reader"} 1' in text
-    assert "timeout_idle" not in text
+    assert 'canary_proxy_upstream_errors_total{kind="timeout_idle"} 0' in text
