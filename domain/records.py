@@ -56,6 +56,30 @@ class ObservationRecord(Measured, kw_only=True):
     tool_calls: str | None = None  # JSON: [{"name": ..., "arguments": ...}]
 
 
+class RampRecord(msgspec.Struct, array_like=True, frozen=True):
+    """One live request of an open rollout, as the ramp's evidence stores it (never a body).
+
+    `generation` names the rollout (`gateway.server.arms.Rollout.generation`), `arm` is 0
+    (production) or 1 (candidate), `session` the unsalted xxh3_64 of the session key as a signed
+    int64, `turn` its 1-based place among the session's requests of this rollout (filled in by
+    the mirror process), `status` the HTTP status sent (0: none), `error_kind` one of
+    domain.outcomes.ERROR_KINDS or None, `ttft_s` / `e2e_s` NaN when absent, `finished` whether
+    the stream's final event reached the client, `at` the end (epoch s), `replica` the host's.
+    """
+
+    generation: int
+    arm: int
+    session: int
+    turn: int
+    status: int
+    error_kind: str | None
+    ttft_s: float
+    e2e_s: float
+    finished: bool
+    at: float
+    replica: str
+
+
 class PromotionRecord(msgspec.Struct, kw_only=True):
     """An audit row: a promotion or a rollback."""
 

@@ -2,8 +2,9 @@
 exchanges, captured bodies).
 
 Records reach it by `put` — synchronous, O(1), never waits: appended to a queue bounded by
-`queue_max` records across its streams (so a database outage costs bounded memory), or, when it
-is full or the writer is closing, dropped and counted on the stream's `dropped` counter — or
+`queue_max` records across its streams (so a database outage costs bounded memory; a stream may
+have a bound of its own instead), or, when it is full or the writer is closing, dropped and
+counted on the stream's `dropped` counter — or
 from a stream's `pull`, a callable that hands over up to n records from a bounded queue its
 owner keeps (the capture sink, which also budgets bytes). One owned task drains them in batches
 — when `batch_size` records are waiting or `flush_interval_s` has passed — with executemany-style
@@ -53,6 +54,9 @@ class Stream:
     written: str  # counter key: rows written
     dropped: str  # counter key: records dropped (queue full, shutdown, a failed batch)
     pull: Callable[[int], list[Any]] | None = None  # the owner's bounded queue, if any
+    # A bound of its own (records queued here), instead of a share of `queue_max`: a stream
+    # whose volume differs by orders of magnitude from the others must not crowd them out.
+    queue_max: int | None = None
 
 
 class BatchWriter:
@@ -94,7 +98,11 @@ class BatchWriter:
 
     # ---- the sink side: called on the request path, never waits
     def put(self, stream: Stream, record: Any) -> None:
-        if self._closing or self.depth >= self._queue_max:
+        if stream.queue_max is None:
+            full = self._shared_depth() >= self._queue_max
+        else:
+            full = len(self._queues[stream.name]) >= stream.queue_max
+        if self._closing or full:
             self._count(stream.dropped, 1)
             return
         self._queues[stream.name].append(record)
@@ -105,6 +113,10 @@ class BatchWriter:
     def depth(self) -> int:
         """Records queued here (not those a stream's owner still holds)."""
         return sum(len(q) for q in self._queues.values())
+
+    def _shared_depth(self) -> int:
+        """Records queued here by the streams that share `queue_max`."""
+        return sum(len(self._queues[s.name]) for s in self._streams if s.queue_max is None)
 
     @property
     def in_flight(self) -> int:

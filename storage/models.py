@@ -207,6 +207,31 @@ class MirrorCounterRow(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
 
+# --- ramp evidence (revision 0009) --------------------------------------------------------------
+
+
+class RolloutRequestRow(Base):
+    """One live request of an open rollout (`domain.records.RampRecord`): the arm that served
+    it, its session (signed xxh3_64 of the key) and turn, and how it went. The ramp's step
+    judge reads a rollout's rows by time (`storage.reports.ramp`)."""
+
+    __tablename__ = "rollout_requests"
+    __table_args__ = (Index("ix_rollout_requests_generation_at", "generation", "at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    generation: Mapped[int] = mapped_column(BigInteger)
+    at: Mapped[float] = mapped_column(Float)
+    session: Mapped[int] = mapped_column(BigInteger)
+    arm: Mapped[int] = mapped_column(Integer)  # 0 production, 1 candidate
+    turn: Mapped[int] = mapped_column(Integer)
+    status: Mapped[int] = mapped_column(Integer)
+    error_kind: Mapped[str | None] = mapped_column(String(32))
+    ttft_s: Mapped[float | None] = mapped_column(Float)  # NULL when absent (NaN on the wire)
+    e2e_s: Mapped[float | None] = mapped_column(Float)
+    finished: Mapped[bool] = mapped_column(Boolean)
+    replica: Mapped[str] = mapped_column(String(64), default="")
+
+
 # --- capture and capacity (revision 0003) ------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """ObservationWriter: the bounded, batched path from the mirror to the database, a
-`storage.batch.BatchWriter` with two streams (exchanges, observations) under one queue bound.
+`storage.batch.BatchWriter` with two streams (exchanges, observations) under one queue bound,
+and a third, the ramp's evidence (`put_ramp`: `rollout_requests`), under a bound of its own.
 
 `put_exchange` / `put_observation` are synchronous, O(1) and never wait: they append to a queue
 bounded by `queue_max` records (so a database outage costs bounded memory) and, when it is
@@ -15,19 +16,25 @@ are dropped (counted as `rows_rejected`). `close()` flushes what is queued, with
 As a guard it applies again what the mirror already does (`storage.textguard`): output text
 kept by `domain.observation.kept_text`, or with `store_text=False` no text at all — only its
 hash, and tool-call arguments replaced by theirs. It never logs record contents.
+
+Ramp records wait in a queue of their own bound, `evidence_queue_max` (`[rollout]`): a rollout
+serves every live request, far more than the mirror samples, and must neither crowd the
+mirror's records out nor be crowded out by them; beyond the bound they are `ramp_dropped`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from functools import partial
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.exposition import Family, Kind, Sample
-from domain.records import ExchangeRecord, ObservationRecord
+from domain.records import ExchangeRecord, ObservationRecord, RampRecord
 from storage.batch import WRITER_KEYS, BatchWriter, Stream
+from storage.models import Base
 from storage.sql import EXCHANGES, OBSERVATIONS
 from storage.textguard import exchange_row, observation_row
 
@@ -37,6 +44,8 @@ _STAT_KEYS: Final = (
     "written_observations",
     "observations_dropped",
     "exchanges_dropped",
+    "written_ramp",
+    "ramp_dropped",
     *WRITER_KEYS,
 )
 _HELP: Final[dict[str, tuple[Kind, str]]] = {
@@ -45,6 +54,8 @@ _HELP: Final[dict[str, tuple[Kind, str]]] = {
     "written_observations": ("counter", "Observation records written (duplicates ignored)."),
     "observations_dropped": ("counter", "Observations dropped: queue full or shutdown deadline."),
     "exchanges_dropped": ("counter", "Exchanges dropped: queue full or shutdown deadline."),
+    "written_ramp": ("counter", "Ramp evidence records written (rollout_requests)."),
+    "ramp_dropped": ("counter", "Ramp evidence dropped: its queue full or shutdown deadline."),
     "rows_rejected": ("counter", "Records the database refused for their content."),
     "batches": ("counter", "Batches committed."),
     "retries": ("counter", "Batch retries while the database was unavailable."),
@@ -55,6 +66,23 @@ FAMILIES: Final = {
     key: Family(f"canary_writer_{key}" + ("_total" if kind == "counter" else ""), kind, text)
     for key, (kind, text) in _HELP.items()
 }
+
+
+def ramp_row(record: RampRecord) -> dict[str, Any]:
+    """A ramp record as a `rollout_requests` row (NaN latencies stored as NULL)."""
+    return {
+        "generation": record.generation,
+        "at": record.at,
+        "session": record.session,
+        "arm": record.arm,
+        "turn": record.turn,
+        "status": record.status,
+        "error_kind": record.error_kind,
+        "ttft_s": record.ttft_s if math.isfinite(record.ttft_s) else None,
+        "e2e_s": record.e2e_s if math.isfinite(record.e2e_s) else None,
+        "finished": record.finished,
+        "replica": record.replica,
+    }
 
 
 class ObservationWriter(BatchWriter):
@@ -69,6 +97,7 @@ class ObservationWriter(BatchWriter):
         queue_max: int,
         store_text: bool,
         store_text_max_chars: int,
+        evidence_queue_max: int = 100_000,  # [rollout] evidence_queue_max
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 5.0,
     ) -> None:
@@ -82,9 +111,19 @@ class ObservationWriter(BatchWriter):
             "written_observations",
             "observations_dropped",
         )
+        # Bounds the memory ramp evidence costs during a database outage (its own bound: see
+        # the module docstring); beyond it records are dropped and counted.
+        self._ramp_stream = Stream(
+            "ramp",
+            Base.metadata.tables["rollout_requests"],
+            ramp_row,
+            "written_ramp",
+            "ramp_dropped",
+            queue_max=evidence_queue_max,
+        )
         super().__init__(
             engine,
-            (self._exchange_stream, self._observation_stream),
+            (self._exchange_stream, self._observation_stream, self._ramp_stream),
             batch_size=batch_size,
             flush_interval_s=flush_interval_s,
             queue_max=queue_max,
@@ -99,6 +138,10 @@ class ObservationWriter(BatchWriter):
 
     def put_observation(self, record: ObservationRecord) -> None:
         self.put(self._observation_stream, record)
+
+    def put_ramp(self, record: RampRecord) -> None:
+        """One request of an open rollout (from the mirror process's RAMP frames)."""
+        self.put(self._ramp_stream, record)
 
     # ---- numbers
     def stats(self) -> dict[str, int]:

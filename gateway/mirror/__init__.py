@@ -11,6 +11,7 @@
   scoring copies the mirror process runs)
 - `plane` — what the host's mirror process runs; `tee` — `Mirror`, owning every lane
 - `counters` — the accounting counters and their Prometheus lines (pure)
+- `evidence` — the ramp's evidence: RAMP frames to records with their turn, for the writer
 - `capture` — the opt-in sink of captured request bodies for `canary capacity`
 
 Importing this package imports none of its modules, so the pure ones stay free of aiohttp.

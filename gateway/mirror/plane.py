@@ -1,12 +1,14 @@
 """The mirror plane: what the host's mirror process runs (rings, lanes, metering, the writer).
 
 One mirror process per host serves every worker. It listens on a Unix socket; each worker
-connects once and writes COPY / RESULT / RELOAD / IDLE / ELIGIBLE frames
+connects once and writes COPY / RESULT / RELOAD / IDLE / ELIGIBLE / RAMP frames
 (`gateway.mirror.channel.frames`). The plane turns a COPY into `Mirror.on_request` (body parsing,
 session
 keys, turn indexes, model overrides, rings and lanes all happen here, never on a production
 loop), keeps the returned token until the worker's RESULT for that exchange arrives, then hands
-the exchange and production's observation to the storage writer. It runs its own registry
+the exchange and production's observation to the storage writer. A RAMP frame (one request of
+an open rollout) becomes a `RampRecord` with its turn and this host's replica
+(`gateway.mirror.evidence`), for the same writer. It runs its own registry
 (polling, and reloading at once when a worker says RELOAD), saves its copy accounting under its
 own replica name, and sends every worker a STATS frame about twice a second, which is how
 workers export the mirror's metrics and the admin API shows its counters.
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -43,6 +46,7 @@ from gateway.control.registry import Registry, Snapshot
 from gateway.credentials import REFUSALS
 from gateway.mirror.capture import CaptureSink, capture_from_config, capture_writer_for
 from gateway.mirror.channel import frames
+from gateway.mirror.evidence import RampEvidence
 from gateway.mirror.replay.splits import SplitWatch
 from gateway.mirror.tee import Mirror
 from gateway.server.hooks import LiveTarget
@@ -91,6 +95,7 @@ class _Plane:
         priority: str,
         *,
         capture: CaptureSink | None = None,
+        evidence: RampEvidence | None = None,
     ) -> None:
         self.results_max = results_max  # [mirror] results_max
         self.capture = capture
@@ -98,13 +103,21 @@ class _Plane:
         self.writer = writer
         self.priority = priority
         self.tokens: OrderedDict[str, object] = OrderedDict()
-        self.counts = {"copies": 0, "results": 0, "results_lost": 0, "results_unmatched": 0}
+        self.counts = {
+            "copies": 0,
+            "results": 0,
+            "results_lost": 0,
+            "results_unmatched": 0,
+            "ramp_ignored": 0,
+        }
         self.conns: set[asyncio.StreamWriter] = set()
         self.reload = asyncio.Event()
         self.ready = asyncio.Event()
         self.idle_tasks: set[asyncio.Task[None]] = set()
         mirror.adaptive.on_change = self.send_rates
         self.splits: SplitWatch | None = None
+        # RAMP frames -> the writer; None: the frames are counted `ramp_ignored`.
+        self.evidence = evidence
 
     def on_copy(self, meta: bytes, body: bytes) -> None:
         m = _decode_copy(meta)
@@ -164,7 +177,7 @@ class _Plane:
                     return
                 try:
                     self.dispatch(kind, meta, body, writer)
-                except (msgspec.DecodeError, msgspec.ValidationError):
+                except (msgspec.DecodeError, msgspec.ValidationError, struct.error):
                     log.warning("dropped a malformed frame", extra={"fields": {"kind": kind}})
         finally:
             self.conns.discard(writer)
@@ -174,6 +187,11 @@ class _Plane:
     def dispatch(self, kind: int, meta: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
         if kind == frames.KIND_COPY:
             self.on_copy(meta, body)
+        elif kind == frames.KIND_RAMP:
+            if self.evidence is None:
+                self.counts["ramp_ignored"] += 1
+            else:
+                self.evidence.on_frame(meta)
         elif kind == frames.KIND_RESULT:
             self.on_result(meta)
         elif kind == frames.KIND_ELIGIBLE:
@@ -208,13 +226,16 @@ class _Plane:
                 pid=os.getpid(),
                 priority=self.priority,
                 counters=mirror.counters(),
-                process={**mirror.process_counters(), **self.counts},
+                process={**mirror.process_counters(), **self.counts, **self._evidence_counts()},
                 writer=self.writer.stats(),
                 prometheus="\n".join(lines),
                 rates=mirror.rate_stats(),
             )
         )
         return frames.frame_header(frames.KIND_STATS, len(meta), 0) + meta
+
+    def _evidence_counts(self) -> dict[str, int]:
+        return dict(self.evidence.counts) if self.evidence is not None else {}
 
     def send_rates(self, msg: frames.RatesMeta) -> None:
         """A new reference to every worker (tiny, sent even past the stats backlog: a worker
@@ -229,7 +250,8 @@ class _Plane:
             PROCESS_INFO.sample(1, str(os.getpid()), str(self.priority)),
             PLANE_EVENTS,
         ]
-        out.extend(PLANE_EVENTS.sample(v, k) for k, v in self.counts.items())
+        counts = {**self.counts, **self._evidence_counts()}
+        out.extend(PLANE_EVENTS.sample(v, k) for k, v in counts.items())
         out.append(RESULTS_WAITING.sample(len(self.tokens)))
         return out
 
@@ -312,7 +334,11 @@ async def serve_plane(
         drain_timeout_s=config.server.drain_timeout_s,
         capture=capture,
     )
-    plane = _Plane(config.mirror.results_max, mirror, writer, priority, capture=capture)
+    # Ramp evidence: each session's turns (a bounded table), records to the writer's own queue.
+    evidence = RampEvidence(writer.put_ramp, replica)
+    plane = _Plane(
+        config.mirror.results_max, mirror, writer, priority, capture=capture, evidence=evidence
+    )
     plane.splits = SplitWatch(engine, replica, config.storage.counters_flush_interval_s)
 
     def on_change(snapshot: Snapshot) -> None:

@@ -1,10 +1,14 @@
 """The worker <-> mirror-process wire: frame kinds are distinct, every message type round-trips
-through msgpack as the two sides encode and decode it, and a STATS frame from a mirror process
-without adaptive-sampling rates still decodes (workers and mirror restart independently)."""
+through msgpack as the two sides encode and decode it, a STATS frame from a mirror process
+without adaptive-sampling rates still decodes (workers and mirror restart independently), and a
+RAMP frame carries one request of a rollout exactly, in a fixed struct-packed layout."""
 
 from __future__ import annotations
 
+import math
+
 import msgspec
+import pytest
 
 from gateway.mirror.channel import frames
 
@@ -14,7 +18,7 @@ _encode = msgspec.msgpack.Encoder().encode
 def test_frame_kinds_are_distinct() -> None:
     """Each frame kind has its own byte."""
     kinds = [getattr(frames, n) for n in frames.__all__ if n.startswith("KIND_")]
-    assert len(kinds) == len(set(kinds)) == 8
+    assert len(kinds) == len(set(kinds)) == 9
     assert all(0 < k < 256 for k in kinds)
 
 
@@ -51,3 +55,33 @@ def test_stats_with_and_without_rates() -> None:
     old = {"pid": 1, "priority": "normal", "counters": {}, "process": {}, "writer": {}}
     decoded = msgspec.msgpack.decode(_encode({**old, "prometheus": ""}), type=frames.StatsMeta)
     assert decoded.rates == {}
+
+
+@pytest.mark.parametrize(
+    ("error_kind", "decoded"),
+    [
+        (None, None),
+        ("http_5xx", "http_5xx"),
+        ("client_disconnect", "client_disconnect"),
+        ("not-a-kind", "other"),
+    ],
+)
+def test_ramp_frame_round_trip(error_kind: str | None, decoded: str | None) -> None:
+    """A RAMP frame is one fixed-size header + meta, no body, and decodes to what was sent
+    (signed 64-bit session and generation, NaN latencies, an unknown error kind as `other`)."""
+    session = -(2**63) + 1
+    raw = frames.ramp_frame(2**40, 1, session, 503, error_kind, 0.25, math.nan, False, 1.5e9)
+    kind, mlen, blen = frames.FRAME.unpack_from(raw)
+    assert (kind, mlen, blen) == (frames.KIND_RAMP, frames.RAMP.size, 0)
+    assert len(raw) == frames.FRAME.size + frames.RAMP.size < 64
+    gen, arm, sess, status, code, ttft, e2e, finished, at = frames.RAMP.unpack(raw[9:])
+    assert (gen, arm, sess, status, ttft, finished, at) == (
+        2**40,
+        1,
+        session,
+        503,
+        0.25,
+        False,
+        1.5e9,
+    )
+    assert math.isnan(e2e) and frames.ramp_error_kind(code) == decoded

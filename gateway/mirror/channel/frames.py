@@ -7,9 +7,10 @@ bytes it already read to the socket and the mirror process reads them back as on
 Worker -> mirror: COPY (a sampled or undecided request), RESULT (production's meter result for
 a copy that was handed off), RELOAD (the registry moved), IDLE (answer IDLE_ACK once every copy
 before it is finished), ELIGIBLE (about once a second: how many requests on mirrored routes the
-worker served, sampled or not). Mirror -> worker: STATS (host-wide counters and metrics),
-IDLE_ACK, RATES (the adaptive sampling references and the instant they apply, sent on connect
-and whenever they change). This module never does IO.
+worker served, sampled or not), RAMP (one request of an open rollout: its arm, session and
+outcome, struct-packed in a fixed 45-byte meta, no msgpack, no body). Mirror -> worker: STATS
+(host-wide counters and metrics), IDLE_ACK, RATES (the adaptive sampling references and the
+instant they apply, sent on connect and whenever they change). This module never does IO.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Final
 
 import msgspec
 
+from domain.outcomes import ERROR_KINDS, ErrorKind
 from gateway.server.meter import MeterResult
 
 __all__ = [
@@ -27,10 +29,13 @@ __all__ = [
     "KIND_ELIGIBLE",
     "KIND_IDLE",
     "KIND_IDLE_ACK",
+    "KIND_RAMP",
     "KIND_RATES",
     "KIND_RELOAD",
     "KIND_RESULT",
     "KIND_STATS",
+    "RAMP",
+    "RAMP_FRAME",
     "CopyMeta",
     "EligibleMeta",
     "IdleMeta",
@@ -38,6 +43,8 @@ __all__ = [
     "ResultMeta",
     "StatsMeta",
     "frame_header",
+    "ramp_error_kind",
+    "ramp_frame",
 ]
 
 FRAME: Final = struct.Struct("!BII")
@@ -49,6 +56,15 @@ KIND_STATS: Final = 5
 KIND_IDLE_ACK: Final = 6
 KIND_ELIGIBLE: Final = 7
 KIND_RATES: Final = 8
+KIND_RAMP: Final = 9
+
+# A RAMP frame's meta: generation, arm, session (signed xxh3_64), status, error code (0 = none,
+# else 1 + its index in domain.outcomes.ERROR_KINDS), ttft_s, e2e_s, finished, at.
+RAMP: Final = struct.Struct("!qBqHBdd?d")
+# Header and meta packed in one call on the worker (the body is always empty).
+RAMP_FRAME: Final = struct.Struct("!BII" + RAMP.format[1:])
+_ERROR_CODES: Final = {kind.value: n for n, kind in enumerate(ERROR_KINDS, 1)}
+_OTHER: Final = _ERROR_CODES[ErrorKind.OTHER.value]
 
 
 class CopyMeta(msgspec.Struct, array_like=True, frozen=True):
@@ -116,3 +132,37 @@ def frame_header(kind: int, meta_len: int, body_len: int) -> bytes:
 def headers_nbytes(headers: list[tuple[str, str]]) -> int:
     """Bytes a copy's header list holds (names and values, as sent)."""
     return sum(len(k) + len(v) + 4 for k, v in headers)
+
+
+def ramp_frame(
+    generation: int,
+    arm: int,
+    session: int,
+    status: int,
+    error_kind: str | None,
+    ttft_s: float,
+    e2e_s: float,
+    finished: bool,
+    at: float,
+) -> bytes:
+    """One RAMP frame, header included (an unknown error kind travels as `other`)."""
+    code = 0 if error_kind is None else _ERROR_CODES.get(error_kind, _OTHER)
+    return RAMP_FRAME.pack(
+        KIND_RAMP,
+        RAMP.size,
+        0,
+        generation,
+        arm,
+        session,
+        min(max(status, 0), 0xFFFF),
+        code,
+        ttft_s,
+        e2e_s,
+        finished,
+        at,
+    )
+
+
+def ramp_error_kind(code: int) -> str | None:
+    """The error kind a RAMP frame's code names (None: the request did not fail)."""
+    return None if code == 0 else ERROR_KINDS[code - 1].value

@@ -30,6 +30,11 @@ mirrored route (sampled or not); a task sends the count to the mirror process ab
 second (ELIGIBLE). The mirror process answers with the sampling references (RATES) and the
 instant they apply; this worker swaps its thresholds at that instant, as every other worker of
 the host does, so a key's decision never depends on which worker served it.
+
+Ramp evidence (`put_ramp`, the worker's `gateway.server.hooks.RampSink`): each request of an
+open rollout becomes one fixed-size RAMP frame (struct-packed, no body), queued with the other
+frames under the same cap as production's results; while the channel is down or full it is
+`ramp_dropped`, counted, never waited for.
 """
 
 from __future__ import annotations
@@ -66,7 +71,8 @@ _decode_stats = msgspec.msgpack.Decoder(frames.StatsMeta).decode
 _decode_idle = msgspec.msgpack.Decoder(frames.IdleMeta).decode
 _decode_rates = msgspec.msgpack.Decoder(frames.RatesMeta).decode
 _SKIP: Final = COPY_SKIP | {MIRROR_HEADER.lower()}
-# Results are tiny and must not be refused when copies fill the channel: they get this headroom.
+# Results and ramp evidence are tiny and must not be refused when copies fill the channel:
+# they get this headroom.
 _RESULT_HEADROOM: Final = 1 << 20
 _RECONNECT_S: Final = 0.2
 # Frames are written to the socket together, at most this long after the first of them: each
@@ -144,6 +150,8 @@ class Handoff:
             "channel_down": 0,
             "results_dropped": 0,
             "handed_off": 0,
+            "ramp_handed_off": 0,
+            "ramp_dropped": 0,
         }
         self.stats: frames.StatsMeta | None = None
         self.stats_at = 0.0
@@ -325,6 +333,33 @@ class Handoff:
         meta = _encode(frames.ResultMeta(token, error_kind, result))
         if not self._send_small(frames.KIND_RESULT, meta):
             self.process["results_dropped"] += 1
+
+    def put_ramp(
+        self,
+        generation: int,
+        arm: int,
+        session: int,
+        status: int,
+        error_kind: str | None,
+        ttft_s: float,
+        e2e_s: float,
+        finished: bool,
+        at: float,
+    ) -> None:
+        """One request of an open rollout to the mirror process (`RampSink`); never waits."""
+        transport = self._transport
+        frame = frames.ramp_frame(
+            generation, arm, session, status, error_kind, ttft_s, e2e_s, finished, at
+        )
+        size = len(frame)
+        if transport is None or (
+            transport.get_write_buffer_size() + self._pending_bytes + size
+            > self._limit + _RESULT_HEADROOM
+        ):
+            self.process["ramp_dropped"] += 1
+            return
+        self._queue(size, frame)
+        self.process["ramp_handed_off"] += 1
 
     def _send_small(self, kind: int, meta: bytes) -> bool:
         transport = self._transport

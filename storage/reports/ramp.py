@@ -1,0 +1,74 @@
+"""The SQL of a ramp step's evidence: a rollout's live requests as the per-request arrays
+`evaluators.ramp.arms.session_units` takes.
+
+`ramp_requests` reads `rollout_requests` of one rollout generation, ended in [since, until), in
+arrival order (`at`, then id), through the driver's own cursor in batches (as the pairs loader
+does, `storage.reports.pairs`), and builds numpy columns batch by batch: a million requests
+never become a million Python objects at once. Outcomes are reduced in SQL to two small
+integers: `ok` (no error kind) and `disconnected` (the error kind says nothing about the
+endpoint: the client went away or the gateway shut down, `domain.outcomes.NOT_THE_ENDPOINT`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+from sqlalchemy import ColumnElement, case, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from domain.outcomes import NOT_THE_ENDPOINT
+from storage.models import RolloutRequestRow
+from storage.reports.pairs import _batches
+from storage.sql import translated
+
+__all__ = ["RAMP_COLUMNS", "ramp_requests"]
+
+# The arrays, named as `evaluators.ramp.arms.session_units` names its parameters, and dtypes.
+RAMP_COLUMNS: Final[dict[str, type[np.generic]]] = {
+    "session": np.int64,
+    "arm": np.int8,
+    "turn": np.int32,
+    "ok": np.bool_,
+    "ttft_s": np.float64,
+    "e2e_s": np.float64,
+    "disconnected": np.bool_,
+}
+_BATCH: Final = 20_000  # rows per fetch: large enough to amortize, small enough to bound memory
+
+
+def _query(generation: int, since: float | None, until: float | None) -> Any:
+    r = RolloutRequestRow.__table__
+    ok: ColumnElement[int] = case((r.c.error_kind.is_(None), 1), else_=0)
+    gone = sorted(str(k) for k in NOT_THE_ENDPOINT)
+    disconnected: ColumnElement[int] = case((r.c.error_kind.in_(gone), 1), else_=0)
+    cond: list[ColumnElement[bool]] = [r.c.generation == generation]
+    if since is not None:
+        cond.append(r.c.at >= since)
+    if until is not None:
+        cond.append(r.c.at < until)
+    return (
+        select(r.c.session, r.c.arm, r.c.turn, ok, r.c.ttft_s, r.c.e2e_s, disconnected)
+        .where(*cond)
+        .order_by(r.c.at, r.c.id)
+    )
+
+
+async def ramp_requests(
+    engine: AsyncEngine, generation: int, since: float | None, until: float | None
+) -> dict[str, NDArray[Any]]:
+    """One rollout generation's requests ended in [since, until) (None: unbounded), in arrival
+    order, as the columns of RAMP_COLUMNS (`ttft_s` / `e2e_s` NaN where absent)."""
+    parts: dict[str, list[NDArray[Any]]] = {name: [] for name in RAMP_COLUMNS}
+    stmt = _query(generation, since, until)
+    with translated("reading a rollout's requests"):
+        async with engine.connect() as conn:
+            async for rows in _batches(conn, stmt, _BATCH):
+                columns = zip(*rows, strict=True)  # every row has every column
+                for (name, dtype), column in zip(RAMP_COLUMNS.items(), columns, strict=True):
+                    parts[name].append(np.array(column, dtype=dtype))  # NULL -> NaN in floats
+    return {
+        name: np.concatenate(chunks) if chunks else np.zeros(0, dtype=RAMP_COLUMNS[name])
+        for name, chunks in parts.items()
+    }
