@@ -42,7 +42,6 @@ PY = sys.executable
 BARE_GATEWAY = """
 import asyncio, sys, uvloop
 from aiohttp.web_protocol import RequestHandler
-from gateway.config.sections import GatewayConfig, LiveConfig, ServerConfig
 from gateway.server import connections
 from gateway.server.app import start_gateway
 if sys.argv[3:] == ["guards-off"]:  # aiohttp's own per-read and per-connection code only
@@ -50,11 +49,17 @@ if sys.argv[3:] == ["guards-off"]:  # aiohttp's own per-read and per-connection 
     connections._Handler.connection_lost = RequestHandler.connection_lost
     connections.GuardedServer.connection_made = connections.Server.connection_made
     connections.GuardedServer.connection_lost = connections.Server.connection_lost
-async def main():
-    cfg = GatewayConfig(
+def config():
+    try:  # the configuration by section
+        from gateway.config.sections import GatewayConfig, LiveConfig, ServerConfig
+    except ImportError:  # a --before-root from before the sections: one flat GatewayConfig
+        from gateway.config import GatewayConfig
+        return GatewayConfig(listen="127.0.0.1:" + sys.argv[1], live_url=sys.argv[2])
+    return GatewayConfig(
         server=ServerConfig(listen="127.0.0.1:" + sys.argv[1]), live=LiveConfig(url=sys.argv[2])
     )
-    gw = await start_gateway(cfg)
+async def main():
+    gw = await start_gateway(config())
     try:
         await asyncio.Event().wait()
     finally:

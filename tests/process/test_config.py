@@ -135,7 +135,7 @@ def test_schema_shows_description_default_and_bounds() -> None:
 
 
 def test_docs_configuration_is_generated_from_the_declaration() -> None:
-    """docs/configuration.md is what docs/gen_config.py renders from gateway/config/sections.py now."""
+    """docs/configuration.md is what docs/gen_config.py renders from the declaration now."""
     spec = importlib.util.spec_from_file_location("gen_config", ROOT / "docs" / "gen_config.py")
     assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)
