@@ -2,9 +2,12 @@
 
 Starts four engine simulators (production, a `control` with production's profile, a `bi-kv`
 candidate that keeps each session's KV cache, and a `quantized` candidate whose answers sometimes
-diverge), a gateway in front of production with SQLite in a temporary directory, drives
-agent-like multi-turn sessions through it, stops the gateway (which drains the mirror and flushes
-storage), then prints both candidates' reports and writes their HTML forms.
+diverge), a gateway in front of production with SQLite in a temporary directory, and drives
+agent-like multi-turn sessions through it a batch at a time, asking the gateway for each
+candidate's verdict between batches, until every candidate is promoted or rejected (the
+intervals are valid at any look, so looking as often as it likes costs nothing) or
+`max_sessions` is reached, and says which ended it. Then it stops the gateway (which drains the
+mirror and flushes storage), prints both candidates' reports and writes their HTML forms.
 
 Every process it starts is its own child; all are stopped on exit, on error and on Ctrl-C.
 """
@@ -61,6 +64,11 @@ counters_flush_interval_s = 1.0
 [admin]
 insecure = true
 
+[reports]
+# The demo asks for both candidates' verdicts between batches of sessions; beside four busy
+# simulators an idle-priority report process would answer late (keep "idle" in production).
+priority = "normal"
+
 [mirror]
 # Five processes share this machine's cores, so scheduling delays show up as event-loop lag
 # and the gateway may use a whole core; production here is a simulator, so the demo's loop
@@ -107,8 +115,15 @@ similarity_delta = 0.05
 SCORING = {"quantized": "score_rate = 0.5\n"}
 
 
+# Candidates whose verdicts the demo waits for (the control's is the noise floor, not a goal).
+DECIDING = ("bi-kv", "quantized")
+DECIDED = ("promote", "reject")
+
+
 class DemoOptions(msgspec.Struct, kw_only=True):
-    sessions: int = 100
+    sessions: int = 0  # > 0: exactly this many, no looking; 0: until every verdict is decided
+    max_sessions: int = 400  # the cap when driving until decided
+    batch: int = 20  # sessions between two looks
     turns: int = 6
     concurrency: int = 16
     time_scale: float = 0.25
@@ -213,6 +228,7 @@ class ProgressBar(Protocol):
     """What the demo needs of a progress bar (the CLI passes `gateway.cli.progress.Progress`)."""
 
     def advance(self, n: int = 1) -> None: ...
+    def note(self, status: str) -> None: ...
     def __enter__(self) -> ProgressBar: ...
     def __exit__(
         self,
@@ -224,6 +240,9 @@ class ProgressBar(Protocol):
 
 class _NoProgress:
     def advance(self, n: int = 1) -> None:
+        pass
+
+    def note(self, status: str) -> None:
         pass
 
     def __enter__(self) -> _NoProgress:
@@ -312,18 +331,8 @@ async def _run(
     say(f"gateway on {gateway_url} in front of {urls['live']} (SQLite: {db_path})")
     say("candidates: control (same profile as production), bi-kv (keeps session KV), quantized")
 
-    spec = WorkloadSpec(
-        sessions=opts.sessions,
-        turns=opts.turns,
-        concurrency=opts.concurrency,
-        seed=opts.seed,
-    )
-    with progress(spec.sessions * spec.turns, "agent sessions through the gateway") as bar:
-        summary = await run_workload(gateway_url, spec, progress=bar.advance)
-    say(
-        f"sent {summary.requests} requests in {summary.wall_s:.1f} s, "
-        f"{summary.errors} production errors"
-    )
+    summary = await _drive(gateway_url, opts, progress, say)
+    say(summary)
     if opts.keep:
         return await _keep_running(gateway_url, urls, config_path, db_path)
 
@@ -333,6 +342,75 @@ async def _run(
     code = await _print_reports(f"sqlite+aiosqlite:///{db_path}", Path(opts.out_dir))
     say(f"demo finished in {time.monotonic() - started:.0f} s")
     return code
+
+
+async def _drive(
+    gateway_url: str,
+    opts: DemoOptions,
+    progress: Callable[[int, str], ProgressBar],
+    say: Callable[[str], None],
+) -> str:
+    """Send sessions a batch at a time until every deciding candidate is decided (or exactly
+    `opts.sessions` when set); returns the line that says what ended it."""
+    fixed = opts.sessions > 0
+    total = opts.sessions if fixed else opts.max_sessions
+    step = total if fixed else opts.batch
+    sent = requests = errors = 0
+    wall = 0.0
+    verdicts: dict[str, str] = {}
+    with progress(total * opts.turns, "agent sessions through the gateway") as bar:
+        while sent < total:
+            n = min(step, total - sent)
+            spec = WorkloadSpec(
+                sessions=n,
+                first_session=sent,
+                turns=opts.turns,
+                concurrency=opts.concurrency,
+                seed=opts.seed,
+            )
+            done = await run_workload(gateway_url, spec, progress=bar.advance)
+            sent += n
+            requests += done.requests
+            errors += done.errors
+            wall += done.wall_s
+            if fixed:
+                break
+            verdicts = await _verdicts(gateway_url)
+            bar.note(" ".join(f"{name}: {verdicts[name]}" for name in DECIDING))
+            if all(verdicts[name] in DECIDED for name in DECIDING):
+                break
+    traffic = (
+        f"sent {requests} requests ({sent} sessions) in {wall:.1f} s, {errors} production errors"
+    )
+    if fixed:
+        return traffic
+    if all(verdicts.get(name) in DECIDED for name in DECIDING):
+        return f"{traffic}; every candidate decided after {sent} sessions"
+    open_ = ", ".join(n for n in DECIDING if verdicts.get(n) not in DECIDED)
+    return (
+        f"{traffic}; stopped at the cap (--max-sessions {opts.max_sessions}), not by the "
+        f"evidence: {open_} still undecided"
+    )
+
+
+async def _verdicts(gateway_url: str) -> dict[str, str]:
+    """Each deciding candidate's verdict now, from the gateway's report process (an interim
+    look: valid whenever it is taken); "pending" when a report is not available yet."""
+    out: dict[str, str] = {}
+    timeout = aiohttp.ClientTimeout(total=120.0)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        for name in DECIDING:
+            url = f"{gateway_url}/admin/candidates/{name}/report"
+            try:
+                async with http.get(url) as resp:
+                    body = await resp.read()
+                    ok = resp.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                ok = False
+            out[name] = (
+                str(msgspec.json.decode(body).get("verdict", "pending")) if ok else "pending"
+            )
+    return out
 
 
 async def _print_reports(db_url: str, out_dir: Path) -> int:

@@ -67,6 +67,9 @@ class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
     model: str = "sim-model"
     seed: int = 0
     route: str = "/v1/chat/completions"
+    # Index of the first session: batches of one run (`canary demo` looks between them) take
+    # consecutive ranges, so every conversation has its own id and its own draws.
+    first_session: int = 0
 
 
 class TurnResult(msgspec.Struct, kw_only=True):
@@ -220,7 +223,7 @@ async def run_workload(
         aiohttp.ClientSession(timeout=timeout, connector=connector) as http,
         asyncio.TaskGroup() as group,
     ):
-        for i in range(spec.sessions):
+        for i in range(spec.first_session, spec.first_session + spec.sessions):
             group.create_task(one(i, http))
     return WorkloadSummary(
         requests=len(results),

@@ -98,3 +98,23 @@ async def test_demo_keep_prints_the_live_page_and_it_is_served(tmp_path: Path) -
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed", [3, 11])
+async def test_the_demo_runs_until_each_candidate_is_decided(tmp_path: Path, seed: int) -> None:
+    """Driven until decided, the demo ends with bi-kv promoted and quantized rejected at another
+    seed and a shorter time scale, and says the evidence (not the cap) ended it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli.main", "demo", "--seed", str(seed),
+        "--time-scale", "0.15", "--out-dir", str(tmp_path / "reports"),
+        cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 600)
+    text = out.decode()
+    assert proc.returncode == 0, text[-3000:]
+    assert "bi-kv (bi-kv): PROMOTE" in text, text[-3000:]
+    assert "quantized (quantized): REJECT" in text, text[-3000:]
+    assert "every candidate decided after" in text, text[-3000:]
+    # The progress line showed the verdicts as they formed.
+    assert "bi-kv: hold" in text or "bi-kv: promote" in text

@@ -12,13 +12,17 @@ what it does:
   1. starts four engine simulators: production, a control (production's profile), a bi-kv
      candidate (keeps each session's KV cache) and a quantized candidate (30 %% of answers
      diverge), plus a gateway in front of production, with SQLite in a temporary directory;
-  2. drives agent-like multi-turn sessions through the gateway (progress bar);
+  2. drives agent-like multi-turn sessions through the gateway, --batch at a time, and asks
+     for both candidates' verdicts between batches (the progress line shows them as they
+     form) until bi-kv and quantized are each promoted or rejected, or --max-sessions is
+     reached (it says which ended it); the intervals are valid at every look;
   3. stops the gateway, which drains the mirror and flushes storage;
   4. prints both candidates' reports and writes their HTML forms to --out-dir.
 
 examples:
   canary demo
-  canary demo --sessions 100 --turns 8
+  canary demo --max-sessions 200 --seed 7
+  canary demo --sessions 100 --turns 8    # exactly 100 sessions, no looking between them
   canary demo --keep          # leave everything running and print commands to explore
 """
 
@@ -31,7 +35,22 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--sessions", type=int, default=100, help="conversations (default 100)")
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=0,
+        help="send exactly this many conversations, without looking in between (default: until"
+        " every candidate is decided)",
+    )
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        default=400,
+        help="at most this many conversations while waiting for the verdicts (default 400)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=20, help="conversations between two looks (default 20)"
+    )
     parser.add_argument("--turns", type=int, default=6, help="turns per conversation (default 6)")
     parser.add_argument(
         "--concurrency", type=int, default=16, help="conversations in flight (default 16)"
@@ -62,13 +81,17 @@ def run(args: argparse.Namespace) -> int:
     from gateway.cli.progress import Progress
     from gateway.process.demo import DemoOptions, run_demo
 
-    for flag in ("sessions", "turns", "concurrency"):
+    if args.sessions < 0:
+        raise UsageError("--sessions must be at least 1 (or 0: until every candidate is decided)")
+    for flag in ("max_sessions", "batch", "turns", "concurrency"):
         if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag} must be at least 1")
+            raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
     if not args.time_scale > 0:
         raise UsageError("--time-scale must be positive")
     opts = DemoOptions(
         sessions=args.sessions,
+        max_sessions=args.max_sessions,
+        batch=args.batch,
         turns=args.turns,
         concurrency=args.concurrency,
         time_scale=args.time_scale,
