@@ -88,6 +88,8 @@ class RampSink(Protocol):
 
 class RolloutGuard(Protocol):
     """Makes a worker's guard trip durable and pushed to every replica (a storage rollback with
-    `expected_generation`, which NOTIFYs). Called at most once per generation, on the loop."""
+    `expected_generation`, which NOTIFYs). Called at most once per generation, on the loop, on
+    the request path, after this worker already rolled back: it schedules the write (an owned
+    task), never awaits it."""
 
     def trip(self, generation: int, reason: str, evidence: dict[str, object]) -> None: ...

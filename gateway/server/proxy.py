@@ -10,10 +10,10 @@ client that goes away aborts the upstream request at once, so the engine stops g
 
 During a ramp (`RampRoute`), the session key (the session header, else the request id) picks the
 arm: the candidate's requests are forwarded, streamed and metered the same way to its base URL,
-and a candidate failure before any byte reached the client is retried once on production
-(counted as a fallback, reported as the candidate's failure). The router is asked for every
-request, rollout or not (1-4 µs): it remembers each session's arm so that sessions in flight when
-a ramp starts stay on production. The rest of the ramp's work (metering every request, counting
+and a candidate failure before any byte reached the client is retried once on production, with
+fresh deadlines (counted as a fallback, reported as the candidate's failure). The router is
+asked for every request, rollout or not (1-4 µs): it remembers each session's arm so that
+sessions in flight when a ramp starts stay on production. The rest of the ramp's work (metering every request, counting
 by arm, the evidence record, the guard) happens only while a rollout is ramping. Only
 production-arm requests reach the tee: the mirror copies production's traffic to candidates,
 never a candidate's own requests back to it.
@@ -279,8 +279,9 @@ class RampRoute:
         """Everything back to production on this worker now; the hook spreads it."""
         router = self.router
         current = router.rollout
-        if current.generation == active.generation:
-            router.swap(current.rolled_back())
+        if current.generation != active.generation:
+            return  # the rollout already moved on (rolled back, completed): nothing to undo
+        router.swap(current.rolled_back())
         self.rollbacks[reason].inc()
         hook = self.hook
         if hook is not None:
