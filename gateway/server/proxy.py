@@ -13,10 +13,10 @@ arm: the candidate's requests are forwarded, streamed and metered the same way t
 and a candidate failure before any byte reached the client is retried once on production, with
 fresh deadlines (counted as a fallback, reported as the candidate's failure). The router is
 asked for every request, rollout or not (1-4 µs): it remembers each session's arm so that
-sessions in flight when a ramp starts stay on production. The rest of the ramp's work (metering every request, counting
-by arm, the evidence record, the guard) happens only while a rollout is ramping. Only
-production-arm requests reach the tee: the mirror copies production's traffic to candidates,
-never a candidate's own requests back to it.
+sessions in flight when a ramp starts stay on production. The rest of the ramp's work
+(metering every request, counting by arm, the evidence record, the guard) happens only while a
+rollout is ramping. Only production-arm requests reach the tee: the mirror copies production's
+traffic to candidates, never a candidate's own requests back to it.
 
 This module must never log per request, never buffer a whole response, never await anything of
 the mirror, and never let a tee error reach the client.
