@@ -5,8 +5,13 @@
 Times `ArmRouter.arm_for` with timeit on a real table in /dev/shm: with no rollout (the session
 still recorded, so that a later ramp leaves it on production), during a ramp for sessions already
 known, for sessions from before the ramp and for new ones, and after a rollback; beside them the
-floor of encoding and hashing the key once. "New" runs use fresh keys in every repeat. Prints a
-markdown table of microseconds per call (best of 5 repeats). A benchmark, not a test.
+floor of encoding and hashing the key once. "New" runs use fresh keys in every repeat.
+
+A second table times the proxy's whole share of the ramp per request (`gateway.server.proxy`):
+reading the session header and deciding (what every request pays once a router is wired), and,
+while a rollout ramps, that plus the request's record (counters, the session hash, the sink, the
+candidate guard). Prints markdown tables of microseconds per call (best of 5 repeats). A
+benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ import timeit
 from collections.abc import Callable
 
 import xxhash
+from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.config.load import config_from
 from gateway.server.arms import ArmRouter, Rollout, SessionArms
+from gateway.server.prometheus import Exporter
+from gateway.server.proxy import RampRoute
 
 REPEAT = 5
 _fresh = itertools.count()
@@ -38,6 +47,57 @@ def _new(fn: Callable[[str], object], n: int, prefix: str) -> tuple[float, list[
     it = iter(batches)
     timer = timeit.Timer("for k in next(it): fn(k)", globals={"fn": fn, "it": it})
     return min(timer.repeat(repeat=REPEAT, number=1)) / n * 1e6, batches[0]
+
+
+class _NullSink:
+    def put_ramp(self, *record: object) -> None:
+        pass
+
+
+def _proxy_rows(table: SessionArms, n: int) -> list[tuple[str, float]]:
+    """The proxy's per-request ramp work, as `Proxy._forward` does it (same statements)."""
+    router = ArmRouter(table)
+    ramp = RampRoute(
+        router, config_from({}).rollout, Exporter(), session_header="X-Session-ID",
+        sink=_NullSink(),
+    )  # fmt: skip
+    header = ramp.session_header
+
+    def decide(headers: CIMultiDictProxy[str]) -> object:
+        active: Rollout | None = ramp.router.rollout
+        key = headers.get(header) or "rid"
+        arm = ramp.router.arm_for(key)
+        assert active is not None
+        if active.state != "ramping":
+            active = None
+        if active is not None:
+            ramp.record(active, arm, key, 200, None, 0.05, 0.5, True)
+        return arm
+
+    def requests(prefix: str, count: int) -> list[CIMultiDictProxy[str]]:
+        return [
+            CIMultiDictProxy(CIMultiDict({"X-Session-ID": f"{prefix}-{next(_fresh)}"}))
+            for _ in range(count)
+        ]
+
+    def timed(batch: list[CIMultiDictProxy[str]]) -> float:
+        timer = timeit.Timer("for h in batch: fn(h)", globals={"fn": decide, "batch": batch})
+        return min(timer.repeat(repeat=REPEAT, number=1)) / len(batch) * 1e6
+
+    rows = []
+    no_router = requests("none", n)
+    timer = timeit.Timer("for h in batch: h.get('X-Session-ID')", globals={"batch": no_router})
+    floor = min(timer.repeat(repeat=REPEAT, number=1)) / n * 1e6
+    rows.append(("no router wired: nothing (header read shown for scale)", floor))
+    idle = requests("idle", n)
+    timed(idle)  # first sight: recorded
+    rows.append(("router idle, known session: decide", timed(idle)))
+    router.swap(Rollout(3, salt=0x5EED, weight=0.5, candidate="cand", state="ramping"))
+    during = requests("ramp", n)
+    timed(during)
+    rows.append(("ramp at 50 %, known session: decide + record", timed(during)))
+    rows.append(("ramp at 50 %, session from before: decide + record", timed(idle)))
+    return rows
 
 
 def main() -> None:
@@ -65,11 +125,17 @@ def main() -> None:
         router.swap(ramp.rolled_back())
         rows.append(("rolled back, known session", _known(router.arm_for, during)))
         counters = router.counters()
+    path = os.path.join(shm, f"canary-arms-bench-proxy-{os.getpid()}")
+    with SessionArms.create(path, slots=args.slots) as table:
+        proxy_rows = _proxy_rows(table, n)
     print(f"{n} sessions per pass, {args.slots} slots ({args.slots * 8 >> 20} MiB)\n")
     print("| case | µs per call |\n|---|---:|")
     for name, us in rows:
         print(f"| {name} | {us:.2f} |")
-    print(f"\ncounters: {counters}")
+    print(f"\ncounters: {counters}\n")
+    print("| the proxy's share, per request | µs |\n|---|---:|")
+    for name, us in proxy_rows:
+        print(f"| {name} | {us:.2f} |")
 
 
 if __name__ == "__main__":

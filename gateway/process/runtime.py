@@ -5,11 +5,16 @@ order start-up and shutdown need:
 
     start:    schema check -> registry (seeds, loads, sets the live target) -> the host's mirror
               process (started here unless a supervisor passed its socket) -> hand-off connects
-              -> counters flusher -> HTTP listener
-    shutdown: stop the listener (in-flight production requests finish) -> flusher stops
+              -> counters flusher -> the host's session-arm table (created here unless a
+              supervisor passed its path) and this process's ramp router -> HTTP listener
+    shutdown: stop the listener (in-flight production requests finish) -> the arm table
+              unmapped (removed when this process created it) -> flusher stops
               -> hand-off drains its channel (up to drain_timeout_s) -> last counters flush
               -> mirror process stopped (it drains lanes, flushes its writer) -> registry
               -> engine disposed
+
+The ramp's router is `Components.router` (also `app[RAMP].router`): the rollout controller swaps
+its snapshot; a worker's guard trip is made durable by `app[RAMP].hook` (None: this worker only).
 
 The worker holds no ring, lane or observation writer: those live in the mirror process
 (`gateway.mirror.plane`), which production never awaits.
@@ -25,7 +30,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Final
@@ -49,12 +56,14 @@ from gateway.mirror.channel.handoff import Handoff
 from gateway.process import simulator
 from gateway.process.children import PlaneProcess, ReportProcess, StartWatch, replica_name
 from gateway.server.app import (
+    RAMP,
     READY_CHECKS,
     AppCustomizer,
     RunningGateway,
     mount_admin,
     start_gateway,
 )
+from gateway.server.arms import ArmRouter, SessionArms
 from gateway.server.hooks import LiveTarget
 from gateway.server.prometheus import Exporter
 from storage import queries
@@ -80,6 +89,7 @@ class Components:
     plane: PlaneProcess | None = None  # the mirror process, when this worker started it
     reports: RemoteReports | None = None  # the client of the host's report process
     report_process: ReportProcess | None = None  # the report process, when this worker started it
+    router: ArmRouter | None = None  # the ramp's router: the rollout controller swaps it
 
     @property
     def url(self) -> str:
@@ -150,6 +160,26 @@ def _registry_lines(registry: Registry) -> list[Sample]:
         REGISTRY_RELOADS.sample(stats["reloads"]),
         REGISTRY_POLL_ERRORS.sample(stats["poll_errors"]),
     ]
+
+
+def arms_directory(config: GatewayConfig) -> str:
+    """Where the host's session-arm table lives: `rollout.arms_dir`, else /dev/shm (memory, not
+    disk), else the temp dir."""
+    if config.rollout.arms_dir:
+        return config.rollout.arms_dir
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def create_arms(config: GatewayConfig) -> SessionArms:
+    """Create the host's session-arm table (by the supervisor, or the single process); its
+    `close` removes the file. The name is unique (pid and a random part): a file left by a
+    killed gateway never blocks a new one."""
+    name = f"canary-arms-{os.getpid()}-{secrets.token_hex(4)}"
+    return SessionArms.create(
+        os.path.join(arms_directory(config), name),
+        slots=config.rollout.arms_slots,
+        ttl_s=config.rollout.arms_ttl_s,
+    )
 
 
 async def _check_schema(engine: AsyncEngine, db_url: str) -> None:
@@ -242,13 +272,15 @@ async def running(
     simulator_url: str | None = None,
     plane_socket: str | None = None,
     report_socket: str | None = None,
+    arms_path: str | None = None,
 ) -> AsyncIterator[Components]:
     """Start a complete gateway on `config.server.listen`; stop it, in order, on exit.
 
     `simulator_url`: the built-in simulator a `--workers` supervisor started for all workers
     (`gateway.process.simulator` decides when there is one; without it, it starts one here).
     `plane_socket`: the host's mirror process the supervisor started; without it this process
-    starts (and owns) one. `report_socket`: likewise, the host's report process."""
+    starts (and owns) one. `report_socket`: likewise, the host's report process. `arms_path`:
+    the host's session-arm table the supervisor created; without it this process creates one."""
     engine = make_engine(config.storage.db_url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(engine.dispose)
@@ -337,13 +369,18 @@ async def running(
         metrics.add_collector(lambda: _plane_lines(parts))
         metrics.add_collector(lambda: _registry_lines(registry))
         metrics.add_collector(reports.samples)
+        table = create_arms(config) if arms_path is None else SessionArms.open(arms_path)
+        stack.callback(table.close)  # after the listener stopped: no request routes any more
+        parts.router = ArmRouter(table)
         parts.gateway = await start_gateway(
             config,
             live=live,
             tee=handoff,
             metrics=metrics,
             customize=_customize(parts),
+            router=parts.router,
         )
+        assert parts.gateway.app[RAMP].router is parts.router
         stack.push_async_callback(parts.gateway.close)
         yield parts
 
@@ -392,6 +429,7 @@ async def serve_until_stopped(
     simulator_url: str | None = None,
     plane_socket: str | None = None,
     report_socket: str | None = None,
+    arms_path: str | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """What each `canary serve` process runs: the complete gateway until SIGTERM/SIGINT."""
@@ -405,6 +443,7 @@ async def serve_until_stopped(
             simulator_url=simulator_url,
             plane_socket=plane_socket,
             report_socket=report_socket,
+            arms_path=arms_path,
         ) as parts:
             log.info(
                 "canary-gateway listening",

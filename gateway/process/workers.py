@@ -6,6 +6,10 @@ needed (`gateway.process.simulator`, so every worker proxies to the same one), s
 that bind the port with SO_REUSEPORT, restarts a worker that dies (within a budget), and forwards
 SIGTERM/SIGINT to its children. uvloop is used when installed, asyncio's default loop otherwise.
 
+The supervisor also creates the host's session-arm table (the ramp's session -> arm memory, a
+named shared-memory file under `rollout.arms_dir`) before the workers and removes it after
+them; each worker maps it by path (with `workers == 1` the worker creates it itself).
+
 Every host also runs one mirror process (`PlaneProcess`, `gateway.process.children`): the supervisor
 starts it before the workers and every worker hands its copies to it over a Unix socket; with
 `workers == 1` the worker starts it itself. It runs at a lower CPU priority, dies with its parent
@@ -40,7 +44,7 @@ from gateway.process.children import (
     ReportProcess,
     StartWatch,
 )
-from gateway.process.runtime import prepare_storage, serve_until_stopped
+from gateway.process.runtime import create_arms, prepare_storage, serve_until_stopped
 
 log = logging.getLogger("canary.supervisor")
 
@@ -60,6 +64,7 @@ def _worker_main(
     simulator_url: str | None,
     plane_socket: str | None,
     report_socket: str | None,
+    arms_path: str | None = None,
 ) -> None:
     die_with_parent(parent_pid)
     setup_logging(config.server.log_format, config.server.log_level)
@@ -69,6 +74,7 @@ def _worker_main(
             simulator_url=simulator_url,
             plane_socket=plane_socket,
             report_socket=report_socket,
+            arms_path=arms_path,
         ),
         config.server.event_loop,
     )
@@ -110,6 +116,8 @@ def _supervise(config: GatewayConfig) -> int:
             log.error(str(exc))
             return 1
         run_loop(prepare_storage(config))
+        # Closed by the stack after the workers joined: no worker maps a removed file.
+        arms = stack.enter_context(create_arms(config))
         plane = PlaneProcess(config)
         plane.start()
         log.info("started the mirror process", extra={"fields": {"pid": plane.pid}})
@@ -139,6 +147,7 @@ def _supervise(config: GatewayConfig) -> int:
                     simulator_url,
                     plane.socket_path,
                     None if reporter is None else reporter.socket_path,
+                    arms.path,
                 ),
                 name=f"canary-worker-{index}",
             )

@@ -25,11 +25,12 @@ import msgspec
 from aiohttp import web
 
 from gateway.config.sections import GatewayConfig, split_host_port
+from gateway.server.arms import ArmRouter
 from gateway.server.connections import ConnectionStats, GatewayRunner
-from gateway.server.hooks import LiveTarget, RequestTee
+from gateway.server.hooks import LiveTarget, RampSink, RequestTee, RolloutGuard
 from gateway.server.limits import EdgeLimits, descriptors_wanted, fit_file_limit, plan_limits
 from gateway.server.prometheus import Collector, Exporter
-from gateway.server.proxy import Proxy, ProxyMetrics
+from gateway.server.proxy import Proxy, ProxyMetrics, RampRoute
 from gateway.server.upstream import make_client_session
 
 log = logging.getLogger("canary.gateway")
@@ -41,6 +42,8 @@ CONFIG = web.AppKey("canary_config", GatewayConfig)
 LIVE = web.AppKey("canary_live", LiveTarget)
 METRICS = web.AppKey("canary_metrics", Exporter)
 PROXY = web.AppKey("canary_proxy", Proxy)
+# The worker's ramp (its `router` is what the rollout controller swaps), when it has a router.
+RAMP = web.AppKey("canary_ramp", RampRoute)
 UPSTREAM_SESSION = web.AppKey("canary_upstream_session", aiohttp.ClientSession)
 READY_CHECKS = web.AppKey("canary_ready_checks", dict[str, ReadyCheck])
 
@@ -103,10 +106,24 @@ def build_app(
     live: LiveTarget,
     tee: RequestTee | None = None,
     metrics: Exporter | None = None,
+    router: ArmRouter | None = None,
+    ramp_sink: RampSink | None = None,
+    rollout_guard: RolloutGuard | None = None,
 ) -> web.Application:
-    """The gateway application; compose more onto it before it starts (see module docstring)."""
+    """The gateway application; compose more onto it before it starts (see module docstring).
+    `router`: this process's ramp router (None: no ramp, every request to production)."""
     app = web.Application(client_max_size=config.limits.max_body_bytes)
     registry = metrics if metrics is not None else Exporter()
+    ramp = None
+    if router is not None:
+        ramp = app[RAMP] = RampRoute(
+            router,
+            config.rollout,
+            registry,
+            session_header=config.server.session_header,
+            sink=ramp_sink,
+            hook=rollout_guard,
+        )
     proxy = Proxy(
         config.limits,
         config.upstream,
@@ -114,6 +131,7 @@ def build_app(
         ProxyMetrics(registry),
         tee,
         text_max=config.storage.store_text_max_chars,
+        ramp=ramp,
     )
     app[CONFIG] = config
     app[LIVE] = live
@@ -249,6 +267,9 @@ async def start_gateway(
     metrics: Exporter | None = None,
     customize: Sequence[AppCustomizer] = (),
     reuse_port: bool | None = None,
+    router: ArmRouter | None = None,
+    ramp_sink: RampSink | None = None,
+    rollout_guard: RolloutGuard | None = None,
 ) -> RunningGateway:
     """Build, start and bind a gateway on `config.server.listen` (port 0: any free port).
 
@@ -266,7 +287,15 @@ async def start_gateway(
             config.upstream, max_connections=limits.upstream_max_connections
         ),
     )
-    app = build_app(config, live=live, tee=tee, metrics=metrics)
+    app = build_app(
+        config,
+        live=live,
+        tee=tee,
+        metrics=metrics,
+        router=router,
+        ramp_sink=ramp_sink,
+        rollout_guard=rollout_guard,
+    )
     for fn in customize:
         fn(app)
     runner = make_runner(app, config, max_connections=limits.max_connections)

@@ -14,6 +14,9 @@ table entry of another generation means production). That costs ~1.2 µs for a k
 ~3.5 µs for a new one (bench/arms.py), against a hash alone's 0.1 µs; forgetting them would move
 a share of the sessions in flight to the candidate the moment a ramp starts, mid-conversation.
 
+`ArmGuard` is a worker's fast guard on the candidate's outcomes (consecutive failures, a burst
+of them): it says when to send everything back to production without waiting for a report.
+
 Pure Python over mmap and xxhash: no asyncio, no aiohttp, no IO after `create`/`open`, nothing
 allocated per request but the key's bytes and a bucket's tuple. It must never block nor log.
 """
@@ -355,4 +358,87 @@ class ArmRouter:
             "new_sessions": t.inserted,
             "evicted": t.evicted,
             "reclaimed": t.reclaimed,
+        }
+
+
+# Guard trip reasons (the `reason` label of canary_rollout_rollbacks_total and of the trip).
+GUARD_CONSECUTIVE = "guard_consecutive"
+GUARD_BURST = "guard_burst"
+
+
+class ArmGuard:
+    """A worker's fast guard on the candidate arm: `consecutive` failures in a row, or `burst`
+    failures among its last `window` requests, trip it, once per generation. It only counts:
+    the caller swaps the router to `rolled_back()` and reports the trip. A failure is the
+    candidate's (5xx, connect, reset, timeout), never a client going away."""
+
+    __slots__ = (
+        "_generation",
+        "_last",
+        "_pos",
+        "_ring",
+        "_seen",
+        "_streak",
+        "_window_failures",
+        "burst",
+        "consecutive",
+        "tripped",
+        "window",
+    )
+
+    def __init__(self, *, consecutive: int, window: int, burst: int) -> None:
+        if min(consecutive, window, burst) < 1 or burst > window:
+            raise ConfigError(
+                f"rollout guard: need 1 <= burst ({burst}) <= window ({window}) and "
+                f"consecutive ({consecutive}) >= 1"
+            )
+        self.consecutive = consecutive
+        self.window = window
+        self.burst = burst
+        self._ring = bytearray(window)  # 1 = that request failed; the oldest is overwritten
+        self._generation = -1
+        self._pos = 0
+        self._seen = 0
+        self._streak = 0
+        self._window_failures = 0
+        self.tripped = 0  # trips of this process, all generations
+        self._last = (0, 0, 0)
+
+    def observe(self, generation: int, failed: bool) -> str | None:
+        """Count one candidate outcome of `generation`; the trip's reason the first time the
+        guard trips for it, else None (also once it has tripped)."""
+        if generation != self._generation:
+            self._generation = generation
+            self._ring[:] = bytes(self.window)
+            self._pos = self._seen = self._streak = self._window_failures = 0
+        elif self._streak < 0:  # tripped for this generation already
+            return None
+        ring = self._ring
+        pos = self._pos
+        self._window_failures += failed - ring[pos]
+        ring[pos] = failed
+        self._pos = pos + 1 if pos + 1 < self.window else 0
+        self._seen += 1
+        self._streak = self._streak + 1 if failed else 0
+        if self._streak >= self.consecutive:
+            reason = GUARD_CONSECUTIVE
+        elif self._window_failures >= self.burst:
+            reason = GUARD_BURST
+        else:
+            return None
+        self.tripped += 1
+        self._last = (self._streak, self._window_failures, min(self._seen, self.window))
+        self._streak = -1
+        return reason
+
+    def evidence(self) -> dict[str, object]:
+        """What the last trip saw, for the rollback's record."""
+        streak, failures, seen = self._last
+        return {
+            "consecutive_failures": streak,
+            "window_failures": failures,
+            "window_requests": seen,
+            "consecutive_limit": self.consecutive,
+            "burst_limit": self.burst,
+            "burst_window": self.window,
         }

@@ -8,6 +8,16 @@ this one boundary: 413 body too large, 502 refused/reset before answering, 504 t
 first byte; a failure after streaming started cuts the client connection (no fake success). A
 client that goes away aborts the upstream request at once, so the engine stops generating.
 
+During a ramp (`RampRoute`), the session key (the session header, else the request id) picks the
+arm: the candidate's requests are forwarded, streamed and metered the same way to its base URL,
+and a candidate failure before any byte reached the client is retried once on production, with
+fresh deadlines (counted as a fallback, reported as the candidate's failure). The router is
+asked for every request, rollout or not (1-4 µs): it remembers each session's arm so that
+sessions in flight when a ramp starts stay on production. The rest of the ramp's work
+(metering every request, counting by arm, the evidence record, the guard) happens only while a
+rollout is ramping. Only production-arm requests reach the tee: the mirror copies production's
+traffic to candidates, never a candidate's own requests back to it.
+
 This module must never log per request, never buffer a whole response, never await anything of
 the mirror, and never let a tee error reach the client.
 """
@@ -15,20 +25,32 @@ the mirror, and never let a tee error reach the client.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from time import perf_counter
 
 import aiohttp
 import msgspec
+import xxhash
 from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from domain.exposition import Family, Sample
 from domain.ids import uuid7
 from domain.outcomes import ErrorKind
-from gateway.config.sections import LimitsConfig, UpstreamConfig
+from gateway.config.sections import LimitsConfig, RolloutConfig, UpstreamConfig
+from gateway.server.arms import (
+    GUARD_BURST,
+    GUARD_CONSECUTIVE,
+    PRODUCTION,
+    ArmGuard,
+    ArmRouter,
+    Rollout,
+)
 from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
 from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
-from gateway.server.hooks import LiveTarget, RequestTee
+from gateway.server.hooks import LiveTarget, RampSink, RequestTee, RolloutGuard
 from gateway.server.meter import MeterResult, ResponseMeter
 from gateway.server.prometheus import Exporter
 from gateway.server.upstream import (
@@ -37,6 +59,7 @@ from gateway.server.upstream import (
     UpstreamError,
     UpstreamTimeoutError,
     UpstreamTimeouts,
+    Watchdog,
     open_response,
     read_chunk,
     request_body,
@@ -102,6 +125,178 @@ UPSTREAM_ERROR_LABELS: tuple[str, ...] = (
     ErrorKind.CLIENT_DISCONNECT,
     SLOW_READER,
 )
+
+
+# The ramp's label sets, every series exported at 0 from start.
+ARMS = ("production", "candidate")  # by arm index
+OUTCOMES = ("ok", "error", "fallback")
+FALLBACK_REASONS = ("connect", "reset", "status_5xx", "timeout")
+ROLLBACK_REASONS = ("harm", GUARD_CONSECUTIVE, GUARD_BURST, "operator")
+ROUTER_STATES = ("idle", "ramping", "rolled_back")
+# Failures of an arm (with any 5xx status); a client going away or the gateway stopping is not.
+_ARM_FAILURES = frozenset({ErrorKind.CONNECT, ErrorKind.RESET, ErrorKind.TIMEOUT})
+_SIGN = 1 << 63
+_WRAP = 1 << 64
+_NAN = math.nan
+ROLLOUT_WEIGHT = Family(
+    "canary_rollout_weight", "gauge", "Share of new sessions the candidate serves, in percent."
+)
+ROLLOUT_STATE = Family(
+    "canary_rollout_state",
+    "gauge",
+    "This worker's router state (idle, ramping, rolled_back): 1 for the current.",
+    ("state",),
+)
+ROLLOUT_SESSIONS = Family(
+    "canary_rollout_sessions_total",
+    "counter",
+    "Sessions this worker first saw (new), forgot with a full table (evicted), stored in the "
+    "slot of an idle one (reclaimed).",
+    ("kind",),
+)
+
+
+def session_hash(key: str) -> int:
+    """The unsalted xxh3_64 of a session key as a signed int64 (the ramp's session unit)."""
+    h = xxhash.xxh3_64_intdigest(key.encode())
+    return h - _WRAP if h >= _SIGN else h
+
+
+class RampRoute:
+    """A worker's share of the ramp: its `ArmRouter`, its fast guard, where its evidence goes
+    (`sink`) and who makes a trip durable (`hook`; None: the guard acts on this worker only),
+    with every metric series bound once. `sink` and `hook` may be set after construction."""
+
+    __slots__ = (
+        "fallbacks",
+        "guard",
+        "hook",
+        "requests",
+        "retry",
+        "rollbacks",
+        "router",
+        "session_header",
+        "sink",
+        "sink_errors",
+        "trip_errors",
+    )
+
+    def __init__(
+        self,
+        router: ArmRouter,
+        config: RolloutConfig,
+        registry: Exporter,
+        *,
+        session_header: str,
+        sink: RampSink | None = None,
+        hook: RolloutGuard | None = None,
+    ) -> None:
+        self.router = router
+        self.session_header = session_header
+        self.retry = config.retry_on_production
+        self.sink = sink
+        self.hook = hook
+        self.guard = ArmGuard(
+            consecutive=config.guard_consecutive_failures,
+            window=config.guard_burst_window,
+            burst=config.guard_burst_failures,
+        )
+        requests = registry.counter(
+            "canary_rollout_requests_total",
+            "Requests of an open rollout by arm and outcome (fallback: the candidate failed "
+            "before the first byte and production answered).",
+            ("arm", "outcome"),
+        )
+        self.requests = tuple(
+            {outcome: requests.labels(arm, outcome) for outcome in OUTCOMES} for arm in ARMS
+        )
+        fallbacks = registry.counter(
+            "canary_rollout_fallbacks_total",
+            "Candidate failures before the first byte retried on production, by reason.",
+            ("reason",),
+        )
+        self.fallbacks = {reason: fallbacks.labels(reason) for reason in FALLBACK_REASONS}
+        rollbacks = registry.counter(
+            "canary_rollout_rollbacks_total",
+            "Rollouts this worker sent back to production, by reason.",
+            ("reason",),
+        )
+        self.rollbacks = {reason: rollbacks.labels(reason) for reason in ROLLBACK_REASONS}
+        self.sink_errors = registry.counter(
+            "canary_rollout_sink_errors_total", "Exceptions raised by the ramp sink (swallowed)."
+        )
+        self.trip_errors = registry.counter(
+            "canary_rollout_trip_errors_total",
+            "Exceptions raised by the rollout guard hook (swallowed; the local rollback stands).",
+        )
+        registry.add_collector(self.samples)
+
+    def samples(self) -> list[Sample]:
+        """The router's weight, state and session counts, read at scrape time."""
+        rollout = self.router.rollout
+        counts = self.router.counters()
+        return [
+            ROLLOUT_WEIGHT.sample(rollout.weight * 100.0),
+            *(ROLLOUT_STATE.sample(float(rollout.state == s), s) for s in ROUTER_STATES),
+            ROLLOUT_SESSIONS.sample(counts["new_sessions"], "new"),
+            ROLLOUT_SESSIONS.sample(counts["evicted"], "evicted"),
+            ROLLOUT_SESSIONS.sample(counts["reclaimed"], "reclaimed"),
+        ]
+
+    def record(
+        self,
+        active: Rollout,
+        arm: int,
+        key: str,
+        status: int,
+        kind: str | None,
+        ttft_s: float,
+        e2e_s: float,
+        finished: bool,
+        outcome: str | None = None,
+    ) -> None:
+        """One request of the ramp is over: count it, hand its record to the sink, and feed
+        the guard with a candidate's outcome (tripping it rolls this worker back at once)."""
+        failed = status >= 500 or kind in _ARM_FAILURES
+        if kind is None and status >= 500:
+            kind = ErrorKind.HTTP_5XX
+        self.requests[arm][outcome or ("error" if failed else "ok")].inc()
+        sink = self.sink
+        if sink is not None:
+            try:
+                sink.put_ramp(
+                    active.generation, arm, session_hash(key), status, kind, ttft_s, e2e_s,
+                    finished, time.time(),
+                )  # fmt: skip
+            except Exception:
+                self.sink_errors.inc()
+        if arm:
+            reason = self.guard.observe(active.generation, failed)
+            if reason is not None:
+                self.trip(active, reason)
+
+    def trip(self, active: Rollout, reason: str) -> None:
+        """Everything back to production on this worker now; the hook spreads it."""
+        router = self.router
+        current = router.rollout
+        if current.generation != active.generation:
+            return  # the rollout already moved on (rolled back, completed): nothing to undo
+        router.swap(current.rolled_back())
+        self.rollbacks[reason].inc()
+        hook = self.hook
+        if hook is not None:
+            try:
+                hook.trip(active.generation, reason, self.guard.evidence())
+            except Exception:
+                self.trip_errors.inc()
+
+
+def _ramp_kind(exc: UpstreamError) -> str:
+    """The ramp's error kind of an exchange failure: a client that stopped reading is the
+    client's, not the arm's."""
+    if isinstance(exc, UpstreamTimeoutError) and exc.phase == CLIENT_WRITE:
+        return ErrorKind.CLIENT_DISCONNECT
+    return exc.kind
 
 
 def _result(meter: ResponseMeter | None, now: float, status: int) -> MeterResult:
@@ -200,9 +395,11 @@ class Proxy:
         tee: RequestTee | None = None,
         *,
         text_max: int,
+        ramp: RampRoute | None = None,
     ) -> None:
         self.live = live
         self.tee = tee
+        self.ramp = ramp
         self.metrics = metrics
         self.session: aiohttp.ClientSession | None = None
         self.max_body = limits.max_body_bytes
@@ -293,9 +490,20 @@ class Proxy:
             return self._refuse_body(read.failure, stats, rid or uuid7())
         body = read.body
         headers, rid = self._request_headers(request, rid)
+        ramp = self.ramp
+        arm: int = PRODUCTION
+        active: Rollout | None = None
+        key = ""
+        if ramp is not None:
+            router = ramp.router
+            active = router.rollout  # the snapshot arm_for decides with (one thread)
+            key = request.headers.get(ramp.session_header) or rid
+            arm = router.arm_for(key)
+            if active.state != "ramping":
+                active = None
         tee = self.tee
         token: object | None = None
-        if tee is not None:
+        if tee is not None and arm == PRODUCTION:
             try:
                 token = tee.on_request(request.method, path, request.headers, body, rid)
             except Exception:
@@ -310,20 +518,40 @@ class Proxy:
         status = 0
         first_at = 0.0
         delivered = False  # the client was sent the stream's final event ([DONE] / finish_reason)
+        complete = False  # the whole answer went out
+        is_sse = False
+        kind: str | None = None  # how it failed, for the ramp's record
         try:
-            upstream = await open_response(
-                session,
-                request.method,
-                self._url(path),
-                headers=headers,
-                data=request_body(body),
-                watchdog=wd,
-            )
+            if active is not None and arm:
+                assert ramp is not None
+                upstream, failed = await self._open_candidate(
+                    ramp, active, request, path, headers, body, wd
+                )
+                if failed is not None:  # production covers; from here a production request
+                    reason, failed_status, failed_kind = failed
+                    ramp.fallbacks[reason].inc()
+                    ramp.record(
+                        active, arm, key, failed_status, failed_kind, _NAN,
+                        perf_counter() - t0, False, "fallback",
+                    )  # fmt: skip
+                    active = None
+                    wd.close()
+                    t0 = perf_counter()
+                    wd = self.sweeper.watch(t0)
+            if upstream is None:
+                upstream = await open_response(
+                    session,
+                    request.method,
+                    self._url(path),
+                    headers=headers,
+                    data=request_body(body),
+                    watchdog=wd,
+                )
             status = upstream.status
             up_headers = upstream.headers
             ctype = up_headers.get("Content-Type", "")
             is_sse = ctype.startswith("text/event-stream")
-            if is_sse or token is not None:
+            if is_sse or token is not None or active is not None:
                 meter = ResponseMeter(t0, is_sse=is_sse, text_max_chars=self.text_max)
             cls = web.StreamResponse if is_sse else _CoalescedResponse
             out = cls(status=status, reason=upstream.reason)
@@ -346,16 +574,21 @@ class Proxy:
                     delivered = meter.final_event_seen()
             upstream.release()
             await out.write_eof()
+            complete = True
         except UpstreamError as exc:
+            kind = _ramp_kind(exc)
             return self._upstream_failed(request, exc, stats, out, upstream, meter, token, rid)
         except (asyncio.CancelledError, ConnectionError) as exc:
             if isinstance(exc, asyncio.CancelledError):
                 try:
                     wd.check_cancel()
                 except UpstreamTimeoutError as timeout:
+                    kind = _ramp_kind(timeout)
                     return self._upstream_failed(
                         request, timeout, stats, out, upstream, meter, token, rid
                     )
+            if not delivered:
+                kind = ErrorKind.CLIENT_DISCONNECT
             self._client_gone(stats, upstream, meter, token, status, delivered)
             if isinstance(exc, asyncio.CancelledError):
                 raise
@@ -363,6 +596,18 @@ class Proxy:
             return out
         finally:
             wd.close()
+            if active is not None:
+                assert ramp is not None
+                now = perf_counter()
+                ttft = _NAN
+                if meter is not None and meter.first_token_at is not None:
+                    ttft = meter.first_token_at - t0
+                elif first_at and not is_sse:
+                    ttft = first_at - t0
+                ramp.record(
+                    active, arm, key, status, kind, ttft, now - t0,
+                    delivered or (complete and not is_sse),
+                )  # fmt: skip
         end = perf_counter()
         stats.count(status)
         stats.e2e.observe(end - t0)
@@ -373,6 +618,49 @@ class Proxy:
         if token is not None and meter is not None:
             self._finish_tee(token, meter.finish(end, status), None)
         return out
+
+    async def _open_candidate(
+        self,
+        ramp: RampRoute,
+        active: Rollout,
+        request: web.Request,
+        path: str,
+        headers: CIMultiDict[str],
+        body: bytes,
+        wd: Watchdog,
+    ) -> tuple[aiohttp.ClientResponse | None, tuple[str, int, str] | None]:
+        """Open the candidate's response. With `retry_on_production`, a failure before its
+        headers, or a 5xx status (checked before anything goes to the client), returns
+        (None, (fallback reason, status, error kind)) for production to cover."""
+        target: LiveTarget = active.candidate  # type: ignore[assignment]
+        session = self.session
+        assert session is not None
+        url = URL(str(target.base_url) + path, encoded=True)
+        if not ramp.retry:
+            return await open_response(
+                session, request.method, url, headers=headers, data=request_body(body),
+                watchdog=wd,
+            ), None  # fmt: skip
+        try:
+            upstream = await open_response(
+                session, request.method, url, headers=headers, data=request_body(body),
+                watchdog=wd,
+            )  # fmt: skip
+        except UpstreamError as exc:
+            kind = exc.kind
+            reason = (
+                "timeout"
+                if isinstance(exc, UpstreamTimeoutError)
+                else "connect"
+                if kind == ErrorKind.CONNECT
+                else "reset"
+            )
+            return None, (reason, 0, kind)
+        if upstream.status >= 500:
+            status = upstream.status
+            upstream.close()
+            return None, ("status_5xx", status, ErrorKind.HTTP_5XX)
+        return upstream, None
 
     def _refuse_body(self, failure: str, stats: _RouteStats, rid: str) -> web.Response:
         if failure == BUSY:

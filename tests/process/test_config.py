@@ -92,9 +92,19 @@ def test_flat_key_of_before_the_sections_is_mapped_and_logged(
         load_config(both, environ={})
 
 
+# Sections declared after the flat names were retired: they never had one.
+SECTIONS_WITHOUT_FLAT_NAMES = frozenset({"rollout"})
+
+
 def test_every_flat_name_maps_onto_one_declared_field() -> None:
-    """The table of flat names covers every sectioned field once, and each target exists."""
-    declared = {f"{s}.{f.name}" for s, c in SECTIONS.items() for f in msgspec.structs.fields(c)}
+    """The table of flat names covers every field of the sections that had flat names once, and
+    each target exists."""
+    declared = {
+        f"{s}.{f.name}"
+        for s, c in SECTIONS.items()
+        if s not in SECTIONS_WITHOUT_FLAT_NAMES
+        for f in msgspec.structs.fields(c)
+    }
     assert sorted(FLAT_KEYS.values()) == sorted(declared)
 
 

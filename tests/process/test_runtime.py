@@ -1,14 +1,19 @@
-"""The assembled gateway: which live endpoint a restart uses, and the admin/metrics wiring."""
+"""The assembled gateway: which live endpoint a restart uses, the admin/metrics wiring, and
+the session-arm table's owner."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 
 import aiohttp
 
 from gateway.config.load import load_config
 from gateway.config.sections import GatewayConfig
-from gateway.process.runtime import SIMULATOR_KIND, running
+from gateway.process.runtime import SIMULATOR_KIND, create_arms, running
+from gateway.server.app import RAMP
+from gateway.server.arms import tick
 from gateway.sim.server import start_sim
 
 
@@ -74,3 +79,35 @@ async def test_admin_and_metrics_are_wired(tmp_path: Path) -> None:
                 text = await resp.text()
             assert 'candidate="c1"' in text
             assert "canary_writer_" in text
+
+
+async def test_single_process_creates_its_arm_table_and_removes_it(tmp_path: Path) -> None:
+    """Alone, a gateway creates the session-arm table under rollout.arms_dir, routes through
+    its router (the one the proxy uses) and removes the file when it stops."""
+    arms = tmp_path / "arms"
+    arms.mkdir()
+    config = _config(tmp_path, **{"rollout.arms_dir": str(arms), "rollout.arms_slots": 4096})
+    async with running(config) as parts, aiohttp.ClientSession() as http:
+        [table] = arms.iterdir()
+        assert parts.router is not None and parts.gateway is not None
+        assert parts.gateway.app[RAMP].router is parts.router
+        async with http.get(parts.url + "/v1/models", headers={"X-Session-ID": "s"}) as resp:
+            assert resp.status == 200
+        assert parts.router.counters()["new_sessions"] == 1
+    assert not table.exists()
+
+
+async def test_worker_opens_the_supervisors_table_and_leaves_it(tmp_path: Path) -> None:
+    """Given the supervisor's table, a worker maps that file (sessions land in it) and leaves
+    it in place when it stops."""
+    config = _config(tmp_path, **{"rollout.arms_dir": str(tmp_path), "rollout.arms_slots": 4096})
+    with create_arms(config) as table:
+        async with (
+            running(config, arms_path=table.path) as parts,
+            aiohttp.ClientSession() as http,
+            http.get(parts.url + "/v1/models", headers={"X-Session-ID": "s"}) as resp,
+        ):
+            assert resp.status == 200
+        assert await asyncio.to_thread(os.path.exists, table.path)
+        assert table.live(tick()) == 1
+    assert not await asyncio.to_thread(os.path.exists, table.path)

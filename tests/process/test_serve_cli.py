@@ -145,8 +145,13 @@ async def test_serve_with_builtin_simulator_and_json_logs(tmp_path: Path) -> Non
 
 
 async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
-    """--workers 2 runs two processes on one port; SIGTERM to the parent stops them all."""
-    proc, url = await start_serve(tmp_path, "--workers", "2")
+    """--workers 2 runs two processes on one port, both mapping the one session-arm table the
+    supervisor created; SIGTERM to the parent stops them all and removes the table."""
+    arms = tmp_path / "arms"
+    arms.mkdir()
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[rollout]\narms_dir = "{arms}"\narms_slots = 4096\n')
+    proc, url = await start_serve(tmp_path, "--workers", "2", "--config", str(config))
     pids: set[int] = set()
     try:
         for _ in range(3000):  # workers come up one after the other; up to ~30 s
@@ -155,8 +160,13 @@ async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> N
             if len(pids) == 2:
                 break
             await asyncio.sleep(0.01)
+        [table] = arms.iterdir()
+        assert table.name.startswith(f"canary-arms-{proc.pid}-")
+        for pid in pids:
+            assert str(table) in await asyncio.to_thread(Path(f"/proc/{pid}/maps").read_text)
     finally:
         code, err = await stop(proc)
+    assert list(arms.iterdir()) == []
     assert len(pids) == 2, err
     assert proc.pid not in pids
     assert code == 0, err
