@@ -3,7 +3,8 @@
 - `endpoint` — `Endpoint`, `CandidateSpec`, `CandidatePatch` and their bounded field types
 - `observation` — the measured per-pair quantities, declared once (storage and evaluators derive
   their columns from it)
-- `records` — exchange, observation and promotion records that cross package boundaries
+- `records` — exchange, observation, promotion and rollout records that cross package
+  boundaries
 - `accounting` — the copy-accounting keys and their identities
 - `outcomes` — error kinds and finish reasons
 - `kinds` — candidate kind -> goal metrics (one table)

@@ -7,10 +7,14 @@ million rows load without datetime parsing.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
+from domain.errors import UsageError
 from domain.observation import Measured, Quantity
 
 Arm = Literal["production", "candidate"]
@@ -65,3 +69,71 @@ class PromotionRecord(msgspec.Struct, kw_only=True):
     verdict: str | None
     report_snapshot: str | None  # the JSON report at the time of the decision
     at: float
+
+
+# --- the ramp: a rollout per candidate ----------------------------------------------------------
+
+RolloutState = Literal["running", "paused", "completed", "rolled_back", "aborted"]
+RolloutEventKind = Literal["start", "advance", "pause", "resume", "rollback", "abort", "complete"]
+# A rollout in one of these is open: at most one per live endpoint (the database enforces it).
+OPEN_STATES: Final[frozenset[RolloutState]] = frozenset({"running", "paused"})
+# Percent of NEW sessions sent to the candidate at each step.
+DEFAULT_STEPS: Final[tuple[float, ...]] = (1.0, 5.0, 25.0, 50.0, 100.0)
+MAX_STEPS: Final = 20
+
+
+class RolloutEvent(msgspec.Struct, kw_only=True):
+    """One change of a rollout, as stored: who moved the weight from where to where, and on
+    what evidence (a test's result, a tripped guard's reading)."""
+
+    at: float
+    kind: RolloutEventKind
+    from_weight: float
+    to_weight: float
+    step: int
+    actor: str
+    reason: str
+    evidence: dict[str, Any] | None = None
+
+
+class Rollout(msgspec.Struct, kw_only=True):
+    """A candidate ramped on live traffic: `weight` percent of new sessions go to it, `steps[step]`
+    while running. `generation` grows by one on every change (and across rollouts), so a replica
+    applies a state only if it is newer than the one it holds. `salt` (hex, random per rollout)
+    salts the session hash that picks the arm, so each rollout draws its own sessions."""
+
+    id: int
+    candidate: str
+    live: str  # the live endpoint's name when the rollout started
+    state: RolloutState
+    weight: float
+    step: int
+    steps: list[float]
+    min_step_s: float
+    salt: str
+    generation: int
+    started_at: float
+    step_started_at: float
+    updated_at: float
+    events: list[RolloutEvent] = msgspec.field(default_factory=list)
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in OPEN_STATES
+
+
+def check_steps(steps: Sequence[float]) -> None:
+    """Raise UsageError naming the problem unless `steps` is a usable ramp: 1 to MAX_STEPS
+    percents, each in (0, 100], strictly increasing, the last 100."""
+    if not steps:
+        raise UsageError("rollout steps: empty; give percents ending at 100, e.g. 1,5,25,50,100")
+    if len(steps) > MAX_STEPS:
+        raise UsageError(f"rollout steps: {len(steps)} steps, more than {MAX_STEPS}")
+    for s in steps:
+        if not (isinstance(s, int | float) and math.isfinite(s) and 0 < s <= 100):
+            raise UsageError(f"rollout steps: {s!r} is outside (0, 100]")
+    for a, b in itertools.pairwise(steps):
+        if b <= a:
+            raise UsageError(f"rollout steps: not strictly increasing ({a:g} then {b:g})")
+    if steps[-1] != 100:
+        raise UsageError(f"rollout steps: the last step is {steps[-1]:g}, not 100")

@@ -7,6 +7,7 @@ writer (DESIGN.md §5). Imports neither `gateway` nor `evaluators`; raises only 
 - `sql`         dialect helpers shared by the queries
 - `queries`     control-plane queries (endpoints, seed, counters)
 - `promotions`  promote / rollback and their audit rows
+- `rollouts`    a candidate's ramp on live traffic: start, transitions, the push (LISTEN)
 - `batch`       batched inserts of exchanges and observations
 - `writer`      ObservationWriter (bounded, batched, retrying; the mirror's sink)
 - `textguard`   output text bounded before it is stored

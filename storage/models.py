@@ -7,7 +7,8 @@ Observations are joined to exchanges by id without a foreign key: the writer bat
 fast candidate's observation may reach the database before the production exchange it belongs to.
 
 At most one endpoint is live: a partial unique index on `endpoints.role` (WHERE role = 'live')
-makes the database itself refuse a second one, whatever a racing replica does.
+makes the database itself refuse a second one, whatever a racing replica does. Likewise at most
+one rollout per live endpoint is open (`rollouts.live` unique WHERE state is running or paused).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     Float,
+    ForeignKey,
     Index,
     Integer,
     LargeBinary,
@@ -45,6 +47,7 @@ NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
     "pk": "pk_%(table_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
 }
 
 
@@ -284,3 +287,52 @@ class ReportSegmentRow(Base):
     sample_size: Mapped[int] = mapped_column(Integer)  # similarity computed for ranks below
     computed_at: Mapped[float] = mapped_column(Float)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+# --- rollouts (revision 0008) -------------------------------------------------------------------
+
+_OPEN = text("state IN ('running', 'paused')")
+
+
+class RolloutRow(Base):
+    """A candidate's ramp on live traffic (`domain.records.Rollout`; `steps` is a JSON list).
+    At most one open rollout per live endpoint, enforced by a partial unique index."""
+
+    __tablename__ = "rollouts"
+    __table_args__ = (
+        Index(
+            "uq_rollouts_one_open", "live", unique=True, sqlite_where=_OPEN, postgresql_where=_OPEN
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    candidate: Mapped[str] = mapped_column(String(63))
+    live: Mapped[str] = mapped_column(String(63))
+    state: Mapped[str] = mapped_column(String(16))
+    weight: Mapped[float] = mapped_column(Float)
+    step: Mapped[int] = mapped_column(Integer)
+    steps: Mapped[str] = mapped_column(Text)
+    min_step_s: Mapped[float] = mapped_column(Float)
+    salt: Mapped[str] = mapped_column(String(32))
+    generation: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[float] = mapped_column(Float)
+    step_started_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class RolloutEventRow(Base):
+    """One change of a rollout (`domain.records.RolloutEvent`; `evidence` a JSON object)."""
+
+    __tablename__ = "rollout_events"
+    __table_args__ = (Index("ix_rollout_events_rollout_id_id", "rollout_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    rollout_id: Mapped[int] = mapped_column(BigId, ForeignKey("rollouts.id", ondelete="CASCADE"))
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(16))
+    from_weight: Mapped[float] = mapped_column(Float)
+    to_weight: Mapped[float] = mapped_column(Float)
+    step: Mapped[int] = mapped_column(Integer)
+    actor: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    evidence: Mapped[str | None] = mapped_column(Text)

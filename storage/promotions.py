@@ -1,5 +1,6 @@
 """Promote and roll back: the two ways the live endpoint changes, each one transaction that
-swaps the roles and appends an audit row (re-exported by storage.queries).
+swaps the roles and appends an audit row (re-exported by storage.queries). Both are refused
+while a rollout is open (storage.rollouts): the ramp owns the live endpoint until it ends.
 
 Both start by bumping the registry version, which serializes them against every other
 control-plane change; the checks that follow therefore see the winner of any race, and the loser
@@ -22,9 +23,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from domain.endpoint import Endpoint
 from domain.errors import EndpointNotFound, PromotionConflict
-from domain.records import PromotionRecord
+from domain.records import OPEN_STATES, PromotionRecord
 from storage.engine import write_transaction
-from storage.sql import PROMOTIONS, bump_version, fetch, fetch_live, set_role, translated
+from storage.sql import (
+    PROMOTIONS,
+    ROLLOUTS,
+    bump_version,
+    fetch,
+    fetch_live,
+    set_role,
+    translated,
+)
 
 _ACTOR_MAX = 128  # promotions.actor is String(128)
 _VERDICT_MAX = 16  # promotions.verdict is String(16)
@@ -96,34 +105,76 @@ async def promote(
     """Make candidate `name` live and retire the current live endpoint, atomically.
 
     Raises EndpointNotFound, or PromotionConflict when `name` is not a candidate (already live,
-    retired — e.g. a concurrent promote of the same candidate won) or, with `expect_live`, when
-    the live endpoint is no longer the one the caller decided against.
+    retired — e.g. a concurrent promote of the same candidate won), when a rollout is open (it
+    owns the live endpoint until it ends) or, with `expect_live`, when the live endpoint is no
+    longer the one the caller decided against.
     """
     with translated(f"promoting {name!r}"):
         async with write_transaction(engine) as conn:
             await bump_version(conn)
-            target = await fetch(conn, name)
-            if target is None:
-                raise EndpointNotFound(name)
-            if target.role == "live":
-                raise PromotionConflict(f"{name!r} is already live", reason="already_live")
-            if target.role != "candidate":
-                raise PromotionConflict(
-                    f"{name!r} is {target.role}, not a candidate", reason="not_candidate"
-                )
-            live = await fetch_live(conn)
-            _check_expected(live, expect_live)
-            return await _swap(
+            await refuse_if_rollout_open(conn, "promote")
+            return await promote_on(
                 conn,
-                live,
-                target,
-                action="promote",
+                name,
                 actor=actor,
                 reason=reason,
                 forced=forced,
                 verdict=verdict,
                 report_snapshot=report_snapshot,
+                expect_live=expect_live,
             )
+
+
+async def promote_on(
+    conn: AsyncConnection,
+    name: str,
+    *,
+    actor: str,
+    reason: str,
+    forced: bool,
+    verdict: str | None,
+    report_snapshot: str | None,
+    expect_live: str | None = None,
+) -> PromotionRecord:
+    """`promote`'s checks and swap inside the caller's transaction, which has already bumped
+    the registry version (a completed rollout promotes in the transaction that closes it)."""
+    target = await fetch(conn, name)
+    if target is None:
+        raise EndpointNotFound(name)
+    if target.role == "live":
+        raise PromotionConflict(f"{name!r} is already live", reason="already_live")
+    if target.role != "candidate":
+        raise PromotionConflict(
+            f"{name!r} is {target.role}, not a candidate", reason="not_candidate"
+        )
+    live = await fetch_live(conn)
+    _check_expected(live, expect_live)
+    return await _swap(
+        conn,
+        live,
+        target,
+        action="promote",
+        actor=actor,
+        reason=reason,
+        forced=forced,
+        verdict=verdict,
+        report_snapshot=report_snapshot,
+    )
+
+
+async def refuse_if_rollout_open(conn: AsyncConnection, action: str) -> None:
+    """PromotionConflict ('rollout_open') when a rollout is running or paused: while it is open
+    the live endpoint changes only through it (complete, or abort first)."""
+    stmt = select(ROLLOUTS.c.id, ROLLOUTS.c.candidate, ROLLOUTS.c.state).where(
+        ROLLOUTS.c.state.in_(sorted(OPEN_STATES))
+    )
+    row = (await conn.execute(stmt)).first()
+    if row is not None:
+        raise PromotionConflict(
+            f"cannot {action}: rollout {row.id} of {row.candidate!r} is {row.state}; "
+            "complete or abort it first",
+            reason="rollout_open",
+        )
 
 
 def _undo_target(rows: Iterable[tuple[str, str | None]]) -> str | None:
@@ -147,6 +198,7 @@ async def rollback(
     with translated("rolling back"):
         async with write_transaction(engine) as conn:
             await bump_version(conn)
+            await refuse_if_rollout_open(conn, "roll back")
             stmt = select(PROMOTIONS.c.action, PROMOTIONS.c.from_endpoint).order_by(
                 PROMOTIONS.c.id.desc()
             )

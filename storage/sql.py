@@ -27,6 +27,8 @@ EXCHANGES: Table = Base.metadata.tables["exchanges"]
 OBSERVATIONS: Table = Base.metadata.tables["observations"]
 PROMOTIONS: Table = Base.metadata.tables["promotions"]
 MIRROR_COUNTERS: Table = Base.metadata.tables["mirror_counters"]
+ROLLOUTS: Table = Base.metadata.tables["rollouts"]
+ROLLOUT_EVENTS: Table = Base.metadata.tables["rollout_events"]
 
 
 def insert_ignore(dialect: str, table: Table) -> Insert:

@@ -340,3 +340,39 @@ async def test_verdict_rename_revision_up_and_down(db_url: str) -> None:
         assert (await queries.get_endpoint(engine, "a")).verdict == {"alpha": 0.01}
     finally:
         await engine.dispose()
+
+
+async def test_rollouts_revision_up_and_down(db_url: str) -> None:
+    """0008 adds `rollouts` and `rollout_events` (with the one-open-rollout index) to a populated
+    0007 database, and its downgrade drops them, keeping the endpoints and the promotions."""
+    await upgrade(db_url, "0007")
+    engine = make_engine(db_url)
+    try:
+        assert {"rollouts", "rollout_events"} & await tables(engine) == set()
+        await upgrade(db_url, "0008")
+        await populate(engine)
+        counts = await row_counts(engine)
+        opened = (
+            "INSERT INTO rollouts (candidate, live, state, weight, step, steps, min_step_s, "
+            "salt, generation, started_at, step_started_at, updated_at) VALUES "
+            "('b', 'a', 'running', 1, 0, '[1.0, 100.0]', 0, '00', 1, 0, 0, 0)"
+        )
+        async with engine.begin() as conn:
+            await conn.execute(text(opened))
+            await conn.execute(
+                text(
+                    "INSERT INTO rollout_events (rollout_id, at, kind, from_weight, to_weight, "
+                    "step, actor, reason) SELECT id, 0, 'start', 0, 1, 0, 't', 'r' FROM rollouts"
+                )
+            )
+        with pytest.raises(IntegrityError):
+            async with engine.begin() as conn:
+                await conn.execute(text(opened))
+        await downgrade(db_url, "0007")
+        assert {"rollouts", "rollout_events"} & await tables(engine) == set()
+        assert await row_counts(engine) == counts
+        await upgrade(db_url)
+        assert await queries.count_rows(engine, "rollouts") == 0
+        assert await row_counts(engine) == counts
+    finally:
+        await engine.dispose()
