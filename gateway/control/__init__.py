@@ -2,6 +2,7 @@
 admin API.
 
 `registry` (in-memory snapshot reloaded from storage), `promotion` (promote, rollback, gate),
-`reports` (the host's report process and its client), `admin/` (handlers, boundary, auth,
+`reports` (the host's report process and its client), `rollout` (the ramp's use cases, the
+arms snapshot and the guard's rollback), `admin/` (handlers, boundary, auth,
 guard, schema, openapi, ui).
 """

@@ -17,6 +17,7 @@ from domain import errors as de
 from domain.records import PromotionRecord
 from gateway.control.reports import ReportDoc, Reports
 from storage import queries as q
+from storage import rollouts as store
 
 log = logging.getLogger("canary.admin")
 
@@ -55,8 +56,20 @@ class Promotions:
         """The candidate's report over all its pairs (`final`: a planned look)."""
         return await self.reports.report(name, final=final)
 
+    async def _refuse_while_ramping(self, action: str) -> None:
+        """PromotionConflict ('rollout_open') before any report is asked for; storage refuses
+        again in the transaction, for a rollout opened meanwhile."""
+        rollout = await store.current_rollout(self.engine)
+        if rollout is not None and rollout.is_open:
+            raise de.PromotionConflict(
+                f"cannot {action}: the rollout of {rollout.candidate!r} is {rollout.state}; "
+                "complete or abort it first (`canary rollout abort`)",
+                reason="rollout_open",
+            )
+
     async def promote(self, name: str, *, actor: str, reason: str, force: bool) -> PromotionRecord:
         """Make `name` the live endpoint if its verdict is `promote` (or `force`)."""
+        await self._refuse_while_ramping(f"promote {name!r}")
         _, endpoints = await q.load_endpoints(self.engine)
         ep = next((e for e in endpoints if e.name == name), None)
         if ep is None:
@@ -96,6 +109,7 @@ class Promotions:
 
     async def rollback(self, *, actor: str, reason: str) -> PromotionRecord:
         """Make the previous live endpoint live again (one audited transaction)."""
+        await self._refuse_while_ramping("roll back")
         rec = await q.rollback(self.engine, actor=actor, reason=reason)
         log.info("admin: %s rolled back %s -> %s", rec.actor, rec.from_endpoint, rec.to_endpoint)
         return rec

@@ -6,6 +6,14 @@ Every replica sharing a database polls one integer (`registry_meta.version`) eve
 change made through any replica is applied by all of them within one interval (DESIGN.md §3.5).
 The proxy never waits on this: it reads `LiveTarget` and the snapshot, both swapped whole.
 
+The ramp rides on the same reload: with each new version the registry reads the rollout
+(`storage.rollouts.current_rollout`) and swaps the worker's `ArmRouter` to its snapshot
+(`gateway.control.rollout.arms_snapshot`, the candidate a `LiveTarget` built once per
+rollout). On PostgreSQL it also LISTENs (`storage.rollouts.listen`), so a rollback committed by
+any replica is applied here within a second, not a poll interval; polling stays the fallback.
+`start` applies the stored rollout before it returns: a restarted worker never serves a stale
+weight.
+
 A database error while polling keeps the old snapshot, counted, logged once per outage; the
 proxy keeps serving the last known live endpoint.
 """
@@ -21,9 +29,13 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
-from domain.errors import EndpointNotFound
+from domain.errors import EndpointNotFound, UsageError
+from domain.records import Rollout
+from gateway.control.rollout import arms_snapshot
+from gateway.server.arms import ArmRouter
 from gateway.server.hooks import LiveTarget
 from storage import queries
+from storage import rollouts as rollout_store
 
 logger = logging.getLogger(__name__)
 
@@ -72,13 +84,23 @@ class Registry:
         *,
         poll_interval_s: float,
         on_change: Callable[[Snapshot], None] | None = None,
+        router: ArmRouter | None = None,
+        candidate_target: Callable[[Endpoint], object] = LiveTarget,
     ) -> None:
         self._engine = engine
         self._live_target = live_target
         self._poll_interval_s = poll_interval_s
         self._on_change = on_change
+        self._router = router
+        self._candidate_target = candidate_target  # the object the proxy routes arm 1 to
         self._snapshot: Snapshot | None = None
         self._task: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # set by a NOTIFY: reload now, not at the next poll
+        self.rollout: Rollout | None = None  # the stored rollout, as last loaded
+        self._target_of: tuple[int, object] | None = None  # (arms generation, candidate target)
+        self.listen_stats = rollout_store.ListenStats()
+        self.rollout_errors = 0
         self._lock = asyncio.Lock()  # one reload at a time, so swaps happen in version order
         self._failing = False
         self.reloads = 0
@@ -92,8 +114,15 @@ class Registry:
         await queries.seed(self._engine, seed_live, seed_candidates)
         version, endpoints = await queries.load_endpoints(self._engine)
         self._swap(Snapshot.build(version, endpoints))
+        self._apply_rollout(await rollout_store.current_rollout(self._engine))
         if self._task is None:
             self._task = asyncio.create_task(self._poll(), name="registry-poll")
+        if self._listener is None:
+            # Returns at once on SQLite (no push): the poll is all there is.
+            self._listener = asyncio.create_task(
+                rollout_store.listen(self._engine, self._wake.set, stats=self.listen_stats),
+                name="registry-listen",
+            )
 
     @property
     def snapshot(self) -> Snapshot:
@@ -106,6 +135,9 @@ class Registry:
             "version": self._snapshot.version if self._snapshot else 0,
             "reloads": self.reloads,
             "poll_errors": self.poll_errors,
+            "rollout_generation": self.rollout.generation if self.rollout else 0,
+            "rollout_errors": self.rollout_errors,
+            "rollout_notifications": self.listen_stats.notifications,
         }
 
     async def refresh(self) -> Snapshot:
@@ -119,15 +151,18 @@ class Registry:
         return self.snapshot
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._task, self._listener):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._listener = None
 
     async def _poll(self) -> None:
         while True:
-            await asyncio.sleep(self._poll_interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll_interval_s)
+            self._wake.clear()
             try:
                 await self._reload()
             except Exception as exc:
@@ -149,6 +184,34 @@ class Registry:
             # Any move counts, backwards too (a database restored from a backup).
             if version != self.version:
                 self._swap(Snapshot.build(version, endpoints))
+                self._apply_rollout(await rollout_store.current_rollout(self._engine))
+
+    def _apply_rollout(self, rollout: Rollout | None) -> None:
+        """Swap the router to `rollout` if it is newer than what the router holds."""
+        self.rollout = rollout
+        if self._router is None or rollout is None:
+            return
+        gen = rollout.id * 2 + (0 if rollout.is_open else 1)
+        current = self._router.rollout
+        if gen < current.generation or (
+            gen == current.generation and rollout.weight / 100.0 <= current.weight
+        ):
+            return  # already applied (a reload for another change), or older
+        target: object = None
+        if rollout.is_open:
+            if self._target_of is None or self._target_of[0] != gen:
+                ep = self.snapshot.find(rollout.candidate)
+                if ep is None:
+                    self.rollout_errors += 1
+                    logger.error("registry: the rollout's candidate %r is gone", rollout.candidate)
+                    return
+                self._target_of = (gen, self._candidate_target(ep))
+            target = self._target_of[1]
+        try:
+            self._router.swap(arms_snapshot(rollout, target))
+        except UsageError:
+            self.rollout_errors += 1
+            logger.exception("registry: rollout %d not applied", rollout.id)
 
     def _swap(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot

@@ -38,11 +38,13 @@ values = ["int8", "prod", "live"]
 include-operation-id-regex = "^gateCandidate(Webhook)?$"
 checks.positive_data_acceptance.expected-statuses = ["200", "404", "412", "425"]
 
+# A rollout's steps must be strictly increasing and end at 100, and a forced start needs a
+# reason: rules across values that JSON Schema cannot state either.
 # Verdict overrides have cross-field rules (latency_delta <= latency_critical, ...) that JSON
 # Schema cannot state, so a schema-valid body may be refused with 422; the rest of these
 # schemas' fidelity is checked by test_url_pattern_admits_only_valid_urls and the 422 tests.
 [[operations]]
-include-operation-id-regex = "^(createCandidate|updateCandidate)$"
+include-operation-id-regex = "^(createCandidate|updateCandidate|startRollout)$"
 checks.positive_data_acceptance.enabled = false
 """
 

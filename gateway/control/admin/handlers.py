@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,6 +42,7 @@ from gateway.control.admin.boundary import (
 from gateway.control.admin.guard import AuthGuard
 from gateway.control.promotion import Promotions
 from gateway.control.reports import ReportDoc, Reports
+from gateway.control.rollout import OPERATOR_KINDS, Rollouts
 from gateway.server.app import ADMIN_COLLECTORS, ADMIN_READY_CHECKS, ReadyCheck
 from gateway.server.prometheus import Collector
 from storage import queries as q
@@ -94,11 +95,16 @@ class AdminContext:
     # The host's realized sampling rates by candidate, and this worker's replica name.
     rates: Callable[[], Mapping[str, Mapping[str, float | None]]] = dict
     replica: str = ""
+    # A rollout's dwell per step when its start does not say (`[rollout] default_min_step_s`).
+    default_min_step_s: float = 60.0
     promotions: Promotions = field(init=False)
+    rollouts: Rollouts = field(init=False)
 
     def __post_init__(self) -> None:
         uses = Promotions(self.engine, self.reports)
         object.__setattr__(self, "promotions", uses)
+        ramps = Rollouts(self.engine, self.reports, default_min_step_s=self.default_min_step_s)
+        object.__setattr__(self, "rollouts", ramps)
 
 
 CTX = web.AppKey("canary_admin_ctx", AdminContext)
@@ -272,6 +278,42 @@ async def rollback(request: web.Request) -> web.Response:
     return await _promotion_result(ctx, rec)
 
 
+# --- the ramp ----------------------------------------------------------------------------------
+
+
+async def start_rollout(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = await decode(request, s.RolloutStart, optional=True)
+    rollout = await ctx.rollouts.start(
+        request.match_info["name"],
+        steps=body.steps,
+        min_step_s=body.min_step_s,
+        force=body.force,
+        reason=body.reason,
+        actor=request[ACTOR],
+    )
+    await _refresh(ctx)
+    return json_response(s.rollout_view(rollout), 201)
+
+
+async def get_rollout(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    return json_response(s.rollout_view(await ctx.rollouts.current()))
+
+
+def rollout_action(kind: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The handler of `POST /admin/rollout/{kind}` (pause, resume, advance, abort)."""
+
+    async def handle(request: web.Request) -> web.Response:
+        ctx = request.app[CTX]
+        body = await decode(request, s.RolloutAction, optional=True)
+        rollout = await ctx.rollouts.apply(kind, actor=request[ACTOR], reason=body.reason)
+        await _refresh(ctx)
+        return json_response(s.rollout_view(rollout))
+
+    return handle
+
+
 async def status(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     snap = ctx.registry.snapshot
@@ -395,6 +437,10 @@ def build_admin_app(
     r.add_get("/candidates/{name}/gate", gate)
     r.add_post("/candidates/{name}/gate", gate)
     r.add_post("/rollback", rollback)
+    r.add_post("/candidates/{name}/rollout", start_rollout)
+    r.add_get("/rollout", get_rollout)
+    for kind in OPERATOR_KINDS:
+        r.add_post(f"/rollout/{kind}", rollout_action(kind))
     r.add_get("/status", status)
     r.add_get("/openapi.json", openapi_json, name="openapi")
     ui.add_routes(r, token_required=mode == "tokens")  # the live page: calls the routes above

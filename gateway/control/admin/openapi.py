@@ -23,6 +23,9 @@ from gateway.control.admin.schema import (
     PromoteRequest,
     PromotionResult,
     RollbackRequest,
+    RolloutAction,
+    RolloutStart,
+    RolloutView,
     StatusView,
 )
 
@@ -32,6 +35,9 @@ _COMPONENTS: tuple[Any, ...] = (
     CandidatePatch,
     PromoteRequest,
     RollbackRequest,
+    RolloutStart,
+    RolloutAction,
+    RolloutView,
     EndpointView,
     CandidateDetail,
     CandidateList,
@@ -158,6 +164,25 @@ def openapi_document(settings: CredentialsConfig | None = None) -> dict[str, Any
         },
     )
     endpoint = _json(_ref("EndpointView"), "The endpoint")
+    rollout = _json(_ref("RolloutView"), "Committed; the rollout now")
+    actions = {
+        "pause": "Hold the weight where it is (the controller stops judging)",
+        "resume": "Let a paused rollout run again",
+        "advance": "Move to the next step now (an operator's override of the dwell)",
+        "abort": "Send every session back to production at once and close the rollout",
+    }
+    rollout_paths = {
+        f"/rollout/{kind}": {
+            "post": _op(
+                f"{kind}Rollout",
+                summary,
+                {200: rollout},
+                (400, 409, 413, 422),
+                body=("RolloutAction", False),
+            )
+        }
+        for kind, summary in actions.items()
+    }
     promoted = _json(_ref("PromotionResult"), "Committed; the audit row and the new live")
     return {
         "openapi": "3.1.0",
@@ -250,6 +275,26 @@ def openapi_document(settings: CredentialsConfig | None = None) -> dict[str, Any
                     body=("RollbackRequest", False),
                 ),
             },
+            "/candidates/{name}/rollout": {
+                "post": _op(
+                    "startRollout",
+                    "Ramp the candidate on live traffic (needs a promote verdict, or force "
+                    "and a reason); 409 while another rollout is open",
+                    {201: _json(_ref("RolloutView"), "Started and committed")},
+                    (400, 409, 413, 422),
+                    body=("RolloutStart", False),
+                    name_param=True,
+                ),
+            },
+            "/rollout": {
+                "get": _op(
+                    "getRollout",
+                    "The open rollout, else the most recent (state none before the first)",
+                    {200: _json(_ref("RolloutView"), "The rollout")},
+                    (),
+                ),
+            },
+            **rollout_paths,
             "/status": {
                 "get": _op(
                     "status",

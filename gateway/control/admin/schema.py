@@ -11,12 +11,12 @@ document from all of them. Nothing here does IO.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
 from domain.endpoint import CandidateSpec, Endpoint, Reason
-from domain.records import PromotionRecord
+from domain.records import MAX_STEPS, PromotionRecord, Rollout, RolloutEvent, RolloutState
 
 # The values of a report's `final` query parameter (the planned final look), exactly: the
 # handler accepts these and the OpenAPI document lists them, so neither can drift.
@@ -41,6 +41,45 @@ class RollbackRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /admin/rollback` (optional)."""
 
     reason: Reason = ""
+
+
+Percent = Annotated[float, msgspec.Meta(gt=0, le=100)]
+
+
+class RolloutStart(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of `POST /admin/candidates/{name}/rollout` (optional): steps in percent of new
+    sessions (strictly increasing, in (0, 100], ending at 100; default 1, 5, 25, 50, 100), the
+    minimum dwell per step, and `force` (needs a `reason`) to ramp without a promote verdict."""
+
+    steps: Annotated[list[Percent], msgspec.Meta(min_length=1, max_length=MAX_STEPS)] | None = None
+    min_step_s: Annotated[float, msgspec.Meta(ge=0, le=7 * 86400)] | None = None
+    force: bool = False
+    reason: Reason = ""
+
+
+class RolloutAction(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of `POST /admin/rollout/{pause,resume,advance,abort}` (optional)."""
+
+    reason: Reason = ""
+
+
+class RolloutView(msgspec.Struct, kw_only=True):
+    """`GET /admin/rollout` and every rollout change's answer: the open rollout, else the most
+    recent one (`state` "none" before the first). Weight and steps are percents of new
+    sessions; `events` are the newest changes, oldest first."""
+
+    state: RolloutState | Literal["none"]
+    candidate: str | None = None
+    live: str | None = None
+    id: int | None = None
+    weight: float = 0.0
+    step: int = 0
+    steps: list[float] = msgspec.field(default_factory=list)
+    min_step_s: float = 0.0
+    started_at: float | None = None
+    step_started_at: float | None = None
+    generation: int = 0
+    events: list[RolloutEvent] = msgspec.field(default_factory=list)
 
 
 class EndpointView(Endpoint, frozen=True, kw_only=True, forbid_unknown_fields=False):
@@ -224,6 +263,25 @@ def detail(
         counters=Counters(**known),
         buffer=buffer,
         rate=rate_view(ep, rate or {}, worker),
+    )
+
+
+def rollout_view(r: Rollout | None) -> RolloutView:
+    if r is None:
+        return RolloutView(state="none")
+    return RolloutView(
+        state=r.state,
+        candidate=r.candidate,
+        live=r.live,
+        id=r.id,
+        weight=r.weight,
+        step=r.step,
+        steps=r.steps,
+        min_step_s=r.min_step_s,
+        started_at=r.started_at,
+        step_started_at=r.step_started_at,
+        generation=r.generation,
+        events=r.events,
     )
 
 
