@@ -672,7 +672,9 @@ function evidenceTests(evidence) {
 // The rest of an event's evidence (a tripped guard's reading): scalar facts, shown as they are.
 function evidenceFacts(evidence) {
   if (!evidence || typeof evidence !== "object") return [];
-  return Object.entries(evidence).filter(([k, v]) => k !== "tests" && (typeof v !== "object" || v === null));
+  return Object.entries(evidence)
+    .filter(([k, v]) => k !== "tests" && (typeof v !== "object" || v === null || Array.isArray(v)))
+    .map(([k, v]) => [k, Array.isArray(v) ? v.join(", ") || "–" : v]);
 }
 
 // One test's interval on the scale of its margin: no change in the middle, ±margin dashed.
