@@ -406,6 +406,42 @@ class AdminConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     auth_backoff_max_s: Annotated[PosFloat, _d("The back-off doubles from 1 s up to this.")] = 60.0
 
 
+class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ramp on live traffic: the session-arm table, the workers' guards, the controller."""
+
+    arms_slots: Annotated[
+        PosInt,
+        _d("Slots of the host's session -> arm table (a power of two; 8 bytes each)."),
+    ] = 1_048_576
+    arms_ttl_s: Annotated[
+        PosFloat, _d("A session unseen for this long is forgotten (its slot is reused).")
+    ] = 3600.0
+    arms_dir: Annotated[
+        str, _d('Directory of the session-arm table\'s file; "" = /dev/shm, else the temp dir.')
+    ] = ""
+    guard_consecutive_failures: Annotated[
+        PosInt, _d("This many candidate failures in a row roll the rollout back at once.")
+    ] = 5
+    guard_burst_window: Annotated[
+        PosInt, _d("The last this many candidate requests are watched for a burst of failures.")
+    ] = 50
+    guard_burst_failures: Annotated[
+        PosInt, _d("This many failures within the burst window roll the rollout back at once.")
+    ] = 10
+    retry_on_production: Annotated[
+        bool, _d("Retry once on production a candidate failure before the first byte.")
+    ] = True
+    controller_interval_s: Annotated[
+        PosFloat, _d("How often the rollout controller judges the current step.")
+    ] = 2.0
+    default_min_step_s: Annotated[
+        PosFloat, _d("Shortest dwell of a step when a rollout does not set min_step_s.")
+    ] = 60.0
+    evidence_queue_max: Annotated[
+        PosInt, _d("Ramp records waiting for the mirror process; beyond: dropped and counted.")
+    ] = 100_000
+
+
 class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every gateway setting, by section; docs/configuration.md lists each."""
 
@@ -419,6 +455,7 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
     capture: CaptureConfig = msgspec.field(default_factory=CaptureConfig)
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     verdict: Annotated[
         dict[str, float],
         _d("Overrides of evaluators.judge.settings.VerdictSettings, by field name."),

@@ -92,9 +92,19 @@ def test_flat_key_of_before_the_sections_is_mapped_and_logged(
         load_config(both, environ={})
 
 
+# Sections declared after the flat names were retired: they never had one.
+SECTIONS_WITHOUT_FLAT_NAMES = frozenset({"rollout"})
+
+
 def test_every_flat_name_maps_onto_one_declared_field() -> None:
-    """The table of flat names covers every sectioned field once, and each target exists."""
-    declared = {f"{s}.{f.name}" for s, c in SECTIONS.items() for f in msgspec.structs.fields(c)}
+    """The table of flat names covers every field of the sections that had flat names once, and
+    each target exists."""
+    declared = {
+        f"{s}.{f.name}"
+        for s, c in SECTIONS.items()
+        if s not in SECTIONS_WITHOUT_FLAT_NAMES
+        for f in msgspec.structs.fields(c)
+    }
     assert sorted(FLAT_KEYS.values()) == sorted(declared)
 
 
@@ -135,7 +145,7 @@ def test_schema_shows_description_default_and_bounds() -> None:
 
 
 def test_docs_configuration_is_generated_from_the_declaration() -> None:
-    """docs/configuration.md is what docs/gen_config.py renders from gateway/config/sections.py now."""
+    """docs/configuration.md is what docs/gen_config.py renders from the declaration now."""
     spec = importlib.util.spec_from_file_location("gen_config", ROOT / "docs" / "gen_config.py")
     assert spec is not None and spec.loader is not None
     gen = importlib.util.module_from_spec(spec)
