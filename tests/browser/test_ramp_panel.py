@@ -2,12 +2,15 @@
 against a real `canary serve` (tests/browser/stack.py): a forced ramp started from the
 candidate's page, advanced, paused and aborted from the panel, its buttons enabled exactly when
 the admin API accepts each action, a step's stored evidence drawn, with no console error but the
-refusal the test asks for.
+refusal the test asks for. The panel's screenshot goes to docs/screenshots/ramp.png
+(`docs/screenshots/regenerate.sh`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from tests.browser.stack import CANDIDATE, TOKEN, chromium, running_stack
 # A real gateway and a browser on a shared host: longer than the suite's 120 s default.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
+SHOTS = Path(os.environ.get("CANARY_SCREENSHOTS", Path(__file__).parents[2] / "docs/screenshots"))
 VIEWPORT = {"width": 1280, "height": 900}
 BUTTONS = ("pause", "resume", "advance", "abort")
 # Two gating tests of a step, as the rollout controller stores them on an advance event.
@@ -100,6 +104,8 @@ async def test_ramp_panel_starts_pauses_and_aborts_a_forced_ramp(tmp_path: Path)
         first = await rows.nth(0).inner_text()
         assert "ttft_first" in first and "[-0.03, 0.04]" in first and "7,800" in first
         assert await page.locator("#ramp-evidence svg rect").count() == 2
+        await asyncio.to_thread(SHOTS.mkdir, parents=True, exist_ok=True)
+        await page.locator("#ramp").screenshot(path=str(SHOTS / "ramp.png"))
 
         await page.click("#ramp-pause")
         await give_reason(page, "browser test: pause")

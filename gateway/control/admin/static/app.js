@@ -635,9 +635,9 @@ function weightChart(r, events) {
   for (const t of [0, 25, 50, 75, 100]) {
     root.append(svg("text", { x: PAD.l - 4, y: (sy(t) + 4).toFixed(1), "text-anchor": "end" }, t));
   }
-  for (const t of [xLo, xHi]) {
+  for (const [t, anchor] of [[xLo, "start"], [xHi, "end"]]) {
     const label = new Date(t * 1000).toLocaleTimeString("en-GB");
-    root.append(svg("text", { x: sx(t).toFixed(1), y: H - PAD.b + 14, "text-anchor": "middle" }, label));
+    root.append(svg("text", { x: sx(t).toFixed(1), y: H - PAD.b + 14, "text-anchor": anchor }, label));
   }
   const path = pts.map(([x, y], i) => `${i ? "L" : "M"}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ");
   root.append(svg("path", { d: path, class: "step" }));
@@ -673,8 +673,8 @@ function evidenceTests(evidence) {
 function evidenceFacts(evidence) {
   if (!evidence || typeof evidence !== "object") return [];
   return Object.entries(evidence)
-    .filter(([k, v]) => k !== "tests" && (typeof v !== "object" || v === null || Array.isArray(v)))
-    .map(([k, v]) => [k, Array.isArray(v) ? v.join(", ") || "–" : v]);
+    .filter(([k, v]) => k !== "tests" && (typeof v !== "object" || v === null || (Array.isArray(v) && v.length)))
+    .map(([k, v]) => [k, Array.isArray(v) ? v.join(", ") : v]);
 }
 
 // One test's interval on the scale of its margin: no change in the middle, ±margin dashed.
@@ -702,7 +702,7 @@ function evidenceCard(e) {
   const tests = evidenceTests(e.evidence);
   const facts = evidenceFacts(e.evidence);
   const card = el("div", { class: "evidence", "data-kind": e.kind });
-  card.append(el("h3", {}, `Evidence: ${e.kind} at step ${num(e.step) === null ? "–" : e.step + 1}, ${when(e.at)}`));
+  card.append(el("h3", {}, `Evidence: ${e.kind} ${percent(e.from_weight)} → ${percent(e.to_weight)}, ${when(e.at)}`));
   if (tests.length) {
     const table = el(
       "table",
