@@ -125,6 +125,17 @@ class AdminClient:
         _, raw = await self._call("POST", "/rollback", {"reason": reason})
         return _decode(raw, s.PromotionResult)
 
+    async def start_rollout(self, name: str, body: dict[str, Any]) -> s.RolloutView:
+        _, raw = await self._call("POST", f"/candidates/{quote(name, safe='')}/rollout", body)
+        return _decode(raw, s.RolloutView)
+
+    async def rollout(self) -> s.RolloutView:
+        return await self._get("/rollout", s.RolloutView)
+
+    async def rollout_action(self, action: str, *, reason: str) -> s.RolloutView:
+        _, raw = await self._call("POST", f"/rollout/{quote(action, safe='')}", {"reason": reason})
+        return _decode(raw, s.RolloutView)
+
     async def status(self) -> s.StatusView:
         return await self._get("/status", s.StatusView)
 

@@ -15,7 +15,18 @@ from collections.abc import Sequence
 
 from gateway.cli.errors import cli_errors
 
-_COMMANDS = ("serve", "sim", "db", "candidates", "promote", "report", "plan", "capacity", "demo")
+_COMMANDS = (
+    "serve",
+    "sim",
+    "db",
+    "candidates",
+    "promote",
+    "rollout",
+    "report",
+    "plan",
+    "capacity",
+    "demo",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -299,10 +299,14 @@ async def serve_reports(
     socket_path: str,
     ready: Callable[[], None],
     stop: asyncio.Event,
+    *,
+    controller_interval_s: float = 2.0,
 ) -> None:
-    """What the report process runs: its own storage engine and the report application on
-    `socket_path`, until `stop` is set. `verdict` overrides the verdict settings."""
+    """What the report process runs: its own storage engine, the report application on
+    `socket_path` and the rollout controller (`gateway.control.controller`, every
+    `controller_interval_s`), until `stop` is set. `verdict` overrides the verdict settings."""
     from evaluators.judge.settings import VerdictSettings
+    from gateway.control.controller import RolloutController
     from storage.engine import make_engine
 
     engine = make_engine(storage.db_url)
@@ -320,6 +324,10 @@ async def serve_reports(
         os.unlink(socket_path)
     site = web.UnixSite(runner, socket_path)
     await site.start()
+    controller = RolloutController(engine, reports.settings)
+    judging = asyncio.get_running_loop().create_task(
+        controller.run(controller_interval_s, stop), name="rollout-controller"
+    )
     try:
         ready()
         # Import the statistics stack now, in a thread: the first report need not wait for it.
@@ -329,6 +337,9 @@ async def serve_reports(
         else:
             await stop.wait()
     finally:
+        judging.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await judging
         await runner.cleanup()
         await engine.dispose()
 

@@ -1,7 +1,7 @@
 """The ramp reaches every replica's router: on PostgreSQL a change committed through one replica
 is applied to another's `ArmRouter` by LISTEN/NOTIFY within a second (its poll interval an
 hour); on SQLite the poll applies it; a registry started on a stored rollout routes by it before
-it serves; completion makes the candidate the live target."""
+it serves; completion makes the candidate the live target; a worker's guard trip rolls back."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
 from gateway.control.registry import Registry
+from gateway.control.rollout import GuardTrips
 from gateway.server.arms import ArmRouter, SessionArms
 from gateway.server.hooks import LiveTarget
 from storage import queries
 from storage.engine import make_engine, upgrade
-from storage.rollouts import start_rollout, transition
+from storage.rollouts import current_rollout, start_rollout, transition
 from tests.fixtures_db import fresh_database
 
 LIVE = Endpoint(name="prod", url="http://127.0.0.1:9000", role="live")
@@ -137,3 +138,33 @@ async def test_completion_makes_the_candidate_live(tmp_path: Path) -> None:
         assert reg.snapshot.live.name == "cand"
         audit = await queries.list_promotions(engine, 1)
         assert (audit[0].to_endpoint, audit[0].reason) == ("cand", "rollout completed")
+
+
+async def test_guard_trip_rolls_back_once_and_reaches_the_router(tmp_path: Path) -> None:
+    """A worker's guard trip becomes one stored rollback carrying its evidence, applied to the
+    router; a second trip of the same generation (another worker) is a lost race, not an error,
+    and close() waits for both."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+    await upgrade(url)
+    async with replica(url, tmp_path, "a", 3600.0) as (reg, router, engine):
+        r = await start_rollout(
+            engine, candidate="cand", steps=[5, 100], min_step_s=0, actor="t", reason="x"
+        )
+        await transition(engine, kind="advance", actor="t", reason="x")  # generation moved
+        await reg.refresh()
+        guard = GuardTrips(engine, on_done=reg.refresh)
+        evidence: dict[str, object] = {"consecutive_failures": 5, "window": 5}
+        guard.trip(r.id * 2, "guard_consecutive", evidence)
+        guard.trip(r.id * 2, "guard_consecutive", evidence)
+        await guard.close()
+        assert (guard.tripped, guard.lost, guard.failed) == (1, 1, 0)
+        stored = await current_rollout(engine)
+        assert stored is not None and stored.state == "rolled_back"
+        assert [e.kind for e in stored.events].count("rollback") == 1
+        event = stored.events[-1]
+        assert (event.actor, event.reason, event.evidence) == (
+            "guard",
+            "guard_consecutive",
+            evidence,
+        )
+        assert (router.rollout.generation, router.rollout.weight) == (r.id * 2 + 1, 0.0)
