@@ -255,7 +255,8 @@ def test_dashboard_queries_only_what_the_gateway_exports(exported: Exported) -> 
 
 def test_dashboard_covers_what_operators_watch() -> None:
     """Production latency and errors, copies by outcome, shedding and drops with reasons,
-    buffers and the memory budget, the mirror process's CPU and priority, split sessions."""
+    buffers and the memory budget, the mirror process's CPU and priority, split sessions, and
+    the ramp: weight, state, requests by arm and outcome, fallbacks and rollbacks by reason."""
     exprs = " ".join(expr for _, expr, _ in dashboard_queries())
     for needed in (
         "canary_proxy_ttft_seconds_bucket",
@@ -272,6 +273,11 @@ def test_dashboard_covers_what_operators_watch() -> None:
         "canary_mirror_cpu_busy",
         "priority) (canary_mirror_process_info",
         "max by (replica) (increase(canary_mirror_split_sessions_total",
+        "canary_rollout_weight",
+        "state) (canary_rollout_state",
+        "sum by (arm, outcome) (rate(canary_rollout_requests_total",
+        "sum by (reason) (rate(canary_rollout_fallbacks_total",
+        "sum by (reason) (increase(canary_rollout_rollbacks_total",
     ):
         assert needed in exprs, needed
 

@@ -1,10 +1,11 @@
 """The live page of the admin application: `/admin/ui/`, a static HTML/JS/CSS client of the
 admin JSON API.
 
-The page holds no data of its own: the browser reads `GET /admin/candidates`, `/admin/status`
-and one candidate's `GET /admin/candidates/{name}/report` (exactly what the report path
-computes), draws the intervals in SVG, and promotes or rolls back through the same endpoints
-`canary promote` uses, so the API gates and audits every change. Wherever the admin app runs,
+The page holds no data of its own: the browser reads `GET /admin/candidates`, `/admin/status`,
+`/admin/rollout` and one candidate's `GET /admin/candidates/{name}/report` (exactly what the
+report path computes), draws the intervals and the ramp's weight in SVG, and promotes, rolls
+back or steers a ramp through the same endpoints `canary promote` and `canary rollout` use, so
+the API gates and audits every change. Wherever the admin app runs,
 the page goes with it.
 
 The three files are served without authentication (they reveal nothing: no names, no

@@ -1,6 +1,7 @@
 // The live page of canary-gateway's admin API: a client of the JSON API and nothing more.
 // It reads what the report path computes (GET /admin/candidates, /admin/status, one
-// candidate's /report) and draws it; promote and rollback go through the API, which gates
+// candidate's /report) and the ramp (GET /admin/rollout), and draws them; promote, rollback
+// and the ramp's start, pause, resume, advance and abort go through the API, which gates
 // them and writes the audit log. The token lives in this tab's sessionStorage and leaves only
 // as an Authorization header; an open admin API (insecure_admin) asks for none.
 "use strict";
@@ -29,6 +30,7 @@ const state = {
   listTurn: 0,
   verdicts: new Map(), // name -> last verdict shown (the list and the detail agree)
   confirmAction: null,
+  rollout: null, // the last GET /admin/rollout answer ({state: "none"} before the first ramp)
 };
 
 // --- small helpers ----------------------------------------------------------------------------
@@ -218,10 +220,15 @@ document.addEventListener("visibilitychange", () => {
 // --- the list ---------------------------------------------------------------------------------
 
 async function pollList(generation) {
-  const [list, status] = await Promise.all([api("GET", "/candidates"), api("GET", "/status")]);
+  const [list, status, rollout] = await Promise.all([
+    api("GET", "/candidates"),
+    api("GET", "/status"),
+    api("GET", "/rollout"),
+  ]);
   if (list.status !== 200) throw new Error(apiError(list));
   if (generation !== state.generation) return LIST_MS;
   if (status.status === 200) showStatus(status.data);
+  showRollout(rollout);
   const candidates = list.data.candidates.filter((c) => c.role !== "retired");
   renderList(candidates, list.data.rates || {});
   // One report per tick, the one looked at longest ago, none fresher than LIST_REPORT_MS.
@@ -288,8 +295,12 @@ function renderList(candidates, rates) {
 
 async function pollDetail(generation) {
   const name = state.name;
-  const res = await api("GET", `/candidates/${encodeURIComponent(name)}/report`);
+  const [res, rollout] = await Promise.all([
+    api("GET", `/candidates/${encodeURIComponent(name)}/report`),
+    api("GET", "/rollout"),
+  ]);
   if (generation !== state.generation) return DETAIL_MS;
+  showRollout(rollout);
   if (res.status === 404) {
     $("d-summary").textContent = `${name}: ${apiError(res)}`;
     return LIST_MS;
@@ -440,9 +451,11 @@ function trajectoryChart(title, points, lines) {
 
 // --- promote and rollback ---------------------------------------------------------------------
 
-function openConfirm({ title, text, force, action }) {
+function openConfirm({ title, text, force, action, ramp = false, forceLabel = "force: promote against the verdict" }) {
   $("c-title").textContent = title;
   $("c-text").textContent = text;
+  $("c-ramp-rows").hidden = !ramp;
+  $("c-force-label").textContent = forceLabel;
   $("c-force-row").hidden = !force;
   $("c-force").checked = false;
   $("c-reason").value = "";
@@ -454,7 +467,12 @@ function openConfirm({ title, text, force, action }) {
 async function confirmed() {
   const reason = $("c-reason").value.trim();
   const force = !$("c-force-row").hidden && $("c-force").checked;
-  const res = await state.confirmAction({ reason, force });
+  const res = await state.confirmAction({
+    reason,
+    force,
+    steps: $("c-steps").value,
+    minStep: $("c-min-step").value,
+  });
   if (res.ok) $("confirm").close();
   else $("c-error").textContent = res.message;
 }
@@ -490,6 +508,283 @@ function rollbackDialog() {
       const res = await api("POST", "/rollback", { reason });
       if (res.status !== 200) return { ok: false, message: apiError(res) };
       $("list-message").textContent = `Rolled back: ${res.data.live.name} is live (promotion #${res.data.promotion.id}).`;
+      schedule(0);
+      return { ok: true };
+    },
+  });
+}
+
+// --- the ramp -------------------------------------------------------------------------------
+
+const OPEN_STATES = new Set(["running", "paused"]);
+
+function rampOpen() {
+  return OPEN_STATES.has(state.rollout?.state);
+}
+
+// What the API accepts in each state (it refuses the rest): the buttons follow it.
+function rampAllowed(r) {
+  const open = OPEN_STATES.has(r?.state);
+  const steps = Array.isArray(r?.steps) ? r.steps : [];
+  return {
+    start: Boolean(r) && !open,
+    pause: r?.state === "running",
+    resume: r?.state === "paused",
+    advance: open && num(r.step) !== null && r.step < steps.length - 1,
+    abort: open,
+  };
+}
+
+function showRollout(res) {
+  if (res.status !== 200) {
+    $("ramp-summary").textContent = `ramp unavailable: ${apiError(res)}`;
+    $("ramp-summary").dataset.state = "";
+    state.rollout = null;
+  } else {
+    state.rollout = res.data;
+    renderRollout(res.data);
+  }
+  const allowed = rampAllowed(state.rollout);
+  for (const action of ["pause", "resume", "advance", "abort"]) $(`ramp-${action}`).disabled = !allowed[action];
+  $("ramp-start").disabled = !allowed.start;
+}
+
+function percent(v) {
+  const x = num(v);
+  return x === null ? "–" : `${fmt(x)} %`;
+}
+
+function when(at) {
+  const x = num(at);
+  return x === null ? "–" : new Date(x * 1000).toLocaleString("en-GB");
+}
+
+function renderRollout(r) {
+  $("ramp-summary").dataset.state = r.state;
+  if (r.state === "none") {
+    $("ramp-summary").replaceChildren(el("span", { class: "muted" }, "no ramp yet"));
+    $("ramp-plot").replaceChildren();
+    $("ramp-evidence").replaceChildren();
+    fill($("ramp-events").tBodies[0], []);
+    return;
+  }
+  const steps = Array.isArray(r.steps) ? r.steps : [];
+  const step = num(r.step);
+  $("ramp-summary").replaceChildren(
+    el("span", { class: `ramp-state ${r.state}`, id: "ramp-state" }, r.state),
+    ` ${r.candidate} · weight `,
+    el("strong", { id: "ramp-weight" }, percent(r.weight)),
+    " of new sessions · ",
+    el("span", { id: "ramp-step" }, step === null ? "step –" : `step ${step + 1} of ${steps.length}`),
+    ` (${steps.map((x) => `${fmt(x)} %`).join(" → ")}) · at least ${duration(r.min_step_s)} per step · started ${when(r.started_at)}`,
+  );
+  const events = (r.events || []).slice().sort((a, b) => (num(a.at) || 0) - (num(b.at) || 0));
+  $("ramp-plot").replaceChildren(weightChart(r, events));
+  $("ramp-evidence").replaceChildren(
+    ...events
+      .filter((e) => evidenceTests(e.evidence).length || evidenceFacts(e.evidence).length)
+      .reverse()
+      .map(evidenceCard),
+  );
+  fill(
+    $("ramp-events").tBodies[0],
+    events
+      .slice()
+      .reverse()
+      .map((e) =>
+        row(
+          [
+            when(e.at),
+            e.kind,
+            `${percent(e.from_weight)} → ${percent(e.to_weight)}`,
+            num(e.step) === null ? "–" : e.step + 1,
+            e.actor || "–",
+            e.reason || "",
+          ],
+          { "data-kind": e.kind },
+        ),
+      ),
+  );
+}
+
+// The weight over time, a step function through the events, to now while the ramp is open.
+function weightChart(r, events) {
+  const title = "Candidate weight (percent of new sessions) over time";
+  const root = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title });
+  root.append(svg("text", { x: W / 2, y: 16, "text-anchor": "middle", class: "t" }, title));
+  const pts = [];
+  for (const e of events) {
+    const at = num(e.at);
+    if (at === null) continue;
+    if (pts.length) pts.push([at, pts[pts.length - 1][1]]);
+    else if (num(e.from_weight) !== null && e.kind !== "start") pts.push([at, e.from_weight]);
+    pts.push([at, num(e.to_weight) ?? 0]);
+  }
+  if (!pts.length) return root;
+  const end = OPEN_STATES.has(r.state) ? Math.max(Date.now() / 1000, pts[pts.length - 1][0]) : pts[pts.length - 1][0];
+  pts.push([end, pts[pts.length - 1][1]]);
+  const [xLo, xHi] = [pts[0][0], Math.max(end, pts[0][0] + 1)];
+  const sx = (v) => PAD.l + ((v - xLo) / (xHi - xLo)) * (W - PAD.l - PAD.r);
+  const sy = (v) => H - PAD.b - (Math.min(Math.max(v, 0), 100) / 100) * (H - PAD.t - PAD.b);
+  root.append(
+    svg("line", { x1: PAD.l, y1: H - PAD.b, x2: W - PAD.r, y2: H - PAD.b, class: "a" }),
+    svg("line", { x1: PAD.l, y1: PAD.t, x2: PAD.l, y2: H - PAD.b, class: "a" }),
+    svg("text", { x: (PAD.l + W - PAD.r) / 2, y: H - 6, "text-anchor": "middle" }, "time"),
+    svg("text", { x: 12, y: (PAD.t + H - PAD.b) / 2, "text-anchor": "middle", transform: `rotate(-90 12 ${(PAD.t + H - PAD.b) / 2})` }, "weight %"),
+  );
+  for (const t of [0, 25, 50, 75, 100]) {
+    root.append(svg("text", { x: PAD.l - 4, y: (sy(t) + 4).toFixed(1), "text-anchor": "end" }, t));
+  }
+  for (const [t, anchor] of [[xLo, "start"], [xHi, "end"]]) {
+    const label = new Date(t * 1000).toLocaleTimeString("en-GB");
+    root.append(svg("text", { x: sx(t).toFixed(1), y: H - PAD.b + 14, "text-anchor": anchor }, label));
+  }
+  const path = pts.map(([x, y], i) => `${i ? "L" : "M"}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ");
+  root.append(svg("path", { d: path, class: "step" }));
+  return root;
+}
+
+// An event's gating tests, whatever of them the evidence holds: a list or a mapping of
+// {name, decision, estimate, interval [lo, hi] or lower/upper, margin, n per arm}.
+function evidenceTests(evidence) {
+  const tests = evidence?.tests;
+  if (!tests || typeof tests !== "object") return [];
+  const list = Array.isArray(tests) ? tests : Object.entries(tests).map(([name, t]) => ({ name, ...t }));
+  return list
+    .filter((t) => t && typeof t === "object")
+    .map((t) => {
+      const interval = Array.isArray(t.interval) ? t.interval : [t.lower, t.upper];
+      const n = t.n && typeof t.n === "object" ? t.n : {};
+      return {
+        name: t.name ?? t.metric ?? "?",
+        decision: t.decision ?? t.status ?? "",
+        estimate: num(t.estimate),
+        lo: num(interval[0]),
+        hi: num(interval[1]),
+        margin: num(t.margin),
+        nCandidate: num(t.n_candidate ?? n.candidate),
+        nProduction: num(t.n_production ?? n.production),
+        n: num(t.n),
+      };
+    });
+}
+
+// The rest of an event's evidence (a tripped guard's reading): scalar facts, shown as they are.
+function evidenceFacts(evidence) {
+  if (!evidence || typeof evidence !== "object") return [];
+  return Object.entries(evidence)
+    .filter(([k, v]) => k !== "tests" && (typeof v !== "object" || v === null || (Array.isArray(v) && v.length)))
+    .map(([k, v]) => [k, Array.isArray(v) ? v.join(", ") : v]);
+}
+
+// One test's interval on the scale of its margin: no change in the middle, ±margin dashed.
+function intervalBar(t) {
+  const w = 200;
+  const h = 18;
+  const root = svg("svg", { width: w, height: h, viewBox: `0 0 ${w} ${h}`, class: "bar" });
+  const scale = t.margin && t.margin > 0 ? t.margin : Math.max(Math.abs(t.lo ?? 0), Math.abs(t.hi ?? 0), 1e-9);
+  const sx = (v) => w / 2 + (Math.max(-3, Math.min(3, v / scale)) * (w - 8)) / 6;
+  root.append(svg("line", { x1: w / 2, y1: 2, x2: w / 2, y2: h - 2, class: "a" }));
+  if (t.margin) {
+    for (const m of [-t.margin, t.margin]) {
+      root.append(svg("line", { x1: sx(m), y1: 2, x2: sx(m), y2: h - 2, stroke: "#e67700", "stroke-dasharray": "3 2" }));
+    }
+  }
+  const cls = t.decision === "ok" ? "ok" : t.decision === "harm" ? "harm" : "other";
+  if (t.lo !== null && t.hi !== null) {
+    root.append(svg("rect", { x: sx(t.lo), y: 6, width: Math.max(1, sx(t.hi) - sx(t.lo)), height: 6, class: cls, "fill-opacity": 0.5 }));
+  }
+  if (t.estimate !== null) root.append(svg("circle", { cx: sx(t.estimate), cy: 9, r: 3, class: cls }));
+  return root;
+}
+
+function evidenceCard(e) {
+  const tests = evidenceTests(e.evidence);
+  const facts = evidenceFacts(e.evidence);
+  const card = el("div", { class: "evidence", "data-kind": e.kind });
+  card.append(el("h3", {}, `Evidence: ${e.kind} ${percent(e.from_weight)} → ${percent(e.to_weight)}, ${when(e.at)}`));
+  if (tests.length) {
+    const table = el(
+      "table",
+      { class: "evidence-tests" },
+      el("thead", {}, el("tr", {}, ...["test", "decision", "estimate", "interval", "margin", "n candidate", "n production", "interval / margin"].map((h) => el("th", {}, h)))),
+    );
+    table.append(
+      el(
+        "tbody",
+        {},
+        ...tests.map((t) =>
+          row([
+            t.name,
+            el("td", { class: `status-${t.decision === "harm" ? "beyond" : t.decision === "ok" ? "inside" : "undecided"}` }, t.decision || "–"),
+            fmt(t.estimate),
+            t.lo === null && t.hi === null ? "–" : `[${fmt(t.lo)}, ${fmt(t.hi)}]`,
+            fmt(t.margin),
+            fmt(t.nCandidate ?? t.n),
+            fmt(t.nProduction),
+            el("td", {}, intervalBar(t)),
+          ]),
+        ),
+      ),
+    );
+    card.append(table);
+  }
+  if (facts.length) card.append(el("p", { class: "muted" }, facts.map(([k, v]) => `${k}: ${typeof v === "number" ? fmt(v) : v}`).join(" · ")));
+  return card;
+}
+
+function rampStartDialog() {
+  const name = state.name;
+  const verdict = state.reports.get(name)?.report?.verdict || "unknown";
+  const allowed = verdict === "promote";
+  openConfirm({
+    title: `Start a ramp of ${name}?`,
+    text: allowed
+      ? `The verdict is promote. ${name} serves a growing share of new sessions, step by step, judged on live traffic; harm rolls it back at once.`
+      : `The verdict is ${verdict}, not promote: the API refuses unless you force it, with a reason for the audit log.`,
+    force: !allowed,
+    forceLabel: "force: ramp against the verdict",
+    ramp: true,
+    action: async ({ reason, force, steps, minStep }) => {
+      if (force && !reason) return { ok: false, message: "A forced ramp needs a reason." };
+      const body = { reason, force };
+      if (steps.trim()) {
+        const parsed = steps.split(/[\s,]+/).filter(Boolean).map(Number);
+        if (parsed.some((x) => !Number.isFinite(x))) return { ok: false, message: `Steps must be percents, e.g. 1, 5, 25, 50, 100 (not ${steps}).` };
+        body.steps = parsed;
+      }
+      if (String(minStep).trim()) {
+        const x = Number(minStep);
+        if (!Number.isFinite(x) || x < 0) return { ok: false, message: "The minimum dwell is a number of seconds." };
+        body.min_step_s = x;
+      }
+      const res = await api("POST", `/candidates/${encodeURIComponent(name)}/rollout`, body);
+      if (res.status !== 201 && res.status !== 200) return { ok: false, message: apiError(res) };
+      location.hash = "#/";
+      $("ramp-message").textContent = `Ramp of ${name} started at ${percent(res.data?.weight)}.`;
+      return { ok: true };
+    },
+  });
+}
+
+const RAMP_ACTIONS = {
+  pause: ["Pause the ramp?", "The weight stays where it is and no step advances until resumed."],
+  resume: ["Resume the ramp?", "Steps advance again on their evidence."],
+  advance: ["Advance the ramp by hand?", "The next step's weight applies to new sessions now, whatever the evidence says."],
+  abort: ["Abort the ramp?", "Every session goes back to production at once; the candidate stays registered."],
+};
+
+function rampActionDialog(action) {
+  const [title, text] = RAMP_ACTIONS[action];
+  openConfirm({
+    title,
+    text,
+    force: false,
+    action: async ({ reason }) => {
+      const res = await api("POST", `/rollout/${action}`, { reason });
+      if (res.status !== 200) return { ok: false, message: apiError(res) };
+      $("ramp-message").textContent = `Ramp ${res.data.state} at ${percent(res.data.weight)}.`;
+      showRollout(res);
       schedule(0);
       return { ok: true };
     },
@@ -534,6 +829,10 @@ document.addEventListener("DOMContentLoaded", () => {
   $("forget").addEventListener("click", () => showLogin("Token forgotten."));
   $("promote").addEventListener("click", promoteDialog);
   $("rollback").addEventListener("click", rollbackDialog);
+  $("ramp-start").addEventListener("click", rampStartDialog);
+  for (const action of Object.keys(RAMP_ACTIONS)) {
+    $(`ramp-${action}`).addEventListener("click", () => rampActionDialog(action));
+  }
   $("c-cancel").addEventListener("click", () => $("confirm").close());
   $("c-ok").addEventListener("click", guard(confirmed));
   window.addEventListener("hashchange", route);
