@@ -19,7 +19,9 @@ equal (exit code, admin status and `code`, then what it means):
     CanaryError                  exit 1  admin 500 internal_error: a bug, logged
     ├── UsageError               exit 2  admin 422 invalid_request: bad operator input
     │   ├── ConfigError          exit 2  admin 422 invalid_request: names source, key, reason
-    │   └── InvalidSettings      exit 2  admin 422 validation_error: a verdict setting (field)
+    │   ├── InvalidSettings      exit 2  admin 422 validation_error: a verdict setting (field)
+    │   └── InvalidRollout       exit 2  admin 422 validation_error (gateway.control.rollout): a
+    │                                    rollout's steps, dwell or reason (field)
     ├── NotFound                 exit 2  admin 404 not_found: nothing by that name
     ├── StorageError             exit 1  admin 503 storage_unavailable (the proxy keeps serving)
     │   ├── StorageUnavailable   exit 1  admin 503 storage_unavailable
@@ -27,8 +29,10 @@ equal (exit code, admin status and `code`, then what it means):
     │   ├── InvalidEndpoint      exit 1  admin 422 invalid_request (also a ValueError)
     │   ├── EndpointNotFound     exit 2  admin 404 not_found (also a NotFound)
     │   ├── PromotionConflict    exit 1  admin 409 conflict, `detail.reason`
-    │   │   └── PromotionRefused exit 1  admin 409 promotion_refused (gateway.control.promotion):
-    │   │                                `detail` holds the report's verdict and reasons
+    │   │   ├── PromotionRefused exit 1  admin 409 promotion_refused (gateway.control.promotion):
+    │   │   │                            `detail` holds the report's verdict and reasons
+    │   │   └── RolloutRefused   exit 1  admin 409 conflict (gateway.control.rollout): a ramp's
+    │   │                                start without a promote verdict, `detail.reason`
     │   └── SchemaBehind         exit 2  admin 503 storage_unavailable: names the command to run
     │       └── SchemaAhead      exit 2  admin 503 storage_unavailable
     ├── UpstreamError            exit 1  admin 502 upstream_error (gateway.server.upstream); the

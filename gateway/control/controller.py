@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import math
 import time
@@ -61,10 +60,10 @@ DECISIONS: Final = ("advance", "complete", "rollback", "wait", "lost", "failed")
 async def _stored_evidence(
     engine: AsyncEngine, generation: int, since: float | None, until: float | None
 ) -> dict[str, NDArray[Any]]:
-    # Imported by name: the evidence's storage module is the ramp evidence's, and the
-    # controller must not load it (nor numpy's columns) before there is a rollout to judge.
-    module = importlib.import_module("storage.reports.ramp")
-    columns: dict[str, NDArray[Any]] = await module.ramp_requests(engine, generation, since, until)
+    # Imported here: the controller loads the evidence's columns only once there is a rollout.
+    from storage.reports.ramp import ramp_requests
+
+    columns: dict[str, NDArray[Any]] = await ramp_requests(engine, generation, since, until)
     return columns
 
 

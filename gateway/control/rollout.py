@@ -142,7 +142,7 @@ def arms_snapshot(rollout: Rollout, candidate: object) -> arms.Rollout:
             state="ramping",
         )
     state: arms.RolloutState = "idle" if rollout.state == "completed" else "rolled_back"
-    return arms.Rollout(rollout.id * 2 + 1, salt=int(rollout.salt, 16), state=state)
+    return arms.Rollout(rollout.id * 2 + 1, state=state)  # as ArmRouter.rolled_back() builds it
 
 
 class GuardTrips:

@@ -310,6 +310,7 @@ async def serve_plane(
         queue_max=config.storage.writer_queue_max,
         store_text=config.storage.store_text,
         store_text_max_chars=config.storage.store_text_max_chars,
+        evidence_queue_max=config.rollout.evidence_queue_max,
     )
     placeholder = Endpoint(name=config.live.name, url="http://127.0.0.1:9", role="live")
     live = LiveTarget(placeholder)

@@ -120,6 +120,7 @@ def _report_main(
             socket_path,
             lambda: conn.send("ready"),
             stop,
+            controller_interval_s=config.rollout.controller_interval_s,
         ),
     )
 

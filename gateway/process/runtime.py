@@ -52,6 +52,7 @@ from gateway.config.sections import GatewayConfig
 from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry, Snapshot
 from gateway.control.reports import RemoteReports
+from gateway.control.rollout import GuardTrips
 from gateway.mirror.channel.handoff import Handoff
 from gateway.process import simulator
 from gateway.process.children import PlaneProcess, ReportProcess, StartWatch, replica_name
@@ -239,6 +240,7 @@ def _customize(parts: Components) -> list[AppCustomizer]:
             rates=parts.mirror.host_rates,
             replica=parts.replica,
             reports=parts.reports,
+            default_min_step_s=config.rollout.default_min_step_s,
         )
         mount_admin(app, build_admin_app(ctx, config.admin, config.credentials, config.limits))
 
@@ -328,11 +330,17 @@ async def running(
         def on_change(snapshot: Snapshot) -> None:
             handoff.apply(snapshot.candidates)
 
+        # The ramp's router exists before the registry starts: the registry applies the stored
+        # rollout to it before this worker serves (a restart never serves a stale weight).
+        table = create_arms(config) if arms_path is None else SessionArms.open(arms_path)
+        stack.callback(table.close)  # after the listener stopped: no request routes any more
+        router = ArmRouter(table)
         registry = Registry(
             engine,
             live,
             poll_interval_s=config.storage.registry_poll_interval_s,
             on_change=on_change,
+            router=router,
         )
         parts = Components(
             config,
@@ -369,16 +377,19 @@ async def running(
         metrics.add_collector(lambda: _plane_lines(parts))
         metrics.add_collector(lambda: _registry_lines(registry))
         metrics.add_collector(reports.samples)
-        table = create_arms(config) if arms_path is None else SessionArms.open(arms_path)
-        stack.callback(table.close)  # after the listener stopped: no request routes any more
-        parts.router = ArmRouter(table)
+        parts.router = router
+        # A worker's guard trip becomes a stored, pushed rollback; the registry applies it here.
+        guard = GuardTrips(engine, on_done=registry.refresh)
+        stack.push_async_callback(guard.close)
         parts.gateway = await start_gateway(
             config,
             live=live,
             tee=handoff,
             metrics=metrics,
             customize=_customize(parts),
-            router=parts.router,
+            router=router,
+            ramp_sink=handoff,
+            rollout_guard=guard,
         )
         assert parts.gateway.app[RAMP].router is parts.router
         stack.push_async_callback(parts.gateway.close)
