@@ -255,9 +255,10 @@ async def test_forced_ramp_advanced_by_hand_keeps_every_session_on_one_engine(
     tmp_path: Path,
 ) -> None:
     """A forced 1-5-25-50-100 ramp advanced by hand while multi-turn sessions run (new ones at
-    every step, every session a turn per step, advances racing the turns) completes at 100 %
-    by the controller: 0 client errors, each session's stored arm single-valued and equal to
-    the simulator that served all its turns, and the candidate is then live with a promotion."""
+    every step, every session a turn per step, advances racing the turns; paused at 100 % for
+    its last turns) completes at 100 % by the controller once resumed: 0 client errors, each
+    session's stored arm single-valued and equal to the simulator that served all its turns,
+    and the candidate is then live with a promotion."""
     async with _engines() as (prod, cand):
         proc, url = await _serve(tmp_path, _config(tmp_path, prod, cand))
         sessions = Sessions(url)
@@ -265,7 +266,7 @@ async def test_forced_ramp_advanced_by_hand_keeps_every_session_on_one_engine(
             async with aiohttp.ClientSession() as http:
                 start = {
                     "steps": [1, 5, 25, 50, 100],
-                    "min_step_s": 1.0,
+                    "min_step_s": 5.0,
                     "force": True,
                     "reason": "e2e drill",
                 }
@@ -283,9 +284,15 @@ async def test_forced_ramp_advanced_by_hand_keeps_every_session_on_one_engine(
                         )
                         await turns
                         weights.append(moved["weight"])
+                        if moved["weight"] == 100.0:
+                            # Paused within the 100 % step's dwell, so the controller cannot
+                            # complete while its turns run: a turn after the completion goes
+                            # to the new live endpoint, the candidate, whatever its session.
+                            await _admin(http, url, "/admin/rollout/pause", {"reason": "turns"})
                     await asyncio.gather(prod.harvest(http), cand.harvest(http))
                     await asyncio.sleep(0.4)  # the registry's poll applies the new weight
                 assert weights == [1.0, 5.0, 25.0, 50.0, 100.0]
+                await _admin(http, url, "/admin/rollout/resume", {"reason": "turns done"})
                 # At 100 % there is no next step: the controller completes after the dwell.
                 for _ in range(200):
                     view = await _admin(http, url, "/admin/rollout")
@@ -293,6 +300,8 @@ async def test_forced_ramp_advanced_by_hand_keeps_every_session_on_one_engine(
                         break
                     await asyncio.sleep(0.1)
                 assert view["state"] == "completed", view
+                kinds = [e["kind"] for e in view["events"]]
+                assert kinds[-3:] == ["pause", "resume", "complete"], kinds
                 assert view["events"][-1]["actor"] == "controller"
                 await asyncio.sleep(0.5)  # the completion reaches the worker by the poll
                 status = await _admin(http, url, "/admin/status")

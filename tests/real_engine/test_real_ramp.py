@@ -34,7 +34,7 @@ from tests.real_engine.conftest import (
 
 STEPS = [1, 5, 25, 50, 100]
 NEW_PER_STEP = int(os.environ.get("CANARY_REAL_RAMP_SESSIONS_PER_STEP", "6"))
-MIN_STEP_S = 2.0
+MIN_STEP_S = 10.0  # the dwell of every step; at 100 % it starts the completion's countdown
 SUCCESS = "vllm:request_success_total"
 
 pytestmark = pytest.mark.timeout(1800)
@@ -106,6 +106,15 @@ def _ramp(gw: str) -> tuple[list[Turn], list[float], int]:
                         "POST", gw + "/admin/rollout/advance", {"reason": "by hand"}
                     )
                     assert status == 200, view
+                    if view["weight"] == 100:
+                        # Paused within the dwell, so the controller cannot complete while the
+                        # last turns run (after it, every turn goes to the new live endpoint).
+                        status, view = _http_json(
+                            "POST", gw + "/admin/rollout/pause", {"reason": "last turns"}
+                        )
+                        assert status == 200, view
+            status, view = _http_json("POST", gw + "/admin/rollout/resume", {"reason": "done"})
+            assert status == 200, view
         finally:
             await client.close()
         return turns, weights, int(started["id"])
