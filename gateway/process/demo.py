@@ -469,9 +469,21 @@ async def _rollout_metrics(http: aiohttp.ClientSession, gateway_url: str) -> dic
 async def _admin(
     http: aiohttp.ClientSession, method: str, url: str, body: dict[str, object] | None = None
 ) -> tuple[int, dict[str, object]]:
-    async with http.request(method, url, json=body) as resp:
-        doc = msgspec.json.decode(await resp.read())
-        return resp.status, doc if isinstance(doc, dict) else {}
+    try:
+        async with http.request(method, url, json=body) as resp:
+            raw, status = await resp.read(), resp.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return 0, {"error": {"message": repr(exc)}}
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return status, {"error": {"message": raw[:200].decode(errors="replace")}}
+    return status, doc if isinstance(doc, dict) else {}
+
+
+def _message(view: dict[str, object]) -> object:
+    error = view.get("error")
+    return error.get("message") if isinstance(error, dict) else view
 
 
 async def _await_state(
@@ -561,9 +573,7 @@ async def _ramp_steps(
             break
         await asyncio.sleep(1.0)
     if status != 201:
-        error = view.get("error")
-        message = error.get("message") if isinstance(error, dict) else view
-        say(f"ramp: the gateway refused the start ({status}): {message}")
+        say(f"ramp: the gateway refused the start ({status}): {_message(view)}")
         return view
     before = await _rollout_metrics(http, gateway_url)
     for i, weight in enumerate(steps):
@@ -588,12 +598,20 @@ async def _ramp_steps(
         before = now
         if view.get("state") != "running" or last:
             return view
-        status, view = await _admin(
-            http, "POST", f"{admin}/rollout/advance",
-            {"reason": f"canary demo: {dwell:g} s at {weight:g} % without harm"},
-        )  # fmt: skip
-        if status != 200:  # a guard or the controller closed it meanwhile
-            return await _await_state(http, admin, ("rolled_back",), 0.0)
+        for _ in range(5):
+            status, view = await _admin(
+                http, "POST", f"{admin}/rollout/advance",
+                {"reason": f"canary demo: {dwell:g} s at {weight:g} % without harm"},
+            )  # fmt: skip
+            if status == 200:
+                break
+            say(f"  advance refused ({status}): {_message(view)}")
+            view = await _await_state(http, admin, ("rolled_back",), 0.0)
+            if view.get("state") != "running":  # a guard or the controller closed it meanwhile
+                return view
+            await asyncio.sleep(0.5)
+        else:
+            return view
     return view
 
 
