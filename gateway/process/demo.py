@@ -6,8 +6,12 @@ diverge), a gateway in front of production with SQLite in a temporary directory,
 agent-like multi-turn sessions through it a batch at a time, asking the gateway for each
 candidate's verdict between batches, until every candidate is promoted or rejected (the
 intervals are valid at any look, so looking as often as it likes costs nothing) or
-`max_sessions` is reached, and says which ended it. Then it stops the gateway (which drains the
-mirror and flushes storage), prints both candidates' reports and writes their HTML forms.
+`max_sessions` is reached, and says which ended it. A promoted bi-kv is then ramped on live
+traffic (1, 5, 25, 50, 100 % of new sessions, each step advanced by the demo after a short
+dwell while the controller and the workers' guards watch for harm; `fail_at_step` kills its
+simulator at that step to show the guard's rollback). Then it stops the gateway (which drains
+the mirror and flushes storage), prints both candidates' reports (as they stood at the
+verdicts) and writes their HTML forms.
 
 Every process it starts is its own child; all are stopped on exit, on error and on Ctrl-C.
 """
@@ -18,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import re
 import shutil
 import signal
 import socket
@@ -83,6 +88,11 @@ priority = "normal"
 # Scoring copies (the quantized candidate and the control score production's answers): a few
 # at once per simulator, so scoring keeps up with the demo's traffic.
 score_concurrency = 4
+
+[rollout]
+# The demo's ramp dwells a few seconds per step: the controller judges every second (default
+# 2 s) so that the 100 % step completes soon after its dwell.
+controller_interval_s = 1.0
 {candidates}"""
 
 CANDIDATE_TEMPLATE = """
@@ -118,6 +128,10 @@ SCORING = {"quantized": "score_rate = 0.5\n"}
 # Candidates whose verdicts the demo waits for (the control's is the noise floor, not a goal).
 DECIDING = ("bi-kv", "quantized")
 DECIDED = ("promote", "reject")
+# The candidate the demo ramps once promoted, and its steps (percent of new sessions).
+RAMPED = "bi-kv"
+RAMP_STEPS = (1.0, 5.0, 25.0, 50.0, 100.0)
+_SAMPLE = re.compile(r"^(canary_rollout_(?:requests|fallbacks)_total)\{([^}]*)\} ([0-9.e+]+)$")
 
 
 class DemoOptions(msgspec.Struct, kw_only=True):
@@ -130,6 +144,8 @@ class DemoOptions(msgspec.Struct, kw_only=True):
     keep: bool = False
     out_dir: str = "canary-reports"
     seed: int = 0
+    step_dwell_s: float = 3.0  # each ramp step's dwell before the demo advances it
+    fail_at_step: int = 0  # > 0: kill bi-kv's simulator when the ramp reaches this step (1-based)
 
 
 def _open_log(path: Path) -> BinaryIO:
@@ -331,15 +347,25 @@ async def _run(
     say(f"gateway on {gateway_url} in front of {urls['live']} (SQLite: {db_path})")
     say("candidates: control (same profile as production), bi-kv (keeps session KV), quantized")
 
-    summary = await _drive(gateway_url, opts, progress, say)
+    summary, sent, verdicts = await _drive(gateway_url, opts, progress, say)
     say(summary)
+    verdicts_at = time.time()
+    ramp_line = None
+    if verdicts.get(RAMPED) == "promote":
+        ramp_line = await _ramp(gateway_url, opts, procs, sent, say)
+    else:
+        say(f"no ramp: {RAMPED}'s verdict is {verdicts.get(RAMPED, 'not asked')!r}, not 'promote'")
     if opts.keep:
         return await _keep_running(gateway_url, urls, config_path, db_path)
 
     say("stopping the gateway (drains the mirror, flushes storage)...")
     await procs.stop("gateway", timeout_s=30.0)
     await procs.stop_all()
-    code = await _print_reports(f"sqlite+aiosqlite:///{db_path}", Path(opts.out_dir))
+    # The reports as they stood at the verdicts: the ramp's traffic is the rollout's evidence.
+    until = verdicts_at if ramp_line is not None else None
+    code = await _print_reports(f"sqlite+aiosqlite:///{db_path}", Path(opts.out_dir), until)
+    if ramp_line is not None:
+        say(ramp_line)
     say(f"demo finished in {time.monotonic() - started:.0f} s")
     return code
 
@@ -349,9 +375,10 @@ async def _drive(
     opts: DemoOptions,
     progress: Callable[[int, str], ProgressBar],
     say: Callable[[str], None],
-) -> str:
+) -> tuple[str, int, dict[str, str]]:
     """Send sessions a batch at a time until every deciding candidate is decided (or exactly
-    `opts.sessions` when set); returns the line that says what ended it."""
+    `opts.sessions` when set, then look once); returns the line that says what ended it, the
+    sessions sent and the last verdicts."""
     fixed = opts.sessions > 0
     total = opts.sessions if fixed else opts.max_sessions
     step = total if fixed else opts.batch
@@ -383,14 +410,209 @@ async def _drive(
         f"sent {requests} requests ({sent} sessions) in {wall:.1f} s, {errors} production errors"
     )
     if fixed:
-        return traffic
+        # One look after the planned traffic, to know whether bi-kv may be ramped.
+        return traffic, sent, await _verdicts(gateway_url)
     if all(verdicts.get(name) in DECIDED for name in DECIDING):
-        return f"{traffic}; every candidate decided after {sent} sessions"
+        return f"{traffic}; every candidate decided after {sent} sessions", sent, verdicts
     open_ = ", ".join(n for n in DECIDING if verdicts.get(n) not in DECIDED)
     return (
         f"{traffic}; stopped at the cap (--max-sessions {opts.max_sessions}), not by the "
-        f"evidence: {open_} still undecided"
+        f"evidence: {open_} still undecided",
+        sent,
+        verdicts,
     )
+
+
+class _Traffic:
+    """New sessions through the gateway, a batch after another, until `stop` (the ramp's live
+    traffic: a weight change applies to new sessions only)."""
+
+    def __init__(self, gateway_url: str, opts: DemoOptions, first_session: int) -> None:
+        self.url, self.opts, self.next = gateway_url, opts, first_session
+        self.requests = self.errors = 0
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        n = 2 * self.opts.concurrency  # two batches' worth in flight would only add a tail
+        while not self._stop.is_set():
+            spec = WorkloadSpec(
+                sessions=n,
+                first_session=self.next,
+                turns=self.opts.turns,
+                concurrency=self.opts.concurrency,
+                seed=self.opts.seed,
+            )
+            self.next += n
+            done = await run_workload(self.url, spec)
+            self.requests += done.requests
+            self.errors += done.errors
+
+
+async def _rollout_metrics(http: aiohttp.ClientSession, gateway_url: str) -> dict[str, float]:
+    """Requests per arm and fallbacks so far, summed over the gateway's series."""
+    out = {"production": 0.0, "candidate": 0.0, "fallbacks": 0.0}
+    async with http.get(f"{gateway_url}/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if (m := _SAMPLE.match(line)) is None:
+            continue
+        if m[1] == "canary_rollout_fallbacks_total":
+            out["fallbacks"] += float(m[3])
+        elif (arm := re.search(r'arm="(\w+)"', m[2])) is not None and arm[1] in out:
+            out[arm[1]] += float(m[3])
+    return out
+
+
+async def _admin(
+    http: aiohttp.ClientSession, method: str, url: str, body: dict[str, object] | None = None
+) -> tuple[int, dict[str, object]]:
+    try:
+        async with http.request(method, url, json=body) as resp:
+            raw, status = await resp.read(), resp.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return 0, {"error": {"message": repr(exc)}}
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return status, {"error": {"message": raw[:200].decode(errors="replace")}}
+    return status, doc if isinstance(doc, dict) else {}
+
+
+def _message(view: dict[str, object]) -> object:
+    error = view.get("error")
+    return error.get("message") if isinstance(error, dict) else view
+
+
+async def _await_state(
+    http: aiohttp.ClientSession, admin: str, states: tuple[str, ...], timeout_s: float
+) -> dict[str, object]:
+    """The rollout once its state is one of `states`, or as it is after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, view = await _admin(http, "GET", f"{admin}/rollout")
+        if view.get("state") in states or time.monotonic() >= deadline:
+            return view
+        await asyncio.sleep(0.25)
+
+
+async def _ramp(
+    gateway_url: str,
+    opts: DemoOptions,
+    procs: _Processes,
+    first_session: int,
+    say: Callable[[str], None],
+) -> str:
+    """Ramp bi-kv on live traffic, advancing each step by hand after its dwell (or kill its
+    simulator at `opts.fail_at_step`); prints a line per step, returns the outcome's line."""
+    admin = f"{gateway_url}/admin"
+    steps, dwell = list(RAMP_STEPS), opts.step_dwell_s
+    say("")
+    say(f"ramp: {RAMPED} is promoted; ramping it on live traffic, steps {steps} % of new sessions")
+    say(f"ramp: watch it live at {admin}{PAGE_PATH} (the Ramp panel)")
+    say(
+        "ramp: at this demo's few new sessions a second the controller's tests would need "
+        "thousands of sessions per step to show a step within its margins (docs/ramp.md), so "
+        f"the demo advances each step by hand after {dwell:g} s, as an operator would; the "
+        "controller and the workers' guards keep watching for harm"
+    )
+    traffic = _Traffic(gateway_url, opts, first_session)
+    began = time.monotonic()
+    timeout = aiohttp.ClientTimeout(total=120.0)
+    async with aiohttp.ClientSession(timeout=timeout) as http, asyncio.TaskGroup() as group:
+        flowing = group.create_task(traffic.run(), name="demo-ramp-traffic")
+        try:
+            view = await _ramp_steps(http, admin, gateway_url, opts, procs, say)
+        finally:
+            traffic.stop()
+        await flowing
+        seen = await _rollout_metrics(http, gateway_url)
+    errors = (
+        f"{traffic.errors} client errors in {traffic.requests} requests during the ramp "
+        f"({time.monotonic() - began:.0f} s)"
+    )
+    state = str(view.get("state"))
+    events = view.get("events")
+    last: dict[str, object] = events[-1] if isinstance(events, list) and events else {}
+    how = f"by {last.get('actor')}: {last.get('reason')}"
+    fallbacks = f"{seen['fallbacks']:.0f} fallbacks to production"
+    if state == "completed":
+        line = f"ramp: {RAMPED} completed at 100 % ({how}), it is the live endpoint; {errors}"
+    elif state == "rolled_back":
+        line = (
+            f"ramp: rolled back automatically at {last.get('from_weight')} % ({how}; evidence "
+            f"{last.get('evidence')}); {fallbacks}, {errors}"
+        )
+    elif state == "running":
+        line = f"ramp: still running at {view.get('weight')} % when the demo stopped; {errors}"
+    else:
+        line = f"ramp: not started; {errors}"
+    say(line)
+    return line
+
+
+async def _ramp_steps(
+    http: aiohttp.ClientSession,
+    admin: str,
+    gateway_url: str,
+    opts: DemoOptions,
+    procs: _Processes,
+    say: Callable[[str], None],
+) -> dict[str, object]:
+    """Start the rollout and walk its steps; returns the rollout as it ended."""
+    steps, dwell = list(RAMP_STEPS), opts.step_dwell_s
+    reason = f"canary demo: {RAMPED}'s report says promote"
+    body = {"steps": steps, "min_step_s": dwell, "reason": reason}
+    for _ in range(5):
+        # The start asks the report process for a fresh report: an interim look taken a moment
+        # after the demo's own may still read `hold` while the last rows are being stored.
+        status, view = await _admin(http, "POST", f"{admin}/candidates/{RAMPED}/rollout", body)
+        if status != 409 or "verdict_not_promote" not in str(view):
+            break
+        await asyncio.sleep(1.0)
+    if status != 201:
+        say(f"ramp: the gateway refused the start ({status}): {_message(view)}")
+        return view
+    before = await _rollout_metrics(http, gateway_url)
+    for i, weight in enumerate(steps):
+        failing = opts.fail_at_step == i + 1
+        if failing:
+            say(f"  step {i + 1}: killing {RAMPED}'s simulator; sessions keep flowing")
+            await procs.stop(f"sim-{RAMPED}", timeout_s=5.0)
+        last = i + 1 == len(steps)
+        # The step's dwell (at 100 %: until the controller completes it after its dwell); a
+        # rollback by a guard or the controller's harm test ends the ramp at once.
+        wait_s = 30.0 if failing else dwell + (10.0 if last else 0.0)
+        ended = ("completed", "rolled_back", "aborted") if failing or last else ("rolled_back",)
+        view = await _await_state(http, admin, ended, wait_s)
+        now = await _rollout_metrics(http, gateway_url)
+        served = {arm: now[arm] - before[arm] for arm in ("production", "candidate")}
+        arms = "  ".join(
+            f"{name} {served[arm]:>4.0f} req (~{served[arm] / opts.turns:.0f} sessions)"
+            for name, arm in (("production", "production"), (RAMPED, "candidate"))
+        )
+        fell = now["fallbacks"] - before["fallbacks"]
+        say(f"  step {i + 1}/{len(steps)} {weight:>5g} %  {arms}  fallbacks {fell:.0f}")
+        before = now
+        if view.get("state") != "running" or last:
+            return view
+        for _ in range(5):
+            status, view = await _admin(
+                http, "POST", f"{admin}/rollout/advance",
+                {"reason": f"canary demo: {dwell:g} s at {weight:g} % without harm"},
+            )  # fmt: skip
+            if status == 200:
+                break
+            say(f"  advance refused ({status}): {_message(view)}")
+            view = await _await_state(http, admin, ("rolled_back",), 0.0)
+            if view.get("state") != "running":  # a guard or the controller closed it meanwhile
+                return view
+            await asyncio.sleep(0.5)
+        else:
+            return view
+    return view
 
 
 async def _verdicts(gateway_url: str) -> dict[str, str]:
@@ -413,7 +635,7 @@ async def _verdicts(gateway_url: str) -> dict[str, str]:
     return out
 
 
-async def _print_reports(db_url: str, out_dir: Path) -> int:
+async def _print_reports(db_url: str, out_dir: Path, until: float | None) -> int:
     from evaluators.judge.settings import VerdictSettings
     from evaluators.report.build import evaluate
     from evaluators.report.render import render
@@ -423,7 +645,9 @@ async def _print_reports(db_url: str, out_dir: Path) -> int:
     try:
         for name in ("bi-kv", "quantized"):
             # The demo's traffic is over: this is its planned final look.
-            report = await evaluate(engine, name, settings=VerdictSettings(), planned_look=True)
+            report = await evaluate(
+                engine, name, until=until, settings=VerdictSettings(), planned_look=True
+            )
             print()
             print(render(report, "text"))
             html_path = _write_reports(out_dir, name, render(report, "html"))

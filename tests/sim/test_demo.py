@@ -104,7 +104,8 @@ async def test_demo_keep_prints_the_live_page_and_it_is_served(tmp_path: Path) -
 @pytest.mark.parametrize("seed", [3, 11])
 async def test_the_demo_runs_until_each_candidate_is_decided(tmp_path: Path, seed: int) -> None:
     """Driven until decided, the demo ends with bi-kv promoted and quantized rejected at another
-    seed and a shorter time scale, and says the evidence (not the cap) ended it."""
+    seed and a shorter time scale, says the evidence (not the cap) ended it, then ramps bi-kv
+    step by step on live traffic to a completed 100 % without a client error."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway.cli.main", "demo", "--seed", str(seed),
         "--time-scale", "0.15", "--out-dir", str(tmp_path / "reports"),
@@ -118,3 +119,32 @@ async def test_the_demo_runs_until_each_candidate_is_decided(tmp_path: Path, see
     assert "every candidate decided after" in text, text[-3000:]
     # The progress line showed the verdicts as they formed.
     assert "bi-kv: hold" in text or "bi-kv: promote" in text
+    assert "/admin/ui/" in text  # the live page, to watch the Ramp panel
+    steps = [line.split()[1] for line in text.splitlines() if line.startswith("  step ")]
+    assert steps == ["1/5", "2/5", "3/5", "4/5", "5/5"], text[-3000:]
+    assert "ramp: bi-kv completed at 100 % (by controller" in text, text[-3000:]
+    assert "it is the live endpoint; 0 client errors in" in text, text[-3000:]
+
+
+@pytest.mark.timeout(600)
+async def test_a_candidate_killed_mid_ramp_is_rolled_back_without_client_errors(
+    tmp_path: Path,
+) -> None:
+    """With --fail-at-step 3 the demo kills bi-kv's simulator at 25 %: a worker's guard rolls
+    the ramp back (a stored rollback event), production answers every client request, and the
+    demo reports it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli.main", "demo", "--fail-at-step", "3",
+        "--time-scale", "0.15", "--out-dir", str(tmp_path / "reports"),
+        cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 600)
+    text = out.decode()
+    assert proc.returncode == 0, text[-3000:]
+    assert "step 3: killing bi-kv's simulator" in text, text[-3000:]
+    steps = [line.split()[1] for line in text.splitlines() if line.startswith("  step ")]
+    assert steps[-1] == "3/5", text[-3000:]  # no step after the rollback
+    line = next(x for x in text.splitlines() if x.startswith("ramp: rolled back automatically"))
+    assert "at 25.0 % (by guard: guard_" in line, line
+    assert " 0 client errors in" in line, line
+    assert "completed at 100 %" not in text

@@ -16,13 +16,21 @@ what it does:
      for both candidates' verdicts between batches (the progress line shows them as they
      form) until bi-kv and quantized are each promoted or rejected, or --max-sessions is
      reached (it says which ended it); the intervals are valid at every look;
-  3. stops the gateway, which drains the mirror and flushes storage;
-  4. prints both candidates' reports and writes their HTML forms to --out-dir.
+  3. once bi-kv is promoted, ramps it on live traffic: 1, 5, 25, 50 and 100 %% of new
+     sessions, each step advanced by the demo after --step-dwell seconds (the controller's
+     tests would need thousands of sessions per step; it and the workers' guards keep
+     watching for harm), printing the live page's URL and one line per step; at 100 %% the
+     controller completes it and bi-kv becomes the live endpoint. --fail-at-step K kills
+     bi-kv's simulator at step K instead: a guard rolls the ramp back, production answers;
+  4. stops the gateway, which drains the mirror and flushes storage;
+  5. prints both candidates' reports (as they stood at the verdicts) and writes their HTML
+     forms to --out-dir.
 
 examples:
   canary demo
   canary demo --max-sessions 200 --seed 7
   canary demo --sessions 100 --turns 8    # exactly 100 sessions, no looking between them
+  canary demo --fail-at-step 3    # bi-kv dies at 25 %%: watch the automatic rollback
   canary demo --keep          # leave everything running and print commands to explore
 """
 
@@ -68,6 +76,19 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="traffic seed (default 0)")
     parser.add_argument(
+        "--step-dwell",
+        type=float,
+        default=3.0,
+        help="seconds per ramp step before the demo advances it (default 3)",
+    )
+    parser.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=0,
+        metavar="K",
+        help="kill bi-kv's simulator when the ramp reaches step K (1: the first; not the last)",
+    )
+    parser.add_argument(
         "--keep",
         action="store_true",
         help="leave the gateway and simulators running; print URLs and commands to try",
@@ -79,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from gateway.cli.progress import Progress
-    from gateway.process.demo import DemoOptions, run_demo
+    from gateway.process.demo import RAMP_STEPS, DemoOptions, run_demo
 
     if args.sessions < 0:
         raise UsageError("--sessions must be at least 1 (or 0: until every candidate is decided)")
@@ -88,6 +109,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
     if not args.time_scale > 0:
         raise UsageError("--time-scale must be positive")
+    if not args.step_dwell > 0:
+        raise UsageError("--step-dwell must be positive")
+    if not 0 <= args.fail_at_step < len(RAMP_STEPS):
+        raise UsageError(
+            f"--fail-at-step must be a step before the last (1-{len(RAMP_STEPS) - 1}), or 0"
+        )
     opts = DemoOptions(
         sessions=args.sessions,
         max_sessions=args.max_sessions,
@@ -98,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         keep=args.keep,
         out_dir=args.out_dir,
         seed=args.seed,
+        step_dwell_s=args.step_dwell,
+        fail_at_step=args.fail_at_step,
     )
     try:
         return asyncio.run(run_demo(opts, Progress))
