@@ -185,14 +185,16 @@ def make_runner(
     **kwargs: Any,
 ) -> web.AppRunner:
     """The runner the gateway needs: client disconnects cancel the handler (so the upstream is
-    aborted at once), bodies are not decompressed (forwarded as sent), no access log, and the
-    connection guards of `gateway.server.connections`."""
+    aborted at once), bodies are not decompressed (forwarded as sent), no access log, the
+    connection guards of `gateway.server.connections`, and proxied requests handed to
+    `Proxy.handle` without the router (`direct_dispatch`)."""
     return GatewayRunner(
         app,
         max_connections=max_connections or config.limits.max_connections,
         header_read_timeout_s=config.limits.header_read_timeout_s,
         log_interval_s=config.limits.bad_request_log_interval_s,
         stats=stats if stats is not None else app.get(CONNECTIONS) or ConnectionStats("proxy"),
+        direct=proxy.handle if (proxy := app.get(PROXY)) is not None else None,
         keepalive_timeout=config.limits.keepalive_timeout_s,
         handler_cancellation=True,
         auto_decompress=False,

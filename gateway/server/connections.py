@@ -26,9 +26,10 @@ import asyncio
 import heapq
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.web_log import AccessLogger
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
@@ -320,9 +321,11 @@ class GatewayRunner(web.AppRunner):
         header_read_timeout_s: float,
         log_interval_s: float,
         stats: ConnectionStats,
+        direct: Handler | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(app, **kwargs)
+        self._direct = direct
         self._guard_args = {
             "max_connections": max_connections,
             "header_read_timeout_s": header_read_timeout_s,
@@ -342,9 +345,45 @@ class GatewayRunner(web.AppRunner):
         kwargs["debug"] = app._debug
         kwargs.setdefault("access_log_class", AccessLogger)
         return GuardedServer(
-            app._handle,
+            direct_dispatch(app, self._direct),
             request_factory=app._make_request,
             loop=loop,
             **self._guard_args,  # type: ignore[arg-type]
             **kwargs,
         )
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def direct_dispatch(app: web.Application, direct: Handler | None) -> Handler:
+    """The server's handler: `direct` (the app's catch-all) without the router for every
+    request the router would give it anyway, `app._handle` (router, `Expect`, middlewares) for
+    the rest. Decided on the frozen app; with middlewares, response-prepare signals or a route
+    that is neither a plain path nor a sub-app prefix, every request takes the router."""
+    if direct is None or app.middlewares or len(app.on_response_prepare):
+        return app._handle
+    exact: set[str] = set()
+    prefixes: list[str] = []
+    for resource in app.router.resources():
+        info = resource.get_info()
+        if "path" in info:
+            exact.add(info["path"])
+        elif "prefix" in info:
+            prefixes.append(info["prefix"])
+        elif info.get("formatter") == "/{tail}":
+            continue  # the catch-all itself
+        else:
+            return app._handle
+    routed = app._handle
+    own = frozenset(exact)
+    starts = tuple(prefixes)
+    expect = hdrs.EXPECT
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if path in own or path.startswith(starts) or expect in request.headers:
+            return await routed(request)
+        return await direct(request)
+
+    return handle
