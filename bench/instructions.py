@@ -85,7 +85,10 @@ async def _send(url: str, n: int, conns: int = 8) -> None:
         await asyncio.gather(*(worker() for _ in range(conns)))
 
 
-def measure(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra: str) -> float:
+def callgrind_dump(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra: str
+                   ) -> Path:  # fmt: skip
+    """Run `script` (a proxy on a port, in front of `up`) under callgrind, warm it up with 200
+    requests, zero the counters, send `requests`, dump: the dump's path."""
     port = free_port()
     out = tmp / f"callgrind.{port}"
     proc = subprocess.Popen(
@@ -103,13 +106,21 @@ def measure(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra:
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
         time.sleep(1)
         dumps = sorted(tmp.glob(f"callgrind.{port}.{proc.pid}*"), key=lambda p: p.stat().st_mtime)
-        text = dumps[-1].read_text(errors="replace")
-        total = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
-        assert total is not None, "no totals in the callgrind dump"
-        return int(total.group(1)) / requests
+        return dumps[-1]
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def total_per_request(text: str, requests: int) -> float:
+    total = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
+    assert total is not None, "no totals in the callgrind dump"
+    return int(total.group(1)) / requests
+
+
+def measure(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra: str) -> float:
+    dump = callgrind_dump(script, root, up, requests, tmp, *extra)
+    return total_per_request(dump.read_text(errors="replace"), requests)
 
 
 def main() -> int:

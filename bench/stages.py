@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import os
 import pstats
-import re
 import shutil
 import signal
 import subprocess
@@ -36,7 +35,12 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from instructions import BARE_GATEWAY, _send  # siblings, found through sys.path above
+from instructions import (  # siblings, found through sys.path above
+    BARE_GATEWAY,
+    _send,
+    callgrind_dump,
+    total_per_request,
+)
 from overhead import JSON_BODY, NGINX_CONF, PASSTHROUGH, ROOT, Procs, free_port, wait_port
 
 PY = sys.executable
@@ -220,30 +224,9 @@ def self_cost_by_object(text: str) -> dict[str, int]:
 def callgrind(script: Path, up: str, requests: int, tmp: Path, keep: Path | None, label: str
               ) -> tuple[float, dict[str, float]]:  # fmt: skip
     """Instructions per request, and per object-file group, from one callgrind run."""
-    port = free_port()
-    out = tmp / f"callgrind.{port}"
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", PY, str(script),
-         str(port), up],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_port(port, timeout=600)
-        url = f"http://127.0.0.1:{port}/v1/completions"
-        asyncio.run(_send(url, 200))
-        subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
-        asyncio.run(_send(url, requests))
-        subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
-        time.sleep(1)
-        dumps = sorted(tmp.glob(f"callgrind.{port}.{proc.pid}*"), key=lambda p: p.stat().st_mtime)
-        dump = dumps[-1]
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    dump = callgrind_dump(script, ROOT, up, requests, tmp)
     text = dump.read_text(errors="replace")
-    total = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
-    assert total is not None, "no totals in the callgrind dump"
+    total = total_per_request(text, requests)
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         shutil.copy(dump, keep / f"callgrind.{label}.out")
@@ -251,7 +234,7 @@ def callgrind(script: Path, up: str, requests: int, tmp: Path, keep: Path | None
     for obj, n in self_cost_by_object(text).items():
         name = next((g for g, parts in OBJECTS if any(p in obj for p in parts)), "other")
         groups[name] += n / requests
-    return int(total.group(1)) / requests, groups
+    return total, groups
 
 
 def main() -> int:
