@@ -114,6 +114,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=0.1,
         help="share of pairs scored with prompt logprobs (0.1, quantized's default; 0: none)",
     )
+    p.add_argument(
+        "--session-noise",
+        type=float,
+        default=0.8,
+        help="the ramp's noise: per-session standard deviation of a session's mean log TTFT "
+        "in one arm (default 0.8; sessions of the ramp are unpaired)",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -136,6 +143,8 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--sample-rate", args.sample_rate, "in (0, 1]")
     if not (math.isfinite(args.turns) and args.turns >= 1):
         raise bad("--turns", args.turns, ">= 1")
+    if not (math.isfinite(args.session_noise) and args.session_noise > 0):
+        raise bad("--session-noise", args.session_noise, "> 0")
     if not 0 < args.probe_s <= 600:
         raise bad("--probe-s", args.probe_s, "in (0, 600]")
     if not (math.isfinite(args.noise) and args.noise > 0):
@@ -219,6 +228,15 @@ class PlanRow(msgspec.Struct):
     seconds: float | None
 
 
+class RampRow(msgspec.Struct):
+    """One step of a ramp on live traffic: new sessions (both arms) and time for its TTFT test
+    to show the candidate within its latency margin, at the live session rate."""
+
+    weight: float  # percent of new sessions on the candidate
+    sessions: int | None
+    seconds: float | None
+
+
 class Plan(msgspec.Struct, kw_only=True):
     rate_rps: float
     sample_rate: float
@@ -238,6 +256,26 @@ class Plan(msgspec.Struct, kw_only=True):
     # The smallest margins clean candidates show within the budget, or the horizon when given.
     rate_margin_in_budget: float | None = None
     latency_margin_in_budget: float | None = None
+    # After a promote: each step of the default ramp (unpaired arms, every live session), from
+    # the flags' rate (not with --candidate, whose rate is its sampled pairs').
+    ramp: list[RampRow] = msgspec.field(default_factory=list)
+
+
+def ramp_rows(rate_rps: float, turns: float, noise: float, latency_delta: float, alpha: float
+              ) -> list[RampRow]:  # fmt: skip
+    """Each default step's expected duration (evaluators.ramp.step.step_duration); 100 % has
+    no production arm left to compare and ends after its dwell."""
+    from domain.records import DEFAULT_STEPS
+    from evaluators.ramp.step import step_duration
+
+    per_s = rate_rps / max(1.0, turns)
+    rows = []
+    for step in DEFAULT_STEPS:
+        if step >= 100.0:
+            continue
+        d = step_duration(step / 100.0, per_s, noise, math.log(latency_delta), alpha=alpha)
+        rows.append(RampRow(step, d.sessions, d.seconds))
+    return rows
 
 
 def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> Plan:
@@ -318,6 +356,8 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
         horizon_units=horizon,
         source=source,
     )
+    if measured is None:
+        result.ramp = ramp_rows(rate, turns, args.session_noise, s.latency_delta, s.alpha)
     units: float | None = None
     if args.budget:
         result.budget_s = parse_duration(args.budget)
@@ -388,6 +428,23 @@ def render_text(plan: Plan) -> str:
         f"horizon: {plan.horizon_units:,} {unit}; register the candidate with "
         f'verdict {{"horizon_units": {plan.horizon_units}}} so its intervals are tuned to it'
     )
+    if plan.ramp:
+        lines.append("")
+        per_s = plan.rate_rps / plan.turns
+        lines.append(f"after a promote, the ramp: every live session ({per_s:.3g} new/s), arms")
+        lines.append("unpaired; each step until its TTFT test shows the candidate within margin")
+        steps = [
+            [
+                f"{r.weight:g} %",
+                "out of reach" if r.sessions is None else f"{r.sessions:,}",
+                "" if r.seconds is None else fmt_duration(r.seconds),
+            ]
+            for r in plan.ramp
+        ]
+        steps.append(["100 %", "", "min_step_s"])
+        lines.append(table(["step", "sessions", "time"], steps, flex=0, align="<>>"))
+        lines.append("(100 %: no production arm is left to compare; it completes after its dwell)")
+        lines.append("")
     lines.append("floors: a rate within δ needs ≥ log(1/α)/(0.8 δ) units even with no")
     lines.append("discordant unit (≈3.7/δ at α = 0.05), more with background failures; add")
     lines.append("the session idle gap for the last sessions to close.")
