@@ -37,6 +37,11 @@ _JSON_TYPES: Final = {
 }
 
 
+def _number(value: float) -> str:
+    """A bound as the docs show it: 0 and 0.0 alike, whichever the schema emits."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def _type_text(prop: dict[str, Any]) -> str:
     if "enum" in prop:
         return " | ".join(f'"{v}"' for v in prop["enum"])
@@ -49,7 +54,7 @@ def _type_text(prop: dict[str, Any]) -> str:
         return f"list[{_type_text(prop.get('items', {}))}]"
     text = _JSON_TYPES.get(kind, kind)
     bounds = [
-        f"{op} {prop[name]}"
+        f"{op} {_number(prop[name])}"
         for name, op in (
             ("exclusiveMinimum", ">"),
             ("minimum", ">="),
