@@ -127,7 +127,8 @@ def _load() -> str:
 
 
 @contextlib.contextmanager
-def nginx(servers: str) -> Iterator[None]:
+def nginx(servers: str) -> Iterator[subprocess.Popen[bytes]]:
+    """One nginx process (no master) serving `servers`; yields it (its pid is nginx's)."""
     exe = shutil.which("nginx")
     if exe is None:
         raise FileNotFoundError("nginx (apt-get install -y nginx)")
@@ -149,7 +150,7 @@ http {{
         )
         popen = subprocess.Popen([exe, "-c", str(conf), "-p", tmp], stdin=subprocess.DEVNULL)
         try:
-            yield
+            yield popen
         finally:
             popen.terminate()
             popen.wait(10)
@@ -202,7 +203,10 @@ class Gateway:
         workers: int = 1,
         budget: int = 256 * MiB,
         cpus: set[int] | None = None,
+        mirror_cpus: set[int] | None = None,
     ) -> None:
+        """`cpus`: where `canary serve` runs (every CPU when None); `mirror_cpus`: where its
+        mirror process runs once started (every CPU when None)."""
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(tmp, f"gw-{self.port}.log")
@@ -230,8 +234,9 @@ class Gateway:
         time.sleep(0.3)  # the mirror process connects its socket
         mpid = self.mirror_pid()
         if mpid is not None:
-            # The worker keeps its core; the mirror process (SCHED_IDLE) may use idle CPU on any.
-            _pin(mpid, set(range(os.cpu_count() or 1)))
+            # The worker keeps its core; by default the mirror process (SCHED_IDLE) may use idle
+            # CPU on any.
+            _pin(mpid, mirror_cpus or set(range(os.cpu_count() or 1)))
 
     def tree_pids(self) -> list[int]:
         return tree_pids(self.popen.pid)
@@ -316,10 +321,11 @@ def _tiny_body(i: int) -> bytes:
 
 
 async def open_loop_tiny(
-    url: str, rate: float, seconds: float, on_start: Any = None
+    url: str, rate: float, seconds: float, on_start: Any = None, first: int = 0
 ) -> tuple[list[tuple[float, float]], int, dict[str, int]]:
-    """Unique tiny chat requests at a fixed rate; latency from each one's scheduled send time
-    (a late client or a stalled gateway both count). Returns (start offset, latency) pairs."""
+    """Unique tiny chat requests at a fixed rate, numbered from `first`; latency from each
+    one's scheduled send time (a late client or a stalled gateway both count). Returns (start
+    offset, latency) pairs."""
     out: list[tuple[float, float]] = []
     errors: dict[str, int] = {}
     conn = aiohttp.TCPConnector(limit=0)
@@ -332,7 +338,7 @@ async def open_loop_tiny(
             try:
                 async with http.post(
                     f"{url}/v1/chat/completions",
-                    data=_tiny_body(i),
+                    data=_tiny_body(first + i),
                     headers={"Content-Type": "application/json"},
                 ) as resp:
                     await resp.read()
