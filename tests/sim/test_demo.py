@@ -101,13 +101,17 @@ async def test_demo_keep_prints_the_live_page_and_it_is_served(tmp_path: Path) -
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("seed", [11])
-async def test_the_demo_runs_until_each_candidate_is_decided(tmp_path: Path, seed: int) -> None:
-    """Driven until decided, the demo ends with bi-kv promoted and quantized rejected at another
-    seed and a shorter time scale, says the evidence (not the cap) ended it, then ramps bi-kv
-    step by step on live traffic to a completed 100 % without a client error."""
+async def test_the_demo_decides_each_candidate_then_a_guard_rolls_a_killed_one_back(
+    tmp_path: Path,
+) -> None:
+    """Driven until decided at another seed than the default and a shorter time scale, the demo
+    ends with bi-kv promoted and quantized rejected, says the evidence (not the cap) ended it and
+    ramps bi-kv; with --fail-at-step 3 it kills bi-kv's simulator at 25 %: a worker's guard rolls
+    the ramp back (a stored rollback event), production answers every client request, and the
+    demo reports it. (The default seed's ramp to a completed 100 % is checked on the README's
+    demo run in .ci/run; the controller's completion in tests/process/test_ramp_e2e.py.)"""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli.main", "demo", "--seed", str(seed),
+        sys.executable, "-m", "gateway.cli.main", "demo", "--seed", "11", "--fail-at-step", "3",
         "--time-scale", "0.15", "--out-dir", str(tmp_path / "reports"),
         cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
@@ -120,30 +124,9 @@ async def test_the_demo_runs_until_each_candidate_is_decided(tmp_path: Path, see
     # The progress line showed the verdicts as they formed.
     assert "bi-kv: hold" in text or "bi-kv: promote" in text
     assert "/admin/ui/" in text  # the live page, to watch the Ramp panel
-    steps = [line.split()[1] for line in text.splitlines() if line.startswith("  step ")]
-    assert steps == ["1/5", "2/5", "3/5", "4/5", "5/5"], text[-3000:]
-    assert "ramp: bi-kv completed at 100 % (by controller" in text, text[-3000:]
-    assert "it is the live endpoint; 0 client errors in" in text, text[-3000:]
-
-
-@pytest.mark.timeout(600)
-async def test_a_candidate_killed_mid_ramp_is_rolled_back_without_client_errors(
-    tmp_path: Path,
-) -> None:
-    """With --fail-at-step 3 the demo kills bi-kv's simulator at 25 %: a worker's guard rolls
-    the ramp back (a stored rollback event), production answers every client request, and the
-    demo reports it."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli.main", "demo", "--fail-at-step", "3",
-        "--time-scale", "0.15", "--out-dir", str(tmp_path / "reports"),
-        cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), 600)
-    text = out.decode()
-    assert proc.returncode == 0, text[-3000:]
     assert "step 3: killing bi-kv's simulator" in text, text[-3000:]
     steps = [line.split()[1] for line in text.splitlines() if line.startswith("  step ")]
-    assert steps[-1] == "3/5", text[-3000:]  # no step after the rollback
+    assert [s for s in steps if "/" in s] == ["1/5", "2/5", "3/5"], text[-3000:]  # none after
     line = next(x for x in text.splitlines() if x.startswith("ramp: rolled back automatically"))
     assert "at 25.0 % (by guard: guard_" in line, line
     assert " 0 client errors in" in line, line
