@@ -31,7 +31,7 @@ from gateway.server.hooks import LiveTarget, RampSink, RequestTee, RolloutGuard
 from gateway.server.limits import EdgeLimits, descriptors_wanted, fit_file_limit, plan_limits
 from gateway.server.prometheus import Collector, Exporter
 from gateway.server.proxy import Proxy, ProxyMetrics, RampRoute
-from gateway.server.upstream import make_client_session
+from gateway.server.upstream import UpstreamPool, make_client_session
 
 log = logging.getLogger("canary.gateway")
 
@@ -148,10 +148,16 @@ def build_app(
             keepalive_s=config.upstream.keepalive_s,
             connect_timeout_s=config.upstream.connect_timeout_s,
         )
-        app[UPSTREAM_SESSION] = proxy.session = session
+        app[UPSTREAM_SESSION] = session  # the readiness check's
+        proxy.pool = pool = UpstreamPool(
+            limit=config.upstream.max_connections,
+            keepalive_s=config.upstream.keepalive_s,
+            connect_timeout_s=config.upstream.connect_timeout_s,
+        )
         yield
-        proxy.session = None
+        proxy.pool = None
         proxy.sweeper.close()
+        pool.close()
         await session.close()
 
     app.cleanup_ctx.append(upstream_ctx)
