@@ -57,6 +57,7 @@ AppCustomizer = Callable[[web.Application], None]
 """Called on the built app before it starts: add cleanup_ctx entries, sub-apps, checks."""
 
 _READY_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+_READY_CONNECTIONS = 4
 _TEXT_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -143,12 +144,14 @@ def build_app(
     registry.add_collector(proxy.budget.prometheus_lines)
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+        # The readiness check's (one `/health` per probe): a few connections, so the descriptors
+        # planned for `upstream.max_connections` stay the proxy pool's.
         session = make_client_session(
-            limit=config.upstream.max_connections,
+            limit=min(_READY_CONNECTIONS, config.upstream.max_connections),
             keepalive_s=config.upstream.keepalive_s,
             connect_timeout_s=config.upstream.connect_timeout_s,
         )
-        app[UPSTREAM_SESSION] = session  # the readiness check's
+        app[UPSTREAM_SESSION] = session
         proxy.pool = pool = UpstreamPool(
             limit=config.upstream.max_connections,
             keepalive_s=config.upstream.keepalive_s,
