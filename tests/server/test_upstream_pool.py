@@ -37,10 +37,16 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Up: 1\r\n\r\nok"
 class Recorder:
     """A keep-alive HTTP/1.1 server that records each request's bytes and each connection."""
 
-    def __init__(self, answer: bytes = OK, *, close_after: bool = False, delay: float = 0.0):
+    def __init__(
+        self, answer: bytes = OK, *, close_after: bool = False, delay: float = 0.0,
+        first_connection_answers: int | None = None,
+    ) -> None:  # fmt: skip
         self.answer = answer
         self.close_after = close_after
         self.delay = delay
+        # The first connection answers this many requests, then closes on the next one unanswered
+        # (an upstream closing an idle keep-alive connection as the next request arrives).
+        self.first_connection_answers = first_connection_answers
         self.requests: list[bytes] = []
         self.connections = 0
         self.concurrent = 0
@@ -54,6 +60,7 @@ class Recorder:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        budget = self.first_connection_answers if self.connections == 1 else None
         self.concurrent += 1
         self.max_concurrent = max(self.max_concurrent, self.concurrent)
         try:
@@ -68,6 +75,10 @@ class Recorder:
                         length = int(line.split(b":", 1)[1])
                 body = await reader.readexactly(length) if length else b""
                 self.requests.append(head + body)
+                if budget is not None:
+                    if budget == 0:
+                        return  # closed without an answer
+                    budget -= 1
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 answer = self.answer
@@ -206,6 +217,30 @@ async def test_connection_closed_by_upstream_is_not_reused() -> None:
             assert await _get(pool, origin, "GET", "/") == (200, b"ok")
             await asyncio.sleep(0.01)  # the upstream's close arrives
         assert rec.connections == 3
+        assert pool.open_connections <= 1
+    finally:
+        pool.close()
+        await rec.stop()
+
+
+@pytest.mark.parametrize(("method", "retried"), [("GET", True), ("PUT", True), ("POST", False)])
+async def test_reused_connection_closed_by_upstream_retries_idempotent_requests_once(
+    method: str, retried: bool
+) -> None:
+    rec = Recorder(first_connection_answers=1)
+    await rec.start()
+    pool = UpstreamPool(limit=4, keepalive_s=30.0, connect_timeout_s=5.0)
+    origin = Origin(URL(f"http://127.0.0.1:{rec.port}"))
+    try:
+        assert await _get(pool, origin, method, "/", b"x") == (200, b"ok")
+        if retried:  # sent again on a new connection, as aiohttp's session does
+            assert await _get(pool, origin, method, "/", b"x") == (200, b"ok")
+            assert rec.connections == 2
+            assert len(rec.requests) == 3
+        else:  # a POST is never sent twice: the client gets the reset
+            with pytest.raises(UpstreamResetError):
+                await _get(pool, origin, method, "/", b"x")
+            assert rec.connections == 1
         assert pool.open_connections <= 1
     finally:
         pool.close()
