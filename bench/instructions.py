@@ -12,6 +12,14 @@ per-read and per-connection hooks replaced by aiohttp's own (what the guards cos
 warms each up with 200 requests, the counters are zeroed (`callgrind_control -z`), then it sends
 exactly `--requests` requests over 8 keep-alive connections and the counters are dumped:
 instructions / requests. It prints a markdown table.
+
+`--candidate` adds three rows where every request is a small `POST /v1/chat/completions` (a
+mirrored route): the pass-through, this tree with mirroring off, and this tree with one
+candidate sampled at 100 %: the worker's `Handoff` tee connected to a Unix socket whose reader
+(another process, standing where the mirror process listens) discards what arrives. The
+difference of the last two is the worker's cost of mirroring a request (sampling decision, copy
+frame, production's result frame, the meter the tee needs); the mirror process's own cost is
+not in it (bench/plane.py measures that).
 """
 
 from __future__ import annotations
@@ -59,36 +67,65 @@ def config():
         server=ServerConfig(listen="127.0.0.1:" + sys.argv[1]), live=LiveConfig(url=sys.argv[2])
     )
 async def main():
-    gw = await start_gateway(config())
+    tee = None
+    cfg = config()
+    if sys.argv[3:4] and sys.argv[3].startswith("candidate="):  # one candidate at 100 %
+        from domain.endpoint import Endpoint
+        from gateway.mirror.channel.handoff import Handoff
+        from gateway.server.hooks import LiveTarget
+        live = LiveTarget(cfg.live.endpoint(cfg.live.url))
+        tee = Handoff(cfg.mirror, live, sys.argv[3].split("=", 1)[1], "w0",
+                      session_header=cfg.server.session_header)
+        await tee.start()
+        tee.apply([Endpoint(name="fast", url="http://127.0.0.1:9", sample_rate=1.0)])
+        gw = await start_gateway(cfg, live=live, tee=tee)
+    else:
+        gw = await start_gateway(cfg)
     try:
         await asyncio.Event().wait()
     finally:
         await gw.close()
 uvloop.run(main())
 """
+# Where the mirror process would listen: reads the worker's frames and discards them.
+DRAIN = """
+import asyncio, sys
+class Drain(asyncio.Protocol):
+    def data_received(self, data):
+        pass
+async def main():
+    await asyncio.get_running_loop().create_unix_server(Drain, sys.argv[1])
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+CHAT_PATH = "/v1/chat/completions"
+CHAT_BODY = b'{"model":"m","messages":[{"role":"user","content":"Tell me a story"}],"max_tokens":8}'
 
 
-async def _send(url: str, n: int, conns: int = 8) -> None:
+async def _send(url: str, n: int, conns: int = 8, body: bytes | None = None) -> None:
     import aiohttp
 
     left = n
+    method = "GET" if body is None else "POST"
+    headers = None if body is None else {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conns)) as http:
 
         async def worker() -> None:
             nonlocal left
             while left > 0:
                 left -= 1
-                async with http.get(url) as resp:
+                async with http.request(method, url, data=body, headers=headers) as resp:
                     await resp.read()
                     assert resp.status == 200, resp.status
 
         await asyncio.gather(*(worker() for _ in range(conns)))
 
 
-def callgrind_dump(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra: str
-                   ) -> Path:  # fmt: skip
+def callgrind_dump(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra: str,
+                   chat: bool = False) -> Path:  # fmt: skip
     """Run `script` (a proxy on a port, in front of `up`) under callgrind, warm it up with 200
-    requests, zero the counters, send `requests`, dump: the dump's path."""
+    requests, zero the counters, send `requests` (GET /v1/completions, or with `chat` a small
+    POST /v1/chat/completions), dump: the dump's path."""
     port = free_port()
     out = tmp / f"callgrind.{port}"
     proc = subprocess.Popen(
@@ -99,10 +136,11 @@ def callgrind_dump(script: Path, root: Path, up: str, requests: int, tmp: Path, 
     )  # fmt: skip
     try:
         wait_port(port, timeout=600)
-        url = f"http://127.0.0.1:{port}/v1/completions"
-        asyncio.run(_send(url, 200))
+        path, body = (CHAT_PATH, CHAT_BODY) if chat else ("/v1/completions", None)
+        url = f"http://127.0.0.1:{port}{path}"
+        asyncio.run(_send(url, 200, body=body))
         subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
-        asyncio.run(_send(url, requests))
+        asyncio.run(_send(url, requests, body=body))
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
         time.sleep(1)
         dumps = sorted(tmp.glob(f"callgrind.{port}.{proc.pid}*"), key=lambda p: p.stat().st_mtime)
@@ -118,8 +156,9 @@ def total_per_request(text: str, requests: int) -> float:
     return int(total.group(1)) / requests
 
 
-def measure(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra: str) -> float:
-    dump = callgrind_dump(script, root, up, requests, tmp, *extra)
+def measure(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra: str,
+            chat: bool = False) -> float:  # fmt: skip
+    dump = callgrind_dump(script, root, up, requests, tmp, *extra, chat=chat)
     return total_per_request(dump.read_text(errors="replace"), requests)
 
 
@@ -130,6 +169,10 @@ def main() -> int:
     ap.add_argument(
         "--guards-off", action="store_true",
         help="also this tree with the connection guards' per-read and per-connection code off",
+    )  # fmt: skip
+    ap.add_argument(
+        "--candidate", action="store_true",
+        help="also POST chat requests: pass-through, mirroring off, one candidate at 100 %%",
     )  # fmt: skip
     args = ap.parse_args()
     for tool in ("valgrind", "callgrind_control", "nginx"):
@@ -159,6 +202,24 @@ def main() -> int:
                 gw_script, ROOT, live, args.requests, tmp, "guards-off"
             )
         rows["minimal aiohttp pass-through"] = measure(pt_script, ROOT, live, args.requests, tmp)
+        if args.candidate:
+            sock = str(tmp / "plane.sock")
+            drain = tmp / "drain.py"
+            drain.write_text(DRAIN)
+            procs.start(PY, str(drain), sock)
+            for _ in range(100):
+                if Path(sock).exists():
+                    break
+                time.sleep(0.05)
+            rows["POST chat: minimal aiohttp pass-through"] = measure(
+                pt_script, ROOT, live, args.requests, tmp, chat=True
+            )
+            rows["POST chat: canary-gateway, mirroring off"] = measure(
+                gw_script, ROOT, live, args.requests, tmp, chat=True
+            )
+            rows["POST chat: canary-gateway, one candidate at 100 %"] = measure(
+                gw_script, ROOT, live, args.requests, tmp, f"candidate={sock}", chat=True
+            )
     finally:
         procs.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -167,7 +228,15 @@ def main() -> int:
           f"counts do not depend on it); {args.requests} requests per proxy\n")  # fmt: skip
     print("| proxy | instructions / request | vs pass-through |\n|---|---:|---:|")
     for name, n in rows.items():
-        print(f"| {name} | {n / 1e3:,.1f}K | {n / base:.3f}x |")
+        ref = base
+        if name.startswith("POST chat"):
+            ref = rows["POST chat: minimal aiohttp pass-through"]
+        print(f"| {name} | {n / 1e3:,.1f}K | {n / ref:.3f}x |")
+    if args.candidate:
+        off = rows["POST chat: canary-gateway, mirroring off"]
+        on = rows["POST chat: canary-gateway, one candidate at 100 %"]
+        print(f"\nMirroring a request (tee, copy frame, result frame, meter) costs the worker "
+              f"{(on - off) / 1e3:,.1f}K instructions ({on / off - 1:+.1%}).")  # fmt: skip
     return 0
 
 

@@ -31,7 +31,7 @@ from gateway.server.hooks import LiveTarget, RampSink, RequestTee, RolloutGuard
 from gateway.server.limits import EdgeLimits, descriptors_wanted, fit_file_limit, plan_limits
 from gateway.server.prometheus import Collector, Exporter
 from gateway.server.proxy import Proxy, ProxyMetrics, RampRoute
-from gateway.server.upstream import make_client_session
+from gateway.server.upstream import UpstreamPool, make_client_session
 
 log = logging.getLogger("canary.gateway")
 
@@ -57,6 +57,7 @@ AppCustomizer = Callable[[web.Application], None]
 """Called on the built app before it starts: add cleanup_ctx entries, sub-apps, checks."""
 
 _READY_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+_READY_CONNECTIONS = 4
 _TEXT_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -143,15 +144,23 @@ def build_app(
     registry.add_collector(proxy.budget.prometheus_lines)
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+        # The readiness check's (one `/health` per probe): a few connections, so the descriptors
+        # planned for `upstream.max_connections` stay the proxy pool's.
         session = make_client_session(
+            limit=min(_READY_CONNECTIONS, config.upstream.max_connections),
+            keepalive_s=config.upstream.keepalive_s,
+            connect_timeout_s=config.upstream.connect_timeout_s,
+        )
+        app[UPSTREAM_SESSION] = session
+        proxy.pool = pool = UpstreamPool(
             limit=config.upstream.max_connections,
             keepalive_s=config.upstream.keepalive_s,
             connect_timeout_s=config.upstream.connect_timeout_s,
         )
-        app[UPSTREAM_SESSION] = proxy.session = session
         yield
-        proxy.session = None
+        proxy.pool = None
         proxy.sweeper.close()
+        pool.close()
         await session.close()
 
     app.cleanup_ctx.append(upstream_ctx)

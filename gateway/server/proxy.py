@@ -29,7 +29,6 @@ import math
 import time
 from time import perf_counter
 
-import aiohttp
 import msgspec
 import xxhash
 from aiohttp import web
@@ -56,11 +55,13 @@ from gateway.server.prometheus import Exporter
 from gateway.server.upstream import (
     CLIENT_WRITE,
     DeadlineSweeper,
+    Origin,
     UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
     UpstreamTimeoutError,
     UpstreamTimeouts,
     Watchdog,
-    open_response,
     read_chunk,
     request_body,
 )
@@ -401,7 +402,7 @@ class Proxy:
         self.tee = tee
         self.ramp = ramp
         self.metrics = metrics
-        self.session: aiohttp.ClientSession | None = None
+        self.pool: UpstreamPool | None = None
         self.max_body = limits.max_body_bytes
         self.budget = BodyBudget(limits.max_body_bytes_in_flight)
         self.body_idle_s = limits.body_read_timeout_s
@@ -423,15 +424,21 @@ class Proxy:
             "invalid_request_error",
             "request_too_large",
         )
-        self._base: URL | None = None
-        self._prefix = ""
+        self._live: Origin | None = None
+        self._candidate: Origin | None = None
 
-    def _url(self, raw_path: str) -> URL:
+    def _live_origin(self) -> Origin:
         base = self.live.base_url
-        if base is not self._base:  # the registry swapped the live endpoint
-            self._prefix = str(base).rstrip("/")
-            self._base = base
-        return URL(self._prefix + raw_path, encoded=True)
+        origin = self._live
+        if origin is None or origin.base is not base:  # the registry swapped the live endpoint
+            origin = self._live = Origin(base)
+        return origin
+
+    def _candidate_origin(self, base: URL) -> Origin:
+        origin = self._candidate
+        if origin is None or origin.base is not base:
+            origin = self._candidate = Origin(base)
+        return origin
 
     def _finish_tee(self, token: object, result: MeterResult, kind: str | None) -> None:
         try:
@@ -508,11 +515,11 @@ class Proxy:
                 token = tee.on_request(request.method, path, request.headers, body, rid)
             except Exception:
                 self.metrics.tee_errors.inc()
-        session = self.session
-        assert session is not None, "the proxy's client session is not started"
+        pool = self.pool
+        assert pool is not None, "the proxy's upstream pool is not started"
         t0 = perf_counter()
         wd = self.sweeper.watch(t0)
-        upstream: aiohttp.ClientResponse | None = None
+        upstream: UpstreamResponse | None = None
         meter: ResponseMeter | None = None
         out: web.StreamResponse | None = None
         status = 0
@@ -539,10 +546,10 @@ class Proxy:
                     t0 = perf_counter()
                     wd = self.sweeper.watch(t0)
             if upstream is None:
-                upstream = await open_response(
-                    session,
+                upstream = await pool.open(
                     request.method,
-                    self._url(path),
+                    self._live_origin(),
+                    path,
                     headers=headers,
                     data=request_body(body),
                     watchdog=wd,
@@ -596,6 +603,8 @@ class Proxy:
             return out
         finally:
             wd.close()
+            if upstream is not None:
+                upstream.close()  # a no-op once released; else the connection is not reusable
             if active is not None:
                 assert ramp is not None
                 now = perf_counter()
@@ -628,22 +637,22 @@ class Proxy:
         headers: CIMultiDict[str],
         body: bytes,
         wd: Watchdog,
-    ) -> tuple[aiohttp.ClientResponse | None, tuple[str, int, str] | None]:
+    ) -> tuple[UpstreamResponse | None, tuple[str, int, str] | None]:
         """Open the candidate's response. With `retry_on_production`, a failure before its
         headers, or a 5xx status (checked before anything goes to the client), returns
         (None, (fallback reason, status, error kind)) for production to cover."""
         target: LiveTarget = active.candidate  # type: ignore[assignment]
-        session = self.session
-        assert session is not None
-        url = URL(str(target.base_url) + path, encoded=True)
+        pool = self.pool
+        assert pool is not None
+        origin = self._candidate_origin(target.base_url)
         if not ramp.retry:
-            return await open_response(
-                session, request.method, url, headers=headers, data=request_body(body),
+            return await pool.open(
+                request.method, origin, path, headers=headers, data=request_body(body),
                 watchdog=wd,
             ), None  # fmt: skip
         try:
-            upstream = await open_response(
-                session, request.method, url, headers=headers, data=request_body(body),
+            upstream = await pool.open(
+                request.method, origin, path, headers=headers, data=request_body(body),
                 watchdog=wd,
             )  # fmt: skip
         except UpstreamError as exc:
@@ -688,7 +697,7 @@ class Proxy:
         exc: UpstreamError,
         stats: _RouteStats,
         out: web.StreamResponse | None,
-        upstream: aiohttp.ClientResponse | None,
+        upstream: UpstreamResponse | None,
         meter: ResponseMeter | None,
         token: object | None,
         rid: str,
@@ -723,7 +732,7 @@ class Proxy:
         self,
         request: web.Request,
         stats: _RouteStats,
-        upstream: aiohttp.ClientResponse | None,
+        upstream: UpstreamResponse | None,
         meter: ResponseMeter | None,
         token: object | None,
         out: web.StreamResponse | None,
@@ -745,7 +754,7 @@ class Proxy:
     def _client_gone(
         self,
         stats: _RouteStats,
-        upstream: aiohttp.ClientResponse | None,
+        upstream: UpstreamResponse | None,
         meter: ResponseMeter | None,
         token: object | None,
         status: int,
