@@ -9,7 +9,9 @@ from a stream's `pull`, a callable that hands over up to n records from a bounde
 owner keeps (the capture sink, which also budgets bytes). One owned task drains them in batches
 — when `batch_size` records are waiting or `flush_interval_s` has passed — with executemany-style
 INSERT … ON CONFLICT DO NOTHING (duplicates are ignored, on both dialects), in statements of at
-most 100 rows so the event loop the proxy shares is never held long.
+most 100 rows so the event loop the proxy shares is never held long. Each stream's INSERT is
+compiled once and its rows go to the driver as parameter tuples (`_Compiled`), not through
+SQLAlchemy's per-row parameter construction, which cost more than the database's own work.
 
 With `retry` (observations) a batch is never lost to an unreachable database: it is retried
 with capped exponential backoff and jitter while the queue keeps absorbing (then dropping and
