@@ -72,6 +72,7 @@ RESULTS_WAITING: Final = Family(
 )
 _STATS_INTERVAL_S: Final = 0.5
 _STATS_BACKLOG: Final = 1 << 20  # bytes of unread STATS per worker before we skip sending
+_READ_SIZE: Final = 1 << 18  # bytes asked of a worker's socket per read
 _encode = msgspec.msgpack.Encoder().encode
 _decode_copy = msgspec.msgpack.Decoder(frames.CopyMeta).decode
 _decode_result = msgspec.msgpack.Decoder(frames.ResultMeta).decode
@@ -166,23 +167,44 @@ class _Plane:
         # it serves, then the stats, so its first /metrics already has the mirror.
         writer.write(rates_frame(self.mirror.adaptive.msg))
         writer.write(self.stats_frame())
+        buf = bytearray()
         try:
             while True:
                 try:
-                    head = await reader.readexactly(frames.FRAME.size)
-                    kind, mlen, blen = frames.FRAME.unpack(head)
-                    meta = await reader.readexactly(mlen)
-                    body = await reader.readexactly(blen) if blen else b""
-                except (asyncio.IncompleteReadError, ConnectionError):
+                    data = await reader.read(_READ_SIZE)
+                except ConnectionError:
                     return
-                try:
-                    self.dispatch(kind, meta, body, writer)
-                except (msgspec.DecodeError, msgspec.ValidationError, struct.error):
-                    log.warning("dropped a malformed frame", extra={"fields": {"kind": kind}})
+                if not data:
+                    return  # EOF (a partial frame left in `buf` was never complete)
+                buf += data
+                # Every complete frame the read brought, without a read (and a wake-up of this
+                # coroutine) per header, meta and body.
+                with memoryview(buf) as view:
+                    done = self._frames(view, writer)
+                del buf[:done]
         finally:
             self.conns.discard(writer)
             self.mirror.adaptive.control.eligible.forget(id(writer))
             writer.close()
+
+    def _frames(self, view: memoryview, writer: asyncio.StreamWriter) -> int:
+        """Dispatch each complete frame in `view`; the bytes they took."""
+        head, unpack = frames.FRAME.size, frames.FRAME.unpack_from
+        pos, end = 0, len(view)
+        while end - pos >= head:
+            kind, mlen, blen = unpack(view, pos)
+            start = pos + head
+            stop = start + mlen + blen
+            if stop > end:
+                break
+            meta = bytes(view[start : start + mlen])
+            body = bytes(view[start + mlen : stop]) if blen else b""
+            pos = stop
+            try:
+                self.dispatch(kind, meta, body, writer)
+            except (msgspec.DecodeError, msgspec.ValidationError, struct.error):
+                log.warning("dropped a malformed frame", extra={"fields": {"kind": kind}})
+        return pos
 
     def dispatch(self, kind: int, meta: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
         if kind == frames.KIND_COPY:

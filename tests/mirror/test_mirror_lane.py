@@ -289,3 +289,17 @@ def test_session_copies_reach_the_candidate_in_order(run: Run[None]) -> None:
             assert events == [(t, w) for t in range(4) for w in ("start", "end")]
 
     run(scenario())
+
+
+def test_event_stream_is_told_by_the_media_type() -> None:
+    """The lane meters a copy as SSE when the Content-Type's media type is text/event-stream,
+    whatever its case and parameters, as aiohttp's `content_type` would say."""
+    from gateway.mirror.replay.lane import is_event_stream
+
+    assert is_event_stream("text/event-stream")
+    assert is_event_stream("Text/Event-Stream; charset=utf-8")
+    assert is_event_stream(" text/event-stream ;x=1")
+    assert not is_event_stream("application/json")
+    assert not is_event_stream("text/event-streams")
+    assert not is_event_stream("")
+    assert not is_event_stream(None)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from domain.accounting import identity_holds
 from gateway.config.load import load_config
@@ -187,3 +188,43 @@ async def test_dead_mirror_process_is_restarted_and_production_carries_on(
                         assert resp.status == 200
                     await asyncio.sleep(0.1)
             assert await _metric(http, parts.url, "canary_mirror_process_restarts_total") == 1
+
+
+class _Dispatched:
+    """Stands in for the plane's `dispatch` (what `_Plane._frames` calls per frame)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, bytes, bytes]] = []
+
+    def dispatch(self, kind: int, meta: bytes, body: bytes, writer: object) -> None:
+        if meta == b"bad":
+            raise msgspec.DecodeError("malformed")
+        self.seen.append((kind, meta, body))
+
+
+def test_frames_are_dispatched_once_in_order_however_the_reads_split_them() -> None:
+    """The plane parses every complete frame a read brings: a stream of frames cut at any
+    byte (or arriving whole) dispatches each frame once, in order, with its meta and body;
+    a malformed one is dropped and the next is still read."""
+    from gateway.mirror.channel import frames
+    from gateway.mirror.plane import _Plane
+
+    sent = [
+        (frames.KIND_COPY, b"meta-1", b'{"body": 1}'),
+        (frames.KIND_RESULT, b"r1", b""),
+        (frames.KIND_COPY, b"bad", b"x"),
+        (frames.KIND_IDLE, b"\x01", b""),
+        (frames.KIND_COPY, b"meta-2", b"b" * 1000),
+    ]
+    wire = b"".join(frames.frame_header(k, len(m), len(b)) + m + b for k, m, b in sent)
+    expected = [f for f in sent if f[1] != b"bad"]
+    for cut in (1, 2, 7, 9, 10, 64, len(wire)):
+        stub = _Dispatched()
+        buf = bytearray()
+        for start in range(0, len(wire), cut):  # what handle() does with each read
+            buf += wire[start : start + cut]
+            with memoryview(buf) as view:
+                done = _Plane._frames(stub, view, None)  # type: ignore[arg-type]
+            del buf[:done]
+        assert stub.seen == expected, cut
+        assert not buf

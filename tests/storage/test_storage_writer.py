@@ -92,6 +92,33 @@ async def test_writes_exchanges_and_observations(
     assert stats["queue_depth"] == 0 and stats["observations_dropped"] == 0
 
 
+async def test_compiled_insert_stores_what_sqlalchemy_would(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """Rows go to the driver through each stream's INSERT compiled once (not SQLAlchemy's
+    per-row parameters), on both dialects: NULLs, floats, integers, booleans and text come
+    back as written, and a duplicate is ignored as before."""
+    writer = await writer_factory()
+    writer.put_exchange(exchange(1, stream=True, temperature=None, turn_index=3, model="m"))
+    writer.put_exchange(exchange(1, model="again"))  # same id: ON CONFLICT DO NOTHING
+    writer.put_observation(
+        observation(1, text_truncated=True, tpot_s=None, e2e_s=0.25, output_tokens=7,
+                    finish_reason="stop", output_text="é\x00x")
+    )  # fmt: skip
+    await writer.close()
+    assert writer._compiled["exchange"] is not None
+    assert writer._compiled["observation"] is not None
+    async with db_engine.connect() as conn:
+        ex = (await conn.execute(select(EXCHANGES))).mappings().one()
+        obs = (await conn.execute(select(OBSERVATIONS))).mappings().one()
+    assert ex["model"] == "m" and ex["stream"] is True and ex["temperature"] is None
+    assert ex["turn_index"] == 3 and ex["json_requested"] is False
+    assert obs["text_truncated"] is True and obs["tpot_s"] is None and obs["e2e_s"] == 0.25
+    assert obs["output_tokens"] == 7 and obs["finish_reason"] == "stop"
+    assert obs["output_text"] == "é\ufffdx" and obs["started_at"] == 1001.0
+    assert writer.stats()["written_exchanges"] == 2  # both attempted; the duplicate is ignored
+
+
 async def test_batches_by_count_before_the_interval(writer_factory: WriterFactory) -> None:
     """With a long flush interval, a full batch is written as soon as it is queued."""
     writer = await writer_factory(batch_size=10, flush_interval_s=60.0)

@@ -61,6 +61,18 @@ _decode_obj = msgspec.json.Decoder(dict[str, object]).decode
 _encode = msgspec.json.Encoder().encode
 
 
+# Request URLs by path, per lane: a copy's URL is built once per distinct path (bounded).
+_URLS_MAX: Final = 256
+
+
+def is_event_stream(content_type: str | None) -> bool:
+    """Whether a Content-Type header names SSE (its media type, case-insensitive), without
+    aiohttp's full parameter parsing of `ClientResponse.content_type`."""
+    if not content_type:
+        return False
+    return content_type.partition(";")[0].strip().lower() == "text/event-stream"
+
+
 # Fixed bookkeeping of one queued copy (objects, slots, ring entry), charged with its bytes so
 # a flood of tiny copies cannot hide in the memory budget.
 COPY_OVERHEAD_BYTES: Final = 512
@@ -139,6 +151,7 @@ class Lane:
         self.name = endpoint.name
         self.session_mode = endpoint.sampling == "session"
         self._base = endpoint.url.rstrip("/")
+        self._urls: dict[str, URL] = {}
         self._drop = _DROP | copy_skip(self._credentials.headers, endpoint.forward_auth)
         token = candidate_credential(self._credentials, endpoint.name, endpoint.credentials_env)
         self._auth = f"Bearer {token}" if token else None
@@ -323,6 +336,14 @@ class Lane:
         headers[MIRROR_HEADER] = copy.exchange_id
         return headers
 
+    def _url(self, path_qs: str) -> URL:
+        url = self._urls.get(path_qs)
+        if url is None:
+            if len(self._urls) >= _URLS_MAX:
+                self._urls.clear()
+            url = self._urls[path_qs] = URL(self._base + path_qs, encoded=True)
+        return url
+
     def _request_body(self, body: bytes) -> bytes:
         if self._model is None:
             return body
@@ -350,7 +371,7 @@ class Lane:
             resp = await open_response(
                 self._session,
                 "POST",
-                URL(self._base + copy.path_qs, encoded=True),
+                self._url(copy.path_qs),
                 data=request_body(self._request_body(copy.body)),
                 headers=self._request_headers(copy),
                 watchdog=wd,
@@ -359,7 +380,7 @@ class Lane:
                 status = resp.status
                 meter = ResponseMeter(
                     t0,
-                    is_sse=resp.content_type == "text/event-stream",
+                    is_sse=is_event_stream(resp.headers.get("Content-Type")),
                     text_max_chars=self._text_max,
                 )
                 while chunk := await read_chunk(resp, wd):
