@@ -1,14 +1,15 @@
 """Client side of the gateway: pooled connections to an upstream and the timeouts of one exchange.
 
-`UpstreamPool` is the proxy's: keep-alive connections driven through aiohttp's client protocol
-and C parser without a `ClientSession`, `ClientRequest` or `ClientResponse` per request (that
-machinery was about half of a proxied request's CPU). `make_client_session` builds a keep-alive
-`aiohttp.ClientSession` that changes nothing it sends or receives (no auto headers, no
-decompression, no cookie jar, no redirects are followed by the callers): the mirror lanes' and
-the readiness check's. `Watchdog` holds the time-to-first-byte, idle-between-chunks and total
-deadlines of one exchange; one `DeadlineSweeper` timer enforces those of every exchange in
-flight (no timer per request, none per chunk); `UpstreamPool.open`, `open_response` and
-`read_chunk` map every failure to one typed `UpstreamError`.
+`UpstreamPool` is the proxy's (and, one each, the mirror lanes'): keep-alive connections driven
+through aiohttp's client protocol and C parser without a `ClientSession`, `ClientRequest` or
+`ClientResponse` per request (that machinery was about half of a proxied request's CPU).
+`make_client_session` builds a keep-alive `aiohttp.ClientSession` that changes nothing it sends or
+receives (no auto headers, no decompression, no cookie jar, no redirects are followed by the
+callers): the mirror lanes' scoring requests' and the readiness check's. `Watchdog` holds the
+time-to-first-byte, idle-between-chunks and total deadlines of one exchange; one `DeadlineSweeper`
+timer enforces those of every exchange in flight (no timer per request, none per chunk);
+`UpstreamPool.open`, `open_response` and `read_chunk` map every failure to one typed
+`UpstreamError`.
 
 This module must never log, never retry a request (except, as aiohttp's session does, an
 idempotent one whose reused keep-alive connection turned out closed before any answer), never
@@ -422,12 +423,12 @@ class _SliceWriter:
 
 
 class UpstreamPool:
-    """Keep-alive HTTP/1.1 connections for the proxy's exchanges, driven through aiohttp's client
-    protocol (`ResponseHandler`: its C response parser, its flow-controlled body stream) without
-    a `ClientSession` per request: no `ClientRequest`/`ClientResponse`, timer, trace, cookie or
-    redirect machinery, no body-writer task. A request goes out in one write (head and body;
-    a body over `SLICE_ABOVE` in slices under flow control), with the bytes aiohttp's client
-    sends: the request line, `Host`, the given headers in order, `Content-Length`.
+    """Keep-alive HTTP/1.1 connections for the proxy's (or a mirror lane's) exchanges, driven
+    through aiohttp's client protocol (`ResponseHandler`: its C response parser, its flow-controlled
+    body stream) without a `ClientSession` per request: no `ClientRequest`/`ClientResponse`, timer,
+    trace, cookie or redirect machinery, no body-writer task. A request goes out in one write (head
+    and body; a body over `SLICE_ABOVE` in slices under flow control), with the bytes aiohttp's
+    client sends: the request line, `Host`, the given headers in order, `Content-Length`.
 
     At most `limit` connections are open (0: no limit); past it the oldest idle one is closed,
     or the request waits for one to come back (that wait counts toward time-to-first-byte). Idle

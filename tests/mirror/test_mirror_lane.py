@@ -303,3 +303,103 @@ def test_event_stream_is_told_by_the_media_type() -> None:
     assert not is_event_stream("text/event-streams")
     assert not is_event_stream("")
     assert not is_event_stream(None)
+
+
+class _KeepAliveServer:
+    """A raw HTTP/1.1 candidate: answers on the same connection until the client closes it;
+    never answers a request whose body contains `hang`, and stops half-way through the body of
+    one that contains `stall`. Records which connection carried each request and when the
+    client closed each connection."""
+
+    def __init__(self) -> None:
+        self.requests: list[int] = []  # connection number of each request, in order
+        self.closed: set[int] = set()
+        self.changed = asyncio.Event()
+        self._count = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._count += 1
+        conn = self._count
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                body = await reader.readexactly(length)
+                self.requests.append(conn)
+                if b"stall" in body:  # headers and half the body, then nothing
+                    writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"choices"')
+                    await writer.drain()
+                if b"hang" in body or b"stall" in body:
+                    await reader.read()  # wait for the client to give up
+                    break
+                answer = b'{"choices":[{"index":0,"message":{"content":"ok"}}]}'
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.closed.add(conn)
+            self.changed.set()
+            writer.close()
+
+    async def wait(self, predicate: Callable[[], bool]) -> None:
+        async with asyncio.timeout(10):
+            while not predicate():
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def test_copies_reuse_the_lanes_connection_and_a_timed_out_one_is_dropped(
+    run: Run[None],
+) -> None:
+    """The lane's pool keeps one connection alive across copies; a copy past its timeout, before
+    the answer's headers or in the middle of its body, drops its connection (the candidate sees
+    it closed, counted as timed out) and the next copy opens a new one; closing the lane closes
+    its idle connections."""
+
+    async def scenario() -> None:
+        cand = _KeepAliveServer()
+        server = await asyncio.start_server(cand.handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        sink = InMemorySink()
+        ep = Endpoint(
+            name="ka", url=f"http://127.0.0.1:{port}", sample_rate=1.0, timeout_s=0.5,
+            concurrency=1,
+        )  # fmt: skip
+        mirror = make_mirror([ep], sink)
+        await mirror.start()
+        try:
+            for i in range(3):
+                send(mirror, chat(f"q{i}"), f"r{i}")
+                await quiesce(mirror)
+            assert cand.requests == [1, 1, 1] and not cand.closed
+            send(mirror, chat("hang"), "r-hang")
+            await quiesce(mirror)
+            await cand.wait(lambda: 1 in cand.closed)
+            send(mirror, chat("after"), "r-after")
+            await quiesce(mirror)
+            send(mirror, chat("stall"), "r-stall")
+            await quiesce(mirror)
+            await cand.wait(lambda: 2 in cand.closed)
+            send(mirror, chat("last"), "r-last")
+            await quiesce(mirror)
+            assert cand.requests == [1, 1, 1, 1, 2, 2, 3]
+            c = mirror.counters()["ka"]
+            assert (c["sent"], c["observed_ok"], c["timed_out"]) == (7, 5, 2)
+            assert identity_holds(c)
+            kinds = sorted(str(o.error_kind) for o in sink.candidate("ka"))
+            assert kinds == ["None"] * 5 + ["timeout"] * 2
+        finally:
+            await mirror.close()
+        await cand.wait(lambda: 3 in cand.closed)
+        server.close()
+        await server.wait_closed()
+
+    run(scenario())

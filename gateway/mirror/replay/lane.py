@@ -1,10 +1,17 @@
 """One candidate's lane: its ring buffer and the workers that replay copies against it.
 
-Each lane owns an aiohttp session and connector (never production's pool), `concurrency`
-workers, its own timeout and credentials. A copy keeps the client's headers except hop-by-hop
-ones, `Host`, `Content-Length`, `Accept-Encoding` (the lane asks for what it can decode) and
-`Authorization` (unless `forward_auth`); the candidate's own bearer token, when configured, is
-added, and so is `X-Canary-Mirror: <exchange id>`. The body is the production bytes unchanged,
+Each lane owns an `UpstreamPool` of keep-alive connections to its candidate (never
+production's pool), `concurrency` workers, its own timeout and credentials; a copy goes out
+through the pool as the proxy's requests do (aiohttp's client protocol and C parser, no
+`ClientSession`/`ClientRequest`/`ClientResponse` per copy), and its connection goes back to the
+pool after the body's end or is dropped on any other exit (timeout, cancel, error), so a hung
+candidate stops. The lane also keeps an aiohttp session for its rare scoring requests
+(`post_json`).
+
+A copy keeps the client's headers except hop-by-hop ones, `Host`, `Content-Length`,
+`Accept-Encoding` (the lane asks for what it can decode) and `Authorization` (unless
+`forward_auth`); the candidate's own bearer token, when configured, is added, and so is
+`X-Canary-Mirror: <exchange id>`. The body is the production bytes unchanged,
 except `model` when the candidate overrides it; the copy keeps production's streaming settings
 (no `include_usage` is added, so both arms count output tokens the same way).
 
@@ -42,10 +49,12 @@ from gateway.server.hooks import ObservationSink
 from gateway.server.meter import MeterResult, ResponseMeter
 from gateway.server.upstream import (
     DeadlineSweeper,
+    Origin,
     UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
     UpstreamTimeouts,
     make_client_session,
-    open_response,
     read_chunk,
     request_body,
 )
@@ -59,10 +68,6 @@ MIRROR_HEADER: Final = "X-Canary-Mirror"
 _DROP: Final = COPY_SKIP | {MIRROR_HEADER.lower()}
 _decode_obj = msgspec.json.Decoder(dict[str, object]).decode
 _encode = msgspec.json.Encoder().encode
-
-
-# Request URLs by path, per lane: a copy's URL is built once per distinct path (bounded).
-_URLS_MAX: Final = 256
 
 
 def is_event_stream(content_type: str | None) -> bool:
@@ -106,7 +111,7 @@ class Copy:
 
 
 class Lane:
-    """A candidate's ring buffer, workers and HTTP session."""
+    """A candidate's ring buffer, workers and upstream pool."""
 
     def __init__(
         self,
@@ -133,7 +138,8 @@ class Lane:
         self._sink = sink
         self._text_max = storage.store_text_max_chars if storage.store_text else 0
         self._sweeper: DeadlineSweeper | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: UpstreamPool | None = None  # the copies'
+        self._session: aiohttp.ClientSession | None = None  # scoring requests' (post_json)
         self._workers: dict[int, asyncio.Task[None]] = {}
         self._idle: deque[asyncio.Future[None]] = deque()
         self._quiet: list[asyncio.Future[None]] = []  # wait_idle() callers
@@ -151,7 +157,8 @@ class Lane:
         self.name = endpoint.name
         self.session_mode = endpoint.sampling == "session"
         self._base = endpoint.url.rstrip("/")
-        self._urls: dict[str, URL] = {}
+        # Connection key, path prefix and Host line, computed once per registration.
+        self._origin = Origin(URL(self._base, encoded=True))
         self._drop = _DROP | copy_skip(self._credentials.headers, endpoint.forward_auth)
         token = candidate_credential(self._credentials, endpoint.name, endpoint.credentials_env)
         self._auth = f"Bearer {token}" if token else None
@@ -197,20 +204,25 @@ class Lane:
         self.ring.resize(
             endpoint.buffer_max_items, endpoint.buffer_max_bytes, self.ring.dedup_window_s
         )
-        if self._session is not None:
+        if self._pool is not None:
             self._scale()
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Open the lane's own HTTP session and start its workers (needs a running loop)."""
-        if self._session is not None:
+        """Open the lane's own upstream pool and session, start its workers (needs a running
+        loop)."""
+        if self._pool is not None:
             return
         up = self._upstream
-        # The same client as production's (gateway.server.upstream): no connection cap of its
-        # own (the workers are the concurrency bound, and it follows `concurrency`), the
-        # configured connect timeout and keep-alive, no cookie jar (candidates' cookies must
-        # not leak between copies), bytes untouched.
+        # The same client as the proxy's (gateway.server.upstream) but the lane's own: no
+        # connection cap of its own (the workers are the bound, at most one connection each, and
+        # it follows `concurrency`), the configured connect timeout and keep-alive, no cookies,
+        # bytes untouched.
+        self._pool = UpstreamPool(
+            limit=0, keepalive_s=up.keepalive_s, connect_timeout_s=up.connect_timeout_s
+        )
+        # Scoring requests only (rare; `post_json`): a session with the same settings.
         self._session = make_client_session(
             limit=0, keepalive_s=up.keepalive_s, connect_timeout_s=up.connect_timeout_s
         )
@@ -259,6 +271,9 @@ class Lane:
         self.ring.clear()
         self.ring.detach()
         self._notify_quiet()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -336,14 +351,6 @@ class Lane:
         headers[MIRROR_HEADER] = copy.exchange_id
         return headers
 
-    def _url(self, path_qs: str) -> URL:
-        url = self._urls.get(path_qs)
-        if url is None:
-            if len(self._urls) >= _URLS_MAX:
-                self._urls.clear()
-            url = self._urls[path_qs] = URL(self._base + path_qs, encoded=True)
-        return url
-
     def _request_body(self, body: bytes) -> bytes:
         if self._model is None:
             return body
@@ -357,7 +364,8 @@ class Lane:
         return _encode(obj)
 
     async def _send(self, entry: Entry[Copy]) -> None:
-        assert self._session is not None
+        pool = self._pool
+        assert pool is not None
         copy = entry.payload
         started_at = time.time()
         t0 = time.perf_counter()
@@ -367,26 +375,27 @@ class Lane:
         error_kind: str | None = None
         assert self._sweeper is not None
         wd = self._sweeper.watch(t0)
+        resp: UpstreamResponse | None = None
         try:
-            resp = await open_response(
-                self._session,
+            resp = await pool.open(
                 "POST",
-                self._url(copy.path_qs),
-                data=request_body(self._request_body(copy.body)),
+                self._origin,
+                copy.path_qs,
                 headers=self._request_headers(copy),
+                data=request_body(self._request_body(copy.body)),
                 watchdog=wd,
             )
-            async with resp:
-                status = resp.status
-                meter = ResponseMeter(
-                    t0,
-                    is_sse=is_event_stream(resp.headers.get("Content-Type")),
-                    text_max_chars=self._text_max,
-                )
-                while chunk := await read_chunk(resp, wd):
-                    now = time.perf_counter()
-                    wd.touch(now)
-                    meter.feed(chunk, now)
+            status = resp.status
+            meter = ResponseMeter(
+                t0,
+                is_sse=is_event_stream(resp.headers.get("Content-Type")),
+                text_max_chars=self._text_max,
+            )
+            while chunk := await read_chunk(resp, wd):
+                now = time.perf_counter()
+                wd.touch(now)
+                meter.feed(chunk, now)
+            resp.release()  # the body's end: back to the pool when reusable
         except UpstreamError as exc:
             error_kind = exc.kind
         except asyncio.CancelledError:
@@ -394,6 +403,10 @@ class Lane:
             raise
         finally:
             wd.close()
+            if resp is not None:
+                # A no-op once released; on any other exit (timeout, cancel, error, shed) the
+                # connection is dropped, so the candidate stops generating.
+                resp.close()
         self._record(copy, started_at, queue_wait, meter, status, error_kind)
 
     def _record(
