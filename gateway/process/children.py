@@ -186,6 +186,12 @@ class PlaneProcess:
             proc.join()
             raise RuntimeError(f"the {self.role} process did not start (exit code {proc.exitcode})")
 
+    @property
+    def ready_signal(self) -> multiprocessing.connection.Connection | None:
+        """What becomes readable when the spawned process says it listens (for
+        `multiprocessing.connection.wait`), or None before a spawn."""
+        return self._ready
+
     def poll_ready(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` (any thread) for the spawned process to say it listens: True
         once it has (said once per spawn), False while it has not or when it died (`alive`)."""

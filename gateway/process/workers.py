@@ -30,6 +30,7 @@ import socket
 import time
 from collections import deque
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 import msgspec
 
@@ -161,11 +162,13 @@ def _supervise(config: GatewayConfig) -> int:
         )
         restarts: deque[float] = deque()
         while not stopping:
-            sentinels = [c.sentinel for c in children]
+            sentinels: list[Any] = [c.sentinel for c in children]  # pids' fds and pipes
             if plane_ok and plane.sentinel is not None:
                 sentinels.append(plane.sentinel)
             if reporter is not None and reporter_ok and reporter.sentinel is not None:
                 sentinels.append(reporter.sentinel)
+                if started is not None and reporter.ready_signal is not None:
+                    sentinels.append(reporter.ready_signal)  # log "ready" when it is
             multiprocessing.connection.wait(sentinels, timeout=1.0)
             if stopping:
                 break
@@ -197,6 +200,8 @@ def _supervise(config: GatewayConfig) -> int:
                     extra={"fields": {"worker": i, "exitcode": child.exitcode}},
                 )
                 children[i] = spawn(i)
+        if reporter is not None and started is not None and reporter.alive:
+            started.check(0.0)  # ready since the last look: say so before stopping
         return 0 if _join_all(children, config) else 1
     finally:
         on_signal(signal.SIGTERM, None)
