@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import ROOT, Procs, free_port  # siblings, found through sys.path
-from stages import PROFILED, _wait_dump, self_cost_by_object
+from stages import PROFILED, _wait_dump, self_cost_by_object, stage_shares
 
 from domain.accounting import identity_holds
 from gateway.mirror.channel import frames
@@ -397,26 +396,9 @@ def profile_run(setup: Setup, args: argparse.Namespace) -> tuple[dict[str, float
     finally:
         _stop(proc)
     stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
-    by_stage: dict[str, float] = defaultdict(float)
-
-    def charge(func: tuple[str, int, str], tt: float, depth: int = 0) -> None:
-        filename = func[0]
-        if filename != "~" or depth > 4:
-            by_stage[stage_of(filename) or OTHER] += tt
-            return
-        callers = stats[func][4]
-        total = sum(edge[2] for edge in callers.values())
-        if not callers or total <= 0:
-            by_stage[OTHER] += tt
-            return
-        for caller, edge in callers.items():
-            charge(caller, tt * edge[2] / total, depth + 1)
-
-    for func, (_cc, _nc, tt, _ct, _callers) in stats.items():
-        charge(func, tt)
-    whole = sum(by_stage.values())
+    whole = sum(entry[2] for entry in stats.values())
     top = sorted(stats.items(), key=lambda kv: -kv[1][2])[: args.top]
-    return {name: t / whole for name, t in by_stage.items()}, (top, whole)
+    return stage_shares(stats, stage_of), (top, whole)
 
 
 def main() -> int:

@@ -32,7 +32,9 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from instructions import (  # siblings, found through sys.path above
@@ -139,6 +141,30 @@ def _wait_dump(path: Path, timeout: float = 30.0) -> None:
     raise RuntimeError(f"no profile written to {path}")
 
 
+def stage_shares(stats: dict[Any, Any], stage_of: Callable[[str], str | None]) -> dict[str, float]:
+    """Each stage's share of the profiled self time (`pstats.Stats.stats`): a C function
+    ("~") is charged to its Python callers in proportion to their calls, up to 4 levels."""
+    by_stage: dict[str, float] = defaultdict(float)
+
+    def charge(func: tuple[str, int, str], tt: float, depth: int = 0) -> None:
+        filename = func[0]
+        if filename != "~" or depth > 4:
+            by_stage[stage_of(filename) or OTHER] += tt
+            return
+        callers = stats[func][4]
+        total = sum(edge[2] for edge in callers.values())
+        if not callers or total <= 0:
+            by_stage[OTHER] += tt
+            return
+        for caller, edge in callers.items():
+            charge(caller, tt * edge[2] / total, depth + 1)
+
+    for func, (_cc, _nc, tt, _ct, _callers) in stats.items():
+        charge(func, tt)
+    whole = sum(by_stage.values())
+    return {name: t / whole for name, t in by_stage.items()}
+
+
 def profile_shares(script: Path, up: str, requests: int, tmp: Path) -> dict[str, float]:
     """Each stage's share of the profiled self time (C callees charged to their caller)."""
     port, out = free_port(), tmp / f"prof.{free_port()}"
@@ -161,26 +187,7 @@ def profile_shares(script: Path, up: str, requests: int, tmp: Path) -> dict[str,
     finally:
         proc.terminate()
         proc.wait(60)
-    stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
-    by_stage: dict[str, float] = defaultdict(float)
-
-    def charge(func: tuple[str, int, str], tt: float, depth: int = 0) -> None:
-        filename = func[0]
-        if filename != "~" or depth > 4:
-            by_stage[stage_of(filename) or OTHER] += tt
-            return
-        callers = stats[func][4]
-        total = sum(edge[2] for edge in callers.values())
-        if not callers or total <= 0:
-            by_stage[OTHER] += tt
-            return
-        for caller, edge in callers.items():
-            charge(caller, tt * edge[2] / total, depth + 1)
-
-    for func, (_cc, _nc, tt, _ct, _callers) in stats.items():
-        charge(func, tt)
-    whole = sum(by_stage.values())
-    return {name: t / whole for name, t in by_stage.items()}
+    return stage_shares(pstats.Stats(str(out)).stats, stage_of)  # type: ignore[attr-defined]
 
 
 OBJECTS = (

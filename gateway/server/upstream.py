@@ -8,7 +8,7 @@ receives (no auto headers, no decompression, no cookie jar, no redirects are fol
 callers): the mirror lanes' scoring requests' and the readiness check's. `Watchdog` holds the
 time-to-first-byte, idle-between-chunks and total deadlines of one exchange; one `DeadlineSweeper`
 timer enforces those of every exchange in flight (no timer per request, none per chunk);
-`UpstreamPool.open`, `open_response` and `read_chunk` map every failure to one typed
+`UpstreamPool.open` and `read_chunk` map every failure to one typed
 `UpstreamError`.
 
 This module must never log, never retry a request (except, as aiohttp's session does, an
@@ -292,30 +292,6 @@ def map_client_error(exc: BaseException, *, before_response: bool) -> UpstreamEr
 
 
 _CLIENT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, HttpProcessingError)
-
-
-async def open_response(
-    session: aiohttp.ClientSession,
-    method: str,
-    url: URL,
-    *,
-    headers: CIMultiDict[str],
-    data: bytes | SlicedBody | None,
-    watchdog: Watchdog,
-    **kwargs: Any,
-) -> aiohttp.ClientResponse:
-    """Send the request and wait for the response headers, under the watchdog's deadlines."""
-    try:
-        resp = await session.request(
-            method, url, headers=headers, data=data, allow_redirects=False, **kwargs
-        )
-    except asyncio.CancelledError:
-        watchdog.check_cancel()
-        raise
-    except _CLIENT_ERRORS as exc:
-        raise map_client_error(exc, before_response=True) from exc
-    watchdog.headers_received(perf_counter())
-    return resp
 
 
 async def read_chunk(resp: aiohttp.ClientResponse | UpstreamResponse, watchdog: Watchdog) -> bytes:
