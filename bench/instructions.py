@@ -162,6 +162,21 @@ def measure(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra:
     return total_per_request(dump.read_text(errors="replace"), requests)
 
 
+def setup(procs: Procs, tmp: Path) -> tuple[str, Path, Path]:
+    """nginx `return 200` started in `procs` (its URL), and the bare gateway's and the
+    pass-through's scripts written to `tmp`: what every callgrind measure here runs against."""
+    up, np_fixed, np_sim, sim = (free_port() for _ in range(4))
+    conf = tmp / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(tmp=tmp, sim=sim, up=up, proxy_fixed=np_fixed,
+                                      proxy_sim=np_sim, body=JSON_BODY))  # fmt: skip
+    procs.start("nginx", "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "err.log"),
+                "-g", "daemon off;", port=up)  # fmt: skip
+    gw_script, pt_script = tmp / "bare_gateway.py", tmp / "passthrough.py"
+    gw_script.write_text(BARE_GATEWAY)
+    pt_script.write_text(PASSTHROUGH)
+    return f"http://127.0.0.1:{up}", gw_script, pt_script
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=1000)
@@ -181,16 +196,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="canary-instr-"))
     procs = Procs()
     try:
-        up, np_fixed, np_sim, sim = (free_port() for _ in range(4))
-        conf = tmp / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(tmp=tmp, sim=sim, up=up, proxy_fixed=np_fixed,
-                                          proxy_sim=np_sim, body=JSON_BODY))  # fmt: skip
-        procs.start("nginx", "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "err.log"),
-                    "-g", "daemon off;", port=up)  # fmt: skip
-        live = f"http://127.0.0.1:{up}"
-        gw_script, pt_script = tmp / "bare_gateway.py", tmp / "passthrough.py"
-        gw_script.write_text(BARE_GATEWAY)
-        pt_script.write_text(PASSTHROUGH)
+        live, gw_script, pt_script = setup(procs, tmp)
         rows = {"canary-gateway proxy (this tree)": measure(gw_script, ROOT, live, args.requests,
                                                             tmp)}  # fmt: skip
         if args.before_root is not None:

@@ -38,12 +38,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from instructions import (  # siblings, found through sys.path above
-    BARE_GATEWAY,
     _send,
     callgrind_dump,
+    setup,
     total_per_request,
 )
-from overhead import JSON_BODY, NGINX_CONF, PASSTHROUGH, ROOT, Procs, free_port, wait_port
+from overhead import ROOT, Procs, free_port, wait_port
 
 PY = sys.executable
 # (stage, path fragments of the files it covers), first match wins.
@@ -256,16 +256,7 @@ def main() -> int:
     procs = Procs()
     results: dict[str, tuple[float, dict[str, float], dict[str, float]]] = {}
     try:
-        up, np_fixed, np_sim, sim = (free_port() for _ in range(4))
-        conf = tmp / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(tmp=tmp, sim=sim, up=up, proxy_fixed=np_fixed,
-                                          proxy_sim=np_sim, body=JSON_BODY))  # fmt: skip
-        procs.start("nginx", "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "err.log"),
-                    "-g", "daemon off;", port=up)  # fmt: skip
-        live = f"http://127.0.0.1:{up}"
-        gw_script, pt_script = tmp / "bare_gateway.py", tmp / "passthrough.py"
-        gw_script.write_text(BARE_GATEWAY)
-        pt_script.write_text(PASSTHROUGH)
+        live, gw_script, pt_script = setup(procs, tmp)
         for label, script in (("gateway", gw_script), ("passthrough", pt_script)):
             total, objects = callgrind(script, live, args.requests, tmp, args.keep, label)
             shares = profile_shares(script, live, args.requests, tmp)
