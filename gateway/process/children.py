@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from multiprocessing.process import BaseProcess
 
 from gateway.config.sections import GatewayConfig
-from gateway.lifecycle import die_with_parent, lower_priority, run_loop
+from gateway.lifecycle import die_with_parent, lower_priority, run_loop, settle_heap
 
 log = logging.getLogger("canary.supervisor")
 
@@ -80,14 +80,16 @@ def _plane_main(
     setup_logging(config.server.log_format, config.server.log_level)
     replica = replica_name(config, role="mirror")
 
+    def ready() -> None:
+        conn.send("ready")
+        settle_heap()  # this process's own heap: what it built to serve is kept for its life
+
     _run_until_signal(
         config,
         "canary.mirror.plane",
         "mirror process started",
         {"pid": os.getpid(), "priority": priority, "replica": replica},
-        lambda stop: serve_plane(
-            config, socket_path, replica, priority, lambda: conn.send("ready"), stop
-        ),
+        lambda stop: serve_plane(config, socket_path, replica, priority, ready, stop),
     )
 
 

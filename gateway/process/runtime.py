@@ -53,6 +53,7 @@ from gateway.control.admin.handlers import AdminContext, build_admin_app
 from gateway.control.registry import Registry, Snapshot
 from gateway.control.reports import RemoteReports
 from gateway.control.rollout import GuardTrips
+from gateway.lifecycle import settle_heap
 from gateway.mirror.channel.handoff import Handoff
 from gateway.process import simulator
 from gateway.process.children import PlaneProcess, ReportProcess, StartWatch, replica_name
@@ -443,7 +444,8 @@ async def serve_until_stopped(
     arms_path: str | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """What each `canary serve` process runs: the complete gateway until SIGTERM/SIGINT."""
+    """What each `canary serve` process runs: the complete gateway until SIGTERM/SIGINT. The
+    process is its own, so its heap is settled once it serves (`lifecycle.settle_heap`)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -470,6 +472,7 @@ async def serve_until_stopped(
                     }
                 },
             )
+            settle_heap()
             await stop.wait()
             log.info("shutting down", extra={"fields": {"pid": os.getpid()}})
     finally:

@@ -91,6 +91,12 @@ async def read_body(
     payload = request.content
     if length == 0 or (length is None and not request.body_exists):
         return
+    if payload.is_eof():
+        # The whole body came with the head (most requests): taken as it is, no timer armed.
+        chunk = payload.read_nowait()
+        if _accept(len(chunk), max_body, budget, into):
+            into.body = chunk
+        return
     parts: list[bytes] = []
     size = 0
     loop = asyncio.get_running_loop()
@@ -99,18 +105,26 @@ async def read_body(
             while chunk := await payload.readany():
                 deadline.reschedule(loop.time() + idle_s)
                 size += len(chunk)
-                if size > max_body:
-                    into.failure = TOO_LARGE
+                if not _accept(size, max_body, budget, into):
                     return
-                if size > into.held:  # chunked, or more than declared: reserve as it comes
-                    if not budget.take(size - into.held):
-                        budget.refused += 1
-                        into.failure = BUSY
-                        return
-                    into.held = size
                 parts.append(chunk)
     except TimeoutError:
         budget.timeouts += 1
         into.failure = TIMEOUT
         return
     into.body = parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _accept(size: int, max_body: int, budget: BodyBudget, into: BodyRead) -> bool:
+    """May the body grow to `size` bytes? Reserves what a chunked body (or one longer than
+    declared) adds; else sets `into.failure`."""
+    if size > max_body:
+        into.failure = TOO_LARGE
+        return False
+    if size > into.held:  # chunked, or more than declared: reserve as it comes
+        if not budget.take(size - into.held):
+            budget.refused += 1
+            into.failure = BUSY
+            return False
+        into.held = size
+    return True

@@ -188,10 +188,14 @@ class DeadlineSweeper:
 
     def watch(self, t0: float) -> Watchdog:
         """A watchdog for the current task's exchange, started at `t0` (perf_counter)."""
-        wd = Watchdog(self, t0)
+        loop = self._loop
+        if loop is None:  # asked once: on 3.11 every get_running_loop() is a getpid() syscall
+            loop = self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None, "a Watchdog must be created inside a task"
+        wd = Watchdog(self, t0, task)
         self._watched.add(wd)
         if self._handle is None:
-            loop = self._loop = asyncio.get_running_loop()
             self._handle = loop.call_later(self.resolution_s, self._tick)
         return wd
 
@@ -222,9 +226,7 @@ class Watchdog:
 
     __slots__ = ("_sweeper", "_t0", "_task", "body", "expired", "last", "writing")
 
-    def __init__(self, sweeper: DeadlineSweeper, t0: float) -> None:
-        task = asyncio.current_task()
-        assert task is not None, "Watchdog must be created inside a task"
+    def __init__(self, sweeper: DeadlineSweeper, t0: float, task: asyncio.Task[Any]) -> None:
         self._task = task
         self._sweeper = sweeper
         self._t0 = t0

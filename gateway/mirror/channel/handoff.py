@@ -137,6 +137,7 @@ class Handoff:
         self._pending_bytes = 0
         self._pending_chosen: list[tuple[list[str], bool]] = []  # each pending copy's choice
         self._flush_at: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first frame queued
         self._lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -375,7 +376,9 @@ class Handoff:
         self._pending.extend(parts)
         self._pending_bytes += size
         if self._flush_at is None:
-            loop = asyncio.get_running_loop()
+            loop = self._loop
+            if loop is None:  # asked once: on 3.11 every get_running_loop() is a getpid() syscall
+                loop = self._loop = asyncio.get_running_loop()
             self._flush_at = loop.call_at(loop.time() + _COALESCE_S, self._flush)
 
     def _flush(self) -> None:
