@@ -81,6 +81,12 @@ async def main():
         gw = await start_gateway(cfg, live=live, tee=tee)
     else:
         gw = await start_gateway(cfg)
+    try:  # the heap settled once serving, as `canary serve` does (from gateway.lifecycle on)
+        from gateway.lifecycle import settle_heap
+    except ImportError:  # a --before-root from before it
+        pass
+    else:
+        settle_heap()
     try:
         await asyncio.Event().wait()
     finally:

@@ -76,7 +76,7 @@ http {{
 PLANE = """
 import asyncio, signal, sys
 from gateway.config.load import load_config
-from gateway.lifecycle import run_loop
+from gateway.lifecycle import run_loop, settle_heap
 from gateway.mirror.plane import serve_plane
 socket_path, db_url, live, cand = sys.argv[1:5]
 config = load_config(None, environ={}, overrides={
@@ -93,7 +93,8 @@ async def main():
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    await serve_plane(config, socket_path, "bench-mirror", "normal", lambda: None, stop)
+    # Ready: the heap settled, as the real mirror process does (gateway/process/children.py).
+    await serve_plane(config, socket_path, "bench-mirror", "normal", settle_heap, stop)
 run_loop(main(), config.server.event_loop)
 """
 # (stage, path fragments of the files it covers), first match wins.

@@ -24,7 +24,6 @@ proportional, not a window where everything goes. Every shed copy is counted by 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from typing import Final
@@ -44,9 +43,13 @@ class LoopLagGuard:
 
     __slots__ = (
         "_clock",
-        "_samples",
+        "_expected",
+        "_handle",
+        "_lags",
+        "_last",
+        "_loop",
         "_since_median",
-        "_task",
+        "_times",
         "_window_cpu",
         "_window_start",
         "avg_lag_s",
@@ -92,32 +95,40 @@ class LoopLagGuard:
         self._window_start = 0.0
         self._window_cpu = 0.0
         self._clock = 0.0
-        self._samples: deque[tuple[float, float]] = deque(maxlen=SAMPLES_MAX)
+        # Each wake-up's time (on the guard's clock) and lag, side by side: the median sorts the
+        # lags as they are (C), with no tuple per sample to build or unpack.
+        self._times: deque[float] = deque(maxlen=SAMPLES_MAX)
+        self._lags: deque[float] = deque(maxlen=SAMPLES_MAX)
         self._since_median = 0
-        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None  # the next wake-up, while started
+        self._expected = self._last = 0.0
 
     def observe(self, lag_s: float, elapsed_s: float | None = None) -> None:
         """Record one lag measurement taken `elapsed_s` after the previous one (pure)."""
         self.last_lag_s = lag_s
         self.max_lag_s = max(self.max_lag_s, lag_s)
         self._clock += self.interval_s + lag_s if elapsed_s is None else elapsed_s
-        samples = self._samples
-        samples.append((self._clock, lag_s))
-        while samples[0][0] < self._clock - self.window_s:
-            samples.popleft()
+        times, lags = self._times, self._lags
+        times.append(self._clock)
+        lags.append(lag_s)
+        horizon = self._clock - self.window_s
+        while times[0] < horizon:
+            times.popleft()
+            lags.popleft()
         self._since_median += 1
-        if self._since_median < _MEDIAN_EVERY and len(samples) > _MEDIAN_EVERY:
+        if self._since_median < _MEDIAN_EVERY and len(lags) > _MEDIAN_EVERY:
             return
         self._since_median = 0
-        ordered = sorted(lag for _, lag in samples)
+        ordered = sorted(lags)
         self.avg_lag_s = ordered[len(ordered) // 2]  # the median: robust to single stalls
         self._lag_fraction()
         self._update()
 
     def _lag_fraction(self) -> None:
         excess = self.avg_lag_s - self.threshold_s
-        samples = self._samples
-        full = bool(samples) and samples[-1][0] - samples[0][0] >= 0.9 * self.window_s
+        times = self._times
+        full = bool(times) and times[-1] - times[0] >= 0.9 * self.window_s
         if excess <= 0 or not full or self.busy < LAG_NEEDS_BUSY:
             self.frac_lag = 0.0
         else:
@@ -150,30 +161,35 @@ class LoopLagGuard:
         return True
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="mirror-lag")
+        """Start measuring: a timer callback every `interval_s` (no task, no future per
+        wake-up: at 100 wake-ups a second the sleep's own objects were most of the guard's
+        cost)."""
+        if self._handle is not None:
+            return
+        loop = self._loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._window_start, self._window_cpu = now, time.thread_time()
+        self._last = now
+        self._expected = now + self.interval_s
+        self._handle = loop.call_at(self._expected, self._tick)
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.cancel()
         self.shed_fraction = self.frac_lag = self.frac_cpu = 0.0
         self.shedding = False
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self.interval_s
-        self._window_start, self._window_cpu = loop.time(), time.thread_time()
-        last = loop.time()
-        while True:
-            expected = loop.time() + interval
-            await asyncio.sleep(interval)
-            now = loop.time()
-            self.observe(max(0.0, now - expected), now - last)
-            last = now
-            if now - self._window_start >= self.cpu_window_s:
-                cpu = time.thread_time()
-                self.observe_cpu(cpu - self._window_cpu, now - self._window_start)
-                self._window_start, self._window_cpu = now, cpu
+    def _tick(self) -> None:
+        loop = self._loop
+        if loop is None or self._handle is None:
+            return
+        now = loop.time()
+        self.observe(max(0.0, now - self._expected), now - self._last)
+        self._last = now
+        if now - self._window_start >= self.cpu_window_s:
+            cpu = time.thread_time()
+            self.observe_cpu(cpu - self._window_cpu, now - self._window_start)
+            self._window_start, self._window_cpu = now, cpu
+        self._expected = now + self.interval_s
+        self._handle = loop.call_at(self._expected, self._tick)
