@@ -3,7 +3,7 @@
 The mirror runs in its own low-priority process, so production is protected structurally (the
 channel's bound and the OS scheduler), not by this guard. What is left for the guard is the
 mirror process's own sustained overload: copies it cannot meter in time would measure the
-candidate wrongly. A small owned task sleeps `interval_s` and measures how late it wakes up;
+candidate wrongly. A timer callback re-armed every `interval_s` measures how late it runs;
 two sustained signals over `window_s` set `shed_fraction` in [0, 1]:
 
 - `lag`: the median lag of the wake-ups in the last `window_s` above `threshold_ms`; the share
