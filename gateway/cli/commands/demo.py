@@ -10,16 +10,16 @@ from domain.errors import UsageError
 EPILOG = """\
 what it does:
   1. starts four engine simulators: production, a control (production's profile), a bi-kv
-     candidate (keeps each session's KV cache) and a quantized candidate (30 %% of answers
+     candidate (keeps each session's KV cache) and a quantized candidate (30 % of answers
      diverge), plus a gateway in front of production, with SQLite in a temporary directory;
   2. drives agent-like multi-turn sessions through the gateway, --batch at a time, and asks
      for both candidates' verdicts between batches (the progress line shows them as they
      form) until bi-kv and quantized are each promoted or rejected, or --max-sessions is
      reached (it says which ended it); the intervals are valid at every look;
-  3. once bi-kv is promoted, ramps it on live traffic: 1, 5, 25, 50 and 100 %% of new
+  3. once bi-kv is promoted, ramps it on live traffic: 1, 5, 25, 50 and 100 % of new
      sessions, each step advanced by the demo after --step-dwell seconds (the controller's
      tests would need thousands of sessions per step; it and the workers' guards keep
-     watching for harm), printing the live page's URL and one line per step; at 100 %% the
+     watching for harm), printing the live page's URL and one line per step; at 100 % the
      controller completes it and bi-kv becomes the live endpoint. --fail-at-step K kills
      bi-kv's simulator at step K instead: a guard rolls the ramp back, production answers;
   4. stops the gateway, which drains the mirror and flushes storage;
@@ -30,7 +30,7 @@ examples:
   canary demo
   canary demo --max-sessions 200 --seed 7
   canary demo --sessions 100 --turns 8    # exactly 100 sessions, no looking between them
-  canary demo --fail-at-step 3    # bi-kv dies at 25 %%: watch the automatic rollback
+  canary demo --fail-at-step 3    # bi-kv dies at 25 %: watch the automatic rollback
   canary demo --keep          # leave everything running and print commands to explore
 """
 
