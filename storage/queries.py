@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
-from sqlalchemy import and_, delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -265,18 +265,16 @@ async def count_rows(engine: AsyncEngine, table: str) -> int:
             return int((await conn.execute(stmt)).scalar_one())
 
 
-async def split_sessions_seen_by(engine: AsyncEngine, replica: str, since: float) -> list[str]:
-    """Session keys this replica stored an exchange of since `since` that another replica also
-    stored one of in that window: sessions a balancer split between replicas."""
+async def session_replicas_since(engine: AsyncEngine, since: float) -> list[tuple[str, str, float]]:
+    """(session key, replica, latest `received_at`) of every session with an exchange stored
+    since `since`, one row per replica that stored it: what `SplitWatch` reads, a few seconds
+    of exchanges per check (the `received_at` index bounds the scan to them)."""
     ex = Base.metadata.tables["exchanges"]
-    recent = and_(ex.c.received_at >= since, ex.c.session_key.is_not(None))
-    mine = select(ex.c.session_key).where(recent, ex.c.replica == replica)
     stmt = (
-        select(ex.c.session_key)
-        .where(recent, ex.c.session_key.in_(mine))
-        .group_by(ex.c.session_key)
-        .having(func.count(func.distinct(ex.c.replica)) > 1)
+        select(ex.c.session_key, ex.c.replica, func.max(ex.c.received_at))
+        .where(ex.c.received_at >= since, ex.c.session_key.is_not(None))
+        .group_by(ex.c.session_key, ex.c.replica)
     )
-    with translated("reading split sessions"):
+    with translated("reading recent sessions"):
         async with engine.connect() as conn:
-            return [str(key) for key in (await conn.scalars(stmt)).all()]
+            return [(str(k), str(r), float(t)) for k, r, t in (await conn.execute(stmt)).all()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -16,7 +17,8 @@ from evaluators.judge.settings import VerdictSettings
 from evaluators.metrics.latency import SPLIT_REASON
 from evaluators.pairs.load import load_pairs
 from evaluators.report.build import evaluate
-from gateway.mirror.replay.splits import SplitWatch
+from gateway.mirror.replay import splits
+from gateway.mirror.replay.splits import WINDOW_S, SplitWatch
 from storage import queries
 from storage.models import ExchangeRow, ObservationRow
 from storage.textguard import exchange_row, observation_row
@@ -97,6 +99,68 @@ async def test_each_replica_counts_the_sessions_it_shares_once(db_engine: AsyncE
     assert 'canary_mirror_split_sessions_total{replica="a-mirror-1"} 3' in render(
         a.prometheus_lines()
     )
-    keys = await queries.split_sessions_seen_by(db_engine, "a-mirror-1", now - 500)
-    assert sorted(keys) == [f"{s + 1:032x}" for s in sorted(SPLIT)]
-    assert await queries.split_sessions_seen_by(db_engine, "a-mirror-1", now) == []
+    rows = await queries.session_replicas_since(db_engine, now - 500)
+    shared = {k for k, r, _ in rows if r == "b-mirror-1"} & {
+        k for k, r, _ in rows if r != "b-mirror-1"
+    }
+    assert sorted(shared) == [f"{s + 1:032x}" for s in sorted(SPLIT)]
+    assert await queries.session_replicas_since(db_engine, now) == []
+
+
+async def _store(engine: AsyncEngine, *turns: tuple[str, str, str, float]) -> None:
+    """Exchanges (id, session key, replica, received_at)."""
+    rows = [
+        exchange_row(
+            ExchangeRecord(
+                id=xid,
+                received_at=at,
+                route="/v1/chat/completions",
+                replica=replica,
+                session_key=key,
+            )
+        )
+        for xid, key, replica, at in turns
+    ]
+    async with engine.begin() as conn:
+        await conn.execute(insert(ExchangeRow), rows)
+
+
+async def test_a_check_reads_what_was_stored_since_the_previous_one(db_engine: AsyncEngine) -> None:
+    """A session another replica joins after a check is counted at the next one from what the
+    watch remembers; a check reads only the rows stored since the previous one (less LATE_S), so
+    an old row stored later is left to the report, while a new watch's first check reads the
+    whole window; a turn older than the window never makes a split."""
+    now = time.time()
+    s1, s2, s3 = "1" * 32, "2" * 32, "3" * 32
+    watch = SplitWatch(db_engine, "a", every_s=5.0)
+    await _store(db_engine, ("x1", s1, "a", now - 50))
+    await watch.check()
+    assert watch.counted == 0
+    await _store(db_engine, ("x2", s1, "b", now - 1))  # b joins s1 after the check
+    await watch.check()
+    assert watch.counted == 1
+    await _store(
+        db_engine,
+        ("x3", s2, "a", now - 2),
+        ("x4", s2, "b", now - 200),  # stored long after its received_at
+        ("x5", s3, "a", now - 1),
+        ("x6", s3, "b", now - WINDOW_S - 5),  # outside the window
+    )
+    await watch.check()
+    assert watch.counted == 1  # x4 predates what this check reads
+    fresh = SplitWatch(db_engine, "a", every_s=5.0)
+    await fresh.check()
+    assert fresh.counted == 2  # s1 and s2; s3's other turn is older than the window
+    await watch.check()
+    assert watch.counted == 1
+
+
+def test_what_a_watch_remembers_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_TRACKED sessions the least recently seen are forgotten, in every map."""
+    monkeypatch.setattr(splits, "MAX_TRACKED", 3)
+    watch = SplitWatch(None, "a", every_s=5.0)  # type: ignore[arg-type]
+    now = time.time()
+    rows = [(f"{i:032x}", replica, now) for i in range(10) for replica in ("a", "b")]
+    assert len(watch.fold(rows, now)) == 3
+    watch.note(watch.fold(rows, now), now)
+    assert (len(watch._mine), len(watch._others), len(watch._seen)) == (3, 3, 3)
