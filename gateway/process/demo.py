@@ -136,7 +136,7 @@ _SAMPLE = re.compile(r"^(canary_rollout_(?:requests|fallbacks)_total)\{([^}]*)\}
 
 class DemoOptions(msgspec.Struct, kw_only=True):
     sessions: int = 0  # > 0: exactly this many, no looking; 0: until every verdict is decided
-    max_sessions: int = 400  # the cap when driving until decided
+    max_sessions: int = 600  # the cap when driving until decided
     batch: int = 20  # sessions between two looks
     turns: int = 6
     concurrency: int = 16

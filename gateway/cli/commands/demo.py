@@ -53,8 +53,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--max-sessions",
         type=int,
-        default=400,
-        help="at most this many conversations while waiting for the verdicts (default 400)",
+        default=600,
+        help="at most this many conversations while waiting for the verdicts (default 600)",
     )
     parser.add_argument(
         "--batch", type=int, default=20, help="conversations between two looks (default 20)"
