@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -42,16 +43,18 @@ LATE_S: Final = 10.0
 MAX_TRACKED: Final = 100_000
 
 
-def _remember(seen: dict[str, float], key: str, at: float) -> None:
-    """`seen[key] = at`, most recently seen last (a dict keeps insertion order)."""
-    last = seen.pop(key, at)
-    seen[key] = max(last, at)
+def _remember(seen: OrderedDict[str, float], key: str, at: float) -> None:
+    """`seen[key]` = the latest of its times, moved to the most recently seen end."""
+    seen[key] = max(seen.get(key, at), at)
+    seen.move_to_end(key)
 
 
-def _forget(seen: dict[str, float], horizon: float) -> None:
-    """Drop the least recently seen entries older than `horizon` or beyond `MAX_TRACKED`."""
+def _forget(seen: OrderedDict[str, float], horizon: float) -> None:
+    """Drop the least recently seen entries older than `horizon` or beyond `MAX_TRACKED`
+    (`popitem(last=False)`: O(1), where deleting a plain dict's first key leaves a hole that
+    every later look at the front walks past)."""
     while seen and (len(seen) > MAX_TRACKED or next(iter(seen.values())) < horizon):
-        del seen[next(iter(seen))]
+        seen.popitem(last=False)
 
 
 class SplitWatch:
@@ -62,9 +65,9 @@ class SplitWatch:
         self.replica = replica
         self.every_s = every_s
         self.counted = 0
-        self._seen: dict[str, float] = {}  # split sessions counted -> when last seen split
-        self._mine: dict[str, float] = {}  # sessions this replica stored -> latest received_at
-        self._others: dict[str, float] = {}  # sessions other replicas stored -> the same
+        self._seen: OrderedDict[str, float] = OrderedDict()  # counted split -> last seen split
+        self._mine: OrderedDict[str, float] = OrderedDict()  # this replica's -> latest received_at
+        self._others: OrderedDict[str, float] = OrderedDict()  # other replicas' -> the same
         self._checked_at: float | None = None  # the previous check's `now`
 
     def note(self, keys: list[str], now: float) -> int:
