@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import secrets
 import time
@@ -33,6 +34,8 @@ from domain.records import OPEN_STATES, Rollout, RolloutEvent, RolloutState, che
 from storage.engine import write_transaction
 from storage.promotions import promote_on
 from storage.sql import ROLLOUT_EVENTS, ROLLOUTS, bump_version, fetch, fetch_live, translated
+
+logger = logging.getLogger(__name__)
 
 CHANNEL: Final = "canary_rollout"
 EVENTS_KEPT: Final = 200  # events returned with a rollout (the newest); all stay stored
@@ -400,4 +403,12 @@ async def listen(
             await _listen_once(dsn, on_change, stats, keepalive_s)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             stats.last_error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            # Not a connection's ordinary failure (a DSN the driver rejects, a driver bug): say
+            # it once per distinct error, and keep retrying as for the others, since a listener
+            # that ended would leave this replica to the poll with nothing saying so.
+            error = f"{type(exc).__name__}: {exc}"
+            if error != stats.last_error:
+                logger.error("rollout listener: %s; retrying every %g s", error, reconnect_s)
+            stats.last_error = error
         await asyncio.sleep(reconnect_s)

@@ -343,6 +343,27 @@ async def test_listen_returns_at_once_on_sqlite(tmp_path: Path) -> None:
     assert calls == []
 
 
+async def test_listen_outlives_an_error_it_does_not_expect(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A DSN the driver rejects with neither an OS nor a driver error (asyncpg raises
+    OverflowError for a port past 65535) does not end the listener: it records the error,
+    logs it once and keeps retrying until cancelled."""
+    stats = ListenStats()
+    url = "postgresql+asyncpg://root@127.0.0.1:99999/postgres"
+    task = asyncio.get_running_loop().create_task(
+        listen(url, lambda: None, reconnect_s=0.02, stats=stats)
+    )
+    await asyncio.sleep(0.3)
+    assert not task.done()  # still retrying
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert stats.last_error is not None and stats.last_error.startswith("OverflowError")
+    logged = [r for r in caplog.records if "rollout listener" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelname == "ERROR"
+
+
 @contextlib.asynccontextmanager
 async def _listening(url: str, stats: ListenStats) -> AsyncIterator[asyncio.Queue[float]]:
     """A listener task on its own engine URL; yields a queue of the times it was called."""
