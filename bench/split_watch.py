@@ -8,9 +8,12 @@ exchange under its replica, six-turn sessions with a session key). Then `SplitWa
 (gateway/mirror/replay/splits.py) runs as the mirror process runs it: the first check of a
 new watch reads the whole window (what every check read before the watch became incremental);
 each following check comes `every_s` (5 s, the default `counters_flush_interval_s`) later,
-after that many seconds of exchanges more are stored, and reads those, less `LATE_S`. CPU of
-the whole process (the driver's thread included) per check, and per copy at `--rate` (a
-check's CPU / the copies stored between two checks). A benchmark, not a test: it asserts nothing.
+after that many seconds of exchanges more are stored, each also told to the watch as the mirror
+process tells it (`SplitWatch.stored`, the sessions this replica stored), and reads the other
+replicas' rows among those, less `LATE_S` (here: none, one replica). CPU of the whole process
+(the driver's thread included) per check, and per copy at `--rate` (a check's CPU / the copies
+stored between two checks), and what `stored` costs per copy. A benchmark, not a test: it
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -67,7 +70,10 @@ async def run(args: argparse.Namespace) -> None:
         start = time.time() - args.window
         await _fill(engine, _rows(0, n, start, args.rate))
         print(f"store: {n:,} exchanges over {args.window:g} s at {args.rate:g}/s (SQLite)")
-        print("\n| check | reads | CPU ms | CPU µs per copy |\n|---|---|---:|---:|")
+        print(
+            "\n| check | reads | CPU ms | CPU µs per copy | `stored` µs per copy |"
+            "\n|---|---|---:|---:|---:|"
+        )
         watch = SplitWatch(engine, REPLICA, EVERY_S)
         step = int(args.rate * EVERY_S)
         last = time.time()
@@ -77,15 +83,24 @@ async def run(args: argparse.Namespace) -> None:
                 # (stamped over those seconds; the watch reads by `received_at`).
                 await asyncio.sleep(max(0.0, last + EVERY_S - time.time()))
                 first = n + (i - 1) * step
-                await _fill(
-                    engine, _rows(first, step, time.time() - EVERY_S - first / args.rate, args.rate)
-                )
+                rows = _rows(first, step, time.time() - EVERY_S - first / args.rate, args.rate)
+                await _fill(engine, rows)
+                keys = [(str(r["session_key"]), float(r["received_at"])) for r in rows]  # type: ignore[arg-type]
+                c0 = time.process_time()
+                for key, at in keys:
+                    watch.stored(key, at)
+                told = (time.process_time() - c0) * 1e6 / step
             last = time.time()
             c0 = time.process_time()
             await watch.check()
             ms = (time.process_time() - c0) * 1e3
-            what = "the whole window (first check)" if i == 0 else "since the previous check"
-            print(f"| {i} | {what} | {ms:.1f} | {ms * 1e3 / step:.1f} |")
+            what = (
+                "the whole window (first check)"
+                if i == 0
+                else "other replicas' since the previous check"
+            )
+            tell = f"{told:.2f}" if i else "–"
+            print(f"| {i} | {what} | {ms:.1f} | {ms * 1e3 / step:.1f} | {tell} |")
         await engine.dispose()
     print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs")
 

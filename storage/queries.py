@@ -265,16 +265,21 @@ async def count_rows(engine: AsyncEngine, table: str) -> int:
             return int((await conn.execute(stmt)).scalar_one())
 
 
-async def session_replicas_since(engine: AsyncEngine, since: float) -> list[tuple[str, str, float]]:
+async def session_replicas_since(
+    engine: AsyncEngine, since: float, *, exclude: str | None = None
+) -> list[tuple[str, str, float]]:
     """(session key, replica, latest `received_at`) of every session with an exchange stored
-    since `since`, one row per replica that stored it: what `SplitWatch` reads, a few seconds
-    of exchanges per check (the `received_at` index bounds the scan to them)."""
+    since `since`, one row per replica that stored it, but replica `exclude`: what `SplitWatch`
+    reads, a few seconds of exchanges per check (the `received_at` index bounds the scan to
+    them)."""
     ex = Base.metadata.tables["exchanges"]
     stmt = (
         select(ex.c.session_key, ex.c.replica, func.max(ex.c.received_at))
         .where(ex.c.received_at >= since, ex.c.session_key.is_not(None))
         .group_by(ex.c.session_key, ex.c.replica)
     )
+    if exclude is not None:
+        stmt = stmt.where(ex.c.replica != exclude)
     with translated("reading recent sessions"):
         async with engine.connect() as conn:
             return [(str(k), str(r), float(t)) for k, r, t in (await conn.execute(stmt)).all()]

@@ -41,6 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain import errors
 from domain.endpoint import Endpoint
 from domain.exposition import Exposed, Family, render
+from domain.records import ExchangeRecord
 from gateway.config.sections import GatewayConfig
 from gateway.control.registry import Registry, Snapshot
 from gateway.credentials import REFUSALS
@@ -78,6 +79,22 @@ _decode_copy = msgspec.msgpack.Decoder(frames.CopyMeta).decode
 _decode_result = msgspec.msgpack.Decoder(frames.ResultMeta).decode
 _decode_idle = msgspec.msgpack.Decoder(frames.IdleMeta).decode
 _decode_eligible = msgspec.msgpack.Decoder(frames.EligibleMeta).decode
+
+
+class _Stored:
+    """The mirror's `ObservationSink`: the writer's, and each exchange's session told to the
+    split-session watch (this replica's sessions, without reading them back from the store)."""
+
+    __slots__ = ("put_observation", "splits", "writer")
+
+    def __init__(self, writer: ObservationWriter, splits: SplitWatch) -> None:
+        self.writer = writer
+        self.splits = splits
+        self.put_observation = writer.put_observation
+
+    def put_exchange(self, record: ExchangeRecord) -> None:
+        self.writer.put_exchange(record)
+        self.splits.stored(record.session_key, record.received_at)
 
 
 def rates_frame(msg: frames.RatesMeta) -> bytes:
@@ -344,10 +361,11 @@ async def serve_plane(
         if capture is not None
         else None
     )
+    splits = SplitWatch(engine, replica, config.storage.counters_flush_interval_s)
     # The workers count the eligible requests (this process sees only the sampled ones).
     mirror = Mirror(
         live,
-        writer,
+        _Stored(writer, splits),
         replica,
         mirror=config.mirror,
         upstream=config.upstream,
@@ -362,7 +380,7 @@ async def serve_plane(
     plane = _Plane(
         config.mirror.results_max, mirror, writer, priority, capture=capture, evidence=evidence
     )
-    plane.splits = SplitWatch(engine, replica, config.storage.counters_flush_interval_s)
+    plane.splits = splits
 
     def on_change(snapshot: Snapshot) -> None:
         mirror.apply(snapshot.candidates)

@@ -155,6 +155,32 @@ async def test_a_check_reads_what_was_stored_since_the_previous_one(db_engine: A
     assert watch.counted == 1
 
 
+async def test_a_replica_knows_its_own_sessions_unread(db_engine: AsyncEngine) -> None:
+    """After its first check a watch reads only the other replicas' rows: its own sessions come
+    from the exchanges its mirror process stored (`stored`), and a split is counted whichever
+    side came first, at the check after both are known."""
+    now = time.time()
+    s1, s2, s3 = "1" * 32, "2" * 32, "3" * 32
+    watch = SplitWatch(db_engine, "a", every_s=5.0)
+    await _store(db_engine, ("x0", s3, "a", now - 60))  # before a restart: the first check reads it
+    await watch.check()
+    assert watch.rows_read == 1
+    # This replica's turns, as its mirror process stores them (the store gets them too).
+    for xid, key, at in (("x1", s1, now - 3), ("x2", s2, now - 2), ("x3", None, now - 2)):
+        watch.stored(key, at)
+        await _store(db_engine, (xid, key, "a", at))  # type: ignore[arg-type]
+    await _store(db_engine, ("x4", s1, "b", now - 1), ("x5", s3, "b", now - 1))
+    await watch.check()
+    assert watch.counted == 2  # s1 (stored here, then b) and s3 (from the first check, then b)
+    assert watch.rows_read == 1 + 2  # b's two rows; none of this replica's
+    await _store(db_engine, ("x6", s2, "b", now - 1))  # b joins s2, stored here before
+    await watch.check()
+    assert watch.counted == 3
+    watch.stored(s2, now)  # a session already counted is not counted again
+    await watch.check()
+    assert watch.counted == 3
+
+
 def test_what_a_watch_remembers_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past MAX_TRACKED sessions the least recently seen are forgotten, in every map."""
     monkeypatch.setattr(splits, "MAX_TRACKED", 3)
@@ -164,3 +190,6 @@ def test_what_a_watch_remembers_is_bounded(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(watch.fold(rows, now)) == 3
     watch.note(watch.fold(rows, now), now)
     assert (len(watch._mine), len(watch._others), len(watch._seen)) == (3, 3, 3)
+    for i in range(10):
+        watch.stored(f"{i:032x}", now)
+    assert len(watch._mine) == 3
