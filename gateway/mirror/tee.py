@@ -45,6 +45,7 @@ from gateway.mirror.replay.observe import observation
 from gateway.mirror.replay.order import TurnOrder
 from gateway.mirror.replay.ring import MemoryBudget
 from gateway.mirror.sampling.adaptive import AdaptiveRates
+from gateway.mirror.sampling.loopguard import INTERVAL_S as LAG_INTERVAL_S
 from gateway.mirror.sampling.loopguard import LoopLagGuard
 from gateway.mirror.sampling.sampler import (
     SALT,
@@ -98,7 +99,7 @@ class Mirror:
         credentials: CredentialsConfig,
         session_header: str,
         drain_timeout_s: float,
-        lag_interval_s: float = 0.01,
+        lag_interval_s: float = LAG_INTERVAL_S,
         capture: CaptureSink | None = None,
     ) -> None:
         self._mirror_cfg = mirror
