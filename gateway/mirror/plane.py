@@ -32,7 +32,7 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final
+from typing import Final, cast
 
 import msgspec
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -73,7 +73,6 @@ RESULTS_WAITING: Final = Family(
 )
 _STATS_INTERVAL_S: Final = 0.5
 _STATS_BACKLOG: Final = 1 << 20  # bytes of unread STATS per worker before we skip sending
-_READ_SIZE: Final = 1 << 18  # bytes asked of a worker's socket per read
 _encode = msgspec.msgpack.Encoder().encode
 _decode_copy = msgspec.msgpack.Decoder(frames.CopyMeta).decode
 _decode_result = msgspec.msgpack.Decoder(frames.ResultMeta).decode
@@ -128,7 +127,7 @@ class _Plane:
             "results_unmatched": 0,
             "ramp_ignored": 0,
         }
-        self.conns: set[asyncio.StreamWriter] = set()
+        self.conns: set[asyncio.Transport] = set()  # the workers' connections
         self.reload = asyncio.Event()
         self.ready = asyncio.Event()
         self.idle_tasks: set[asyncio.Task[None]] = set()
@@ -170,41 +169,25 @@ class _Plane:
         self.counts["results"] += 1
         self.mirror.on_response(token, m.result, m.error_kind)
 
-    async def answer_idle(self, writer: asyncio.StreamWriter, seq: int) -> None:
+    async def answer_idle(self, writer: asyncio.Transport, seq: int) -> None:
         await self.mirror.wait_idle()
         if not writer.is_closing():
             meta = _encode(frames.IdleMeta(seq))
             writer.write(frames.frame_header(frames.KIND_IDLE_ACK, len(meta), 0) + meta)
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One worker's connection: frames in order until EOF."""
-        await self.ready.wait()
-        self.conns.add(writer)
-        # The references in force (or due) first: the worker samples as the others do before
-        # it serves, then the stats, so its first /metrics already has the mirror.
-        writer.write(rates_frame(self.mirror.adaptive.msg))
-        writer.write(self.stats_frame())
-        buf = bytearray()
-        try:
-            while True:
-                try:
-                    data = await reader.read(_READ_SIZE)
-                except ConnectionError:
-                    return
-                if not data:
-                    return  # EOF (a partial frame left in `buf` was never complete)
-                buf += data
-                # Every complete frame the read brought, without a read (and a wake-up of this
-                # coroutine) per header, meta and body.
-                with memoryview(buf) as view:
-                    done = self._frames(view, writer)
-                del buf[:done]
-        finally:
-            self.conns.discard(writer)
-            self.mirror.adaptive.control.eligible.forget(id(writer))
-            writer.close()
+    def attach(self, transport: asyncio.Transport) -> None:
+        """A worker's connection, once the plane is ready: the references in force (or due)
+        first, so the worker samples as the others do before it serves, then the stats, so its
+        first /metrics already has the mirror."""
+        self.conns.add(transport)
+        transport.write(rates_frame(self.mirror.adaptive.msg))
+        transport.write(self.stats_frame())
 
-    def _frames(self, view: memoryview, writer: asyncio.StreamWriter) -> int:
+    def detach(self, transport: asyncio.Transport) -> None:
+        self.conns.discard(transport)
+        self.mirror.adaptive.control.eligible.forget(id(transport))
+
+    def _frames(self, view: memoryview, writer: asyncio.Transport) -> int:
         """Dispatch each complete frame in `view`; the bytes they took."""
         head, unpack = frames.FRAME.size, frames.FRAME.unpack_from
         pos, end = 0, len(view)
@@ -223,7 +206,7 @@ class _Plane:
                 log.warning("dropped a malformed frame", extra={"fields": {"kind": kind}})
         return pos
 
-    def dispatch(self, kind: int, meta: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
+    def dispatch(self, kind: int, meta: bytes, body: bytes, writer: asyncio.Transport) -> None:
         if kind == frames.KIND_COPY:
             self.on_copy(meta, body)
         elif kind == frames.KIND_RAMP:
@@ -301,9 +284,62 @@ class _Plane:
                 continue
             frame = self.stats_frame()
             for conn in list(self.conns):
-                transport = conn.transport
-                if not conn.is_closing() and transport.get_write_buffer_size() < _STATS_BACKLOG:
+                if not conn.is_closing() and conn.get_write_buffer_size() < _STATS_BACKLOG:
                     conn.write(frame)
+
+
+class _WorkerConnection(asyncio.Protocol):
+    """One worker's connection: every complete frame a read brought is dispatched in the read's
+    own callback (no stream reader, no task woken per read); a partial frame waits in `buf`.
+    Until the plane is ready the connection is not read (the worker's frames wait in the
+    socket, then in its own bounded buffer)."""
+
+    def __init__(self, plane: _Plane) -> None:
+        self.plane = plane
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's is not an asyncio.Transport subclass, but has its API).
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        plane = self.plane
+        if plane.ready.is_set():
+            plane.attach(transport)
+            return
+        transport.pause_reading()
+        task = asyncio.get_running_loop().create_task(self._attach_when_ready(transport))
+        plane.idle_tasks.add(task)
+        task.add_done_callback(plane.idle_tasks.discard)
+
+    async def _attach_when_ready(self, transport: asyncio.Transport) -> None:
+        await self.plane.ready.wait()
+        if not transport.is_closing():
+            self.plane.attach(transport)
+            transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        transport = self.transport
+        assert transport is not None
+        buf = self.buf
+        if buf:
+            buf += data
+            with memoryview(buf) as view:
+                done = self.plane._frames(view, transport)
+            del buf[:done]
+            return
+        # Most reads hold whole frames: read them in place, keep only a partial tail.
+        with memoryview(data) as view:
+            done = self.plane._frames(view, transport)
+        if done < len(data):
+            buf += data[done:]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # EOF (a partial frame left in `buf` was never complete) or a reset.
+        if self.transport is not None:
+            self.plane.detach(self.transport)
+            self.transport = None
+        self.buf.clear()
 
 
 async def _reloads(plane: _Plane, registry: Registry) -> None:
@@ -389,7 +425,7 @@ async def serve_plane(
         engine, live, poll_interval_s=config.storage.registry_poll_interval_s, on_change=on_change
     )
     loop = asyncio.get_running_loop()
-    server = await asyncio.start_unix_server(plane.handle, socket_path)
+    server = await loop.create_unix_server(lambda: _WorkerConnection(plane), socket_path)
     tasks: tuple[asyncio.Task[None], ...] = ()
     # Everything started from here on is closed in `finally`, also when a start-up step fails
     # (the writers' tasks, the engine's connections): a failed start leaves nothing running.
