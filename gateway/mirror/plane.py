@@ -2,16 +2,16 @@
 
 One mirror process per host serves every worker. It listens on a Unix socket; each worker
 connects once and writes COPY / RESULT / RELOAD / IDLE / ELIGIBLE / RAMP frames
-(`gateway.mirror.channel.frames`). The plane turns a COPY into `Mirror.on_request` (body parsing,
-session
-keys, turn indexes, model overrides, rings and lanes all happen here, never on a production
-loop), keeps the returned token until the worker's RESULT for that exchange arrives, then hands
-the exchange and production's observation to the storage writer. A RAMP frame (one request of
-an open rollout) becomes a `RampRecord` with its turn and this host's replica
-(`gateway.mirror.evidence`), for the same writer. It runs its own registry
-(polling, and reloading at once when a worker says RELOAD), saves its copy accounting under its
-own replica name, and sends every worker a STATS frame about twice a second, which is how
-workers export the mirror's metrics and the admin API shows its counters.
+(`gateway.mirror.channel.frames`), which the connection's protocol dispatches in the read's own
+callback (`_WorkerConnection`: no stream reader or task woken per read). The plane turns a COPY
+into `Mirror.on_request` (body parsing, session keys, turn indexes, model overrides, rings and
+lanes all happen here, never on a production loop), keeps the returned token until the worker's
+RESULT for that exchange arrives, then hands the exchange and production's observation to the
+storage writer. A RAMP frame (one request of an open rollout) becomes a `RampRecord` with its
+turn and this host's replica (`gateway.mirror.evidence`), for the same writer. It runs its own
+registry (polling, and reloading at once when a worker says RELOAD), saves its copy accounting
+under its own replica name, and sends every worker a STATS frame about twice a second, which is
+how workers export the mirror's metrics and the admin API shows its counters.
 
 It is also the host's rate controller (`target_rps`): the workers' ELIGIBLE counts are the
 host's eligible rate, and every change of the sampling references goes to every worker in a
