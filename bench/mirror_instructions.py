@@ -72,23 +72,18 @@ http {{
 }}
 """
 # The mirror process as `canary serve` starts it (gateway.process.children._plane_main), minus
-# the priority drop (valgrind is slow enough) and the parent-death signal.
-PLANE = """
+# the priority drop and the parent-death signal; `{overrides}`: config keys of the run.
+PLANE_TEMPLATE = """
 import asyncio, signal, sys
 from gateway.config.load import load_config
 from gateway.lifecycle import run_loop, settle_heap
 from gateway.mirror.plane import serve_plane
 socket_path, db_url, live, cand = sys.argv[1:5]
-config = load_config(None, environ={}, overrides={
-    "storage.db_url": db_url, "live.url": live, "mirror.priority": "normal",
-    # Valgrind slows the loop down 50-fold: no overload shedding, every copy is sent.
-    "mirror.shed_loop_lag_ms": 1e9, "mirror.shed_cpu_busy": 0,
-    # Batches by size only (`writer_batch_size`, 500 records), as at 1,000 copies/s: with the
-    # 0.5 s timer a slowed-down run would write many small batches, and how many would depend
-    # on the wall time (the load), not on the copies.
-    "storage.writer_flush_interval_s": 3600.0,
-    "candidates": [{"name": "fast", "url": cand, "sample_rate": 1.0}],
-})
+config = load_config(None, environ={{}}, overrides={{
+    "storage.db_url": db_url, "live.url": live,
+    "candidates": [{{"name": "fast", "url": cand, "sample_rate": 1.0}}],
+    {overrides}
+}})
 async def main():
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -97,6 +92,16 @@ async def main():
     await serve_plane(config, socket_path, "bench-mirror", "normal", settle_heap, stop)
 run_loop(main(), config.server.event_loop)
 """
+PLANE = PLANE_TEMPLATE.format(
+    overrides="""
+    "mirror.priority": "normal",
+    # Valgrind slows the loop down 50-fold: no overload shedding, every copy is sent.
+    "mirror.shed_loop_lag_ms": 1e9, "mirror.shed_cpu_busy": 0,
+    # Batches by size only (`writer_batch_size`, 500 records), as at 1,000 copies/s: with the
+    # 0.5 s timer a slowed-down run would write many small batches, and how many would depend
+    # on the wall time (the load), not on the copies.
+    "storage.writer_flush_interval_s": 3600.0,"""
+)
 # (stage, path fragments of the files it covers), first match wins.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("frame read/decode, dispatch (plane.py, asyncio streams)",

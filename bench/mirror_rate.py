@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mirror_instructions import (  # siblings, found through sys.path
     CANDIDATE,
+    PLANE_TEMPLATE,
     Setup,
     _connect,
     _observed,
@@ -42,24 +43,11 @@ from mirror_instructions import (  # siblings, found through sys.path
 )
 from overhead import ROOT
 
-PLANE = """
-import asyncio, signal, sys
-from gateway.config.load import load_config
-from gateway.lifecycle import run_loop, settle_heap
-from gateway.mirror.plane import serve_plane
-socket_path, db_url, live, cand = sys.argv[1:5]
-config = load_config(None, environ={}, overrides={
-    "storage.db_url": db_url, "live.url": live,
-    "storage.registry_poll_interval_s": 1.0, "storage.counters_flush_interval_s": 1.0,
-    "candidates": [{"name": "fast", "url": cand, "sample_rate": 1.0}],
-})
-async def main():
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    await serve_plane(config, socket_path, "bench-mirror", "normal", settle_heap, stop)
-run_loop(main(), config.server.event_loop)
-"""
+# As bench/core.py's `canary serve` runs it: the registry polled and the counters flushed every
+# second (bench/plane.py's gateway configuration); the rest the defaults.
+PLANE = PLANE_TEMPLATE.format(
+    overrides='"storage.registry_poll_interval_s": 1.0, "storage.counters_flush_interval_s": 1.0,'
+)
 
 
 def _cpu_s(pid: int) -> float:

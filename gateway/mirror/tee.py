@@ -45,7 +45,6 @@ from gateway.mirror.replay.observe import observation
 from gateway.mirror.replay.order import TurnOrder
 from gateway.mirror.replay.ring import MemoryBudget
 from gateway.mirror.sampling.adaptive import AdaptiveRates
-from gateway.mirror.sampling.loopguard import INTERVAL_S as LAG_INTERVAL_S
 from gateway.mirror.sampling.loopguard import LoopLagGuard
 from gateway.mirror.sampling.sampler import (
     SALT,
@@ -99,7 +98,6 @@ class Mirror:
         credentials: CredentialsConfig,
         session_header: str,
         drain_timeout_s: float,
-        lag_interval_s: float = LAG_INTERVAL_S,
         capture: CaptureSink | None = None,
     ) -> None:
         self._mirror_cfg = mirror
@@ -116,7 +114,6 @@ class Mirror:
         # Sheds only on the mirror process's own sustained overload (see loopguard.py).
         self.guard = LoopLagGuard(
             mirror.shed_loop_lag_ms,
-            lag_interval_s,
             cpu_busy=mirror.shed_cpu_busy or None,
             window_s=mirror.shed_window_s,
         )
