@@ -1,7 +1,7 @@
 """The mirror process's CPU per copy at a steady rate, alone: no worker, no production proxy.
 
     .venv/bin/python bench/mirror_rate.py [--rates 300,1000] [--seconds 20] [--rounds 3]
-        [--tree DIR ...]
+        [--tree DIR ...] [--naive]
 
 The mirror process (`gateway.mirror.plane.serve_plane`, real SQLite, the priority and settings
 bench/core.py's `canary serve` runs it with: registry poll and counter flush every second) runs
