@@ -54,7 +54,7 @@ _NATS_PAIR: Final = Quantity("nats/token", per_pair=True)
 
 
 class Measured(msgspec.Struct, kw_only=True):
-    """The measured quantities of one response, by vLLM `bench serve` conventions (DESIGN.md §6).
+    """The measured quantities of one response, by vLLM `bench serve` conventions (docs/metrics.md).
 
     Durations are seconds from the moment the request was sent upstream.
     """
@@ -64,19 +64,34 @@ class Measured(msgspec.Struct, kw_only=True):
     queue_wait_s: Annotated[float | None, _S_PAIR] = None
     # First chunk carrying a token (content, text or tool call).
     ttft_s: Annotated[float | None, _S_PAIR] = None
-    # (e2e - ttft) / (output_tokens - 1), output_tokens > 1; None when the span was below the
-    # clock's resolution (stored as `tpot_s IS NULL` beside `output_tokens > 1`, domain.timing).
+    # (e2e - ttft) / (output_tokens - 1) with the *counted* tokens, output_tokens > 1: set by
+    # the mirror plane's token counter (gateway/mirror/replay/tokens.py), never by the meter,
+    # since an SSE event is not a token. None when not counted (`output_tokens` None) or when
+    # the span was below the clock's resolution (domain.timing says which).
     tpot_s: Annotated[float | None, _S_PAIR] = None
     # Last token-carrying chunk (SSE) or last byte (plain JSON).
     e2e_s: Annotated[float | None, _S_PAIR] = None
-    # Inter-token gaps: token events - 1 (a read's gap spread over its events).
-    itl_count: Annotated[int, Quantity("gaps")] = 0
-    itl_mean_s: Annotated[float | None, _S] = None
-    itl_p50_s: Annotated[float | None, _S_PAIR] = None
-    itl_p99_s: Annotated[float | None, _S_PAIR] = None
-    itl_max_s: Annotated[float | None, _S] = None
+    # Inter-event latency: the gaps between SSE events that carried tokens (token events - 1; a
+    # read's gap spread over the events it carried). A per-token figure only where every event
+    # carried one token: vLLM packs several tokens into one event when its engine runs ahead of
+    # its API server's stream (see `tokens_per_event` in the report).
+    inter_event_count: Annotated[int, Quantity("gaps")] = 0
+    inter_event_mean_s: Annotated[float | None, _S] = None
+    inter_event_p50_s: Annotated[float | None, _S_PAIR] = None
+    inter_event_p99_s: Annotated[float | None, _S_PAIR] = None
+    inter_event_max_s: Annotated[float | None, _S] = None
+    # Output tokens *counted* from the answer's text by one tokenizer for every arm
+    # (`token_counter` names it); None when the text could not be counted (not stored, cut at
+    # store_text_max_chars, a tool call, no tokenizer reachable). The only count that gates.
     output_tokens: Annotated[int | None, _TOKENS_PAIR] = None
-    output_tokens_source: Annotated[Literal["usage", "chunks"] | None, Quantity(length=8)] = None
+    # How `output_tokens` was counted: "tokenize:<endpoint>" (that engine's /tokenize); None:
+    # not counted. Two arms' counts are compared only when this is equal on both.
+    token_counter: Annotated[str | None, Quantity(length=128)] = None
+    # What the engine reported (`usage.completion_tokens`): information, never a stand-in for
+    # the other arm's count (it counts generated ids such as EOS that the text does not show).
+    usage_tokens: Annotated[int | None, _TOKENS_PAIR] = None
+    # SSE events that carried tokens (streamed answers only; None for a plain JSON answer).
+    token_events: Annotated[int | None, Quantity("events", per_pair=True)] = None
     prompt_tokens: Annotated[int | None, _TOKENS_PAIR] = None
     cached_tokens: Annotated[int | None, _TOKENS_PAIR] = None
     finish_reason: Annotated[str | None, Quantity(length=32)] = None

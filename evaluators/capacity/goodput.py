@@ -2,9 +2,11 @@
 
 Definitions follow `vllm bench serve`: goodput = requests that succeeded and met every SLO per
 second of the step; output throughput = output tokens of successful requests per second;
-TPOT = (E2E - TTFT) / (output tokens - 1). The step's duration runs from its first request to
-its last answer. ITL is each request's mean inter-token gap (the meter keeps per-request ITL
-summaries, not every gap), summarised across requests.
+TPOT = (E2E - TTFT) / (output tokens - 1), with each arm's engine-reported usage (the replay
+asks every arm for it alike). The step's duration runs from its first request to its last
+answer. The inter-event latency is each request's mean gap between token-carrying SSE events
+(the meter keeps per-request summaries, not every gap), summarised across requests; an event
+may carry several tokens, so it is not a per-token figure.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
-    itl_mean_s: float | None = None
+    inter_event_mean_s: float | None = None
     output_tokens: int = 0
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
@@ -50,7 +52,8 @@ class StepStats(msgspec.Struct, frozen=True, kw_only=True):
     output_tokens_per_s: float
     ttft_s: dict[str, float | None]
     tpot_s: dict[str, float | None]
-    itl_s: dict[str, float | None]
+    # Runs stored before the inter-event name have no such key: empty, not an error.
+    inter_event_s: dict[str, float | None] = msgspec.field(default_factory=dict)
     e2e_s: dict[str, float | None]
     prefix_cache_hit_rate: float | None  # from the engine's /metrics, None when not reported
     cached_prompt_share: float | None  # cached / prompt tokens from usage, when reported
@@ -98,7 +101,7 @@ def step_stats(
         output_tokens_per_s=sum(s.output_tokens for s in ok) / duration,
         ttft_s=_percentiles([s.ttft_s for s in ok]),
         tpot_s=_percentiles([s.tpot_s for s in ok if s.output_tokens > 1]),
-        itl_s=_percentiles([s.itl_mean_s for s in ok]),
+        inter_event_s=_percentiles([s.inter_event_mean_s for s in ok]),
         e2e_s=_percentiles([s.e2e_s for s in ok]),
         prefix_cache_hit_rate=prefix_cache_hit_rate,
         cached_prompt_share=cached / prompt if prompt else None,

@@ -57,7 +57,7 @@ def render_text(result: CapacityResult) -> str:
     lines.extend(f"  note: {n}" for n in r.notes)
     head = (
         f"{'arm':9} {'load':>4} {'req':>5} {'err':>4} {'SLO%':>5} {'goodput':>8} {'tok/s':>8} "
-        f"{'ttft p50':>8} {'p99':>7} {'tpot p50':>8} {'p99':>7} {'itl p50':>7} {'e2e p99':>8} "
+        f"{'ttft p50':>8} {'p99':>7} {'tpot p50':>8} {'p99':>7} {'iev p50':>7} {'e2e p99':>8} "
         f"{'pfx hit':>7}"
     )
     lines += ["", "per step (latencies in ms):", head]
@@ -68,7 +68,7 @@ def render_text(result: CapacityResult) -> str:
                 f"{a.arm:9} {s.load:>4} {s.requests:>5} {s.errors:>4} {s.attainment:>5.0%} "
                 f"{s.goodput:>8.2f} {s.output_tokens_per_s:>8.1f} {_ms(s.ttft_s['p50']):>8} "
                 f"{_ms(s.ttft_s['p99']):>7} {_ms(s.tpot_s['p50']):>8} {_ms(s.tpot_s['p99']):>7} "
-                f"{_ms(s.itl_s['p50']):>7} {_ms(s.e2e_s['p99']):>8} {hit:>7}"
+                f"{_ms(s.inter_event_s.get('p50')):>7} {_ms(s.e2e_s['p99']):>8} {hit:>7}"
             )
     return "\n".join(lines) + "\n"
 

@@ -1,2 +1,3 @@
 """Metric evaluators, one module per family (`cost`, `divergence`, `errors`, `latency`,
-`quality`, `throughput`); `catalog` holds the one EVALUATORS list."""
+`quality`, `throughput`); `tokens` says which pairs a token-derived metric may use (both arms
+counted by one tokenizer) and how each arm was counted; `catalog` holds the one EVALUATORS list."""

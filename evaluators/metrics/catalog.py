@@ -27,7 +27,7 @@ EVALUATORS: tuple[Evaluator, ...] = (
     latency.tpot,
     latency.e2e,
     latency.slo_exceedance,
-    latency.itl,
+    latency.inter_event,
     latency.tail_quantiles,
     # failures
     errors.failures,

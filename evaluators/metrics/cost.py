@@ -31,6 +31,7 @@ from evaluators.judge.metric import (
     ungate,
 )
 from evaluators.judge.settings import VerdictSettings
+from evaluators.metrics import tokens
 from evaluators.metrics.latency import NO_SAME_LOAD, both_ok, log_ratio
 from evaluators.metrics.throughput import Row
 
@@ -158,13 +159,16 @@ def cost(ctx: EvalContext) -> list[MetricResult]:
             )
         ]
     cand, ref, ok = both_ok(ctx)
-    x, use = log_ratio(cand.tpot_s, ref.tpot_s, ok)
+    counted = tokens.counted(cand, ref, ok)
+    x, use = log_ratio(cand.tpot_s, ref.tpot_s, counted)
     if len(x) == 0:
-        return [empty_result(spec, ctx.reference, "no pair with more than one output token")]
+        why = "no pair with more than one output token counted one way on both arms"
+        return [tokens.gate_on_counts(empty_result(spec, ctx.reference, why), ok, counted)]
     x = x + math.log(price_c / price_l)
     detail: Detail = {"price_ratio": price_c / price_l}
     res = judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)
-    return [res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=True)]
+    res = res if ctx.has_control else ungate(res, NO_SAME_LOAD, blocks=True)
+    return [tokens.gate_on_counts(res, ok, counted)]
 
 
 def cost_table(ctx: EvalContext, loads: dict[str, Row]) -> dict[str, Row]:

@@ -1,11 +1,14 @@
-"""Latency evaluators: TTFT, TPOT, E2E, ITL, SLO exceedance, tail quantiles, TTFT by turn.
+"""Latency evaluators: TTFT, TPOT, E2E, inter-event latency, SLO exceedance, tail quantiles,
+TTFT by turn.
 
 Per pair the statistic is log(candidate / reference), reference = the control when there is one
 (same mirrored load), else production. A pair counts only when both arms answered OK: failures
 are judged by `evaluators.metrics.errors`, never silently dropped from there. Decisions use the
 always-valid interval of the mean log-ratio; Wilcoxon and the Hodges–Lehmann ratio are reported
 beside it. Quantile ratios are bootstrapped at planned looks only (a bootstrap re-run at every
-look is not always-valid); at other looks tails are judged through SLO exceedance rates.
+look is not always-valid); at other looks tails are judged through SLO exceedance rates. TPOT
+uses only pairs whose two answers were counted by one method (`evaluators.metrics.tokens`): an
+SSE event is not a token.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from evaluators.judge.metric import (
     ungate,
 )
 from evaluators.judge.settings import VerdictSettings
+from evaluators.metrics import tokens
 from evaluators.pairs.types import ArmColumns
 from evaluators.stats.paired import bootstrap_quantile_ratio, hodges_lehmann, mcnemar, subsample
 
@@ -99,7 +103,7 @@ def _latency(
 
 
 def latency_spec(s: VerdictSettings, name: str, label: str, critical: bool = True) -> MetricSpec:
-    """A latency ratio: critical (TTFT, TPOT, E2E) or diagnostic (ITL)."""
+    """A latency ratio: critical (TTFT, TPOT, E2E) or diagnostic (inter-event latency)."""
     return MetricSpec(
         name=name,
         label=label,
@@ -147,8 +151,11 @@ def ttft(ctx: EvalContext) -> list[MetricResult]:
 
 
 def tpot(ctx: EvalContext) -> list[MetricResult]:
-    """Time per output token after the first."""
-    return [_latency(ctx, latency_spec(ctx.settings, "tpot", "TPOT"), "tpot_s")]
+    """Time per output token after the first, on pairs whose tokens were counted one way."""
+    cand, ref, ok = both_ok(ctx)
+    use = tokens.counted(cand, ref, ok)
+    res = _latency(ctx, latency_spec(ctx.settings, "tpot", "TPOT"), "tpot_s", use)
+    return [tokens.gate_on_counts(res, ok, use)]
 
 
 def e2e(ctx: EvalContext) -> list[MetricResult]:
@@ -200,12 +207,26 @@ def ttft_later_turns(ctx: EvalContext) -> list[MetricResult]:
     return [_by_turn(ctx, ctx.pairs.turn >= 1, later_turns_spec(ctx.settings, ctx.candidate.kind))]
 
 
-def itl(ctx: EvalContext) -> list[MetricResult]:
-    """Inter-token latency distribution, through each response's median and p99 gap."""
+def inter_event(ctx: EvalContext) -> list[MetricResult]:
+    """Inter-event latency (gaps between token-carrying SSE events), through each response's
+    median and p99 gap, with the tokens each event carried."""
     out = []
-    for name, label in (("itl_p50", "ITL p50"), ("itl_p99", "ITL p99")):
+    cand, ref, ok = both_ok(ctx)
+    per_event = {
+        "tokens_per_event_candidate": tokens.tokens_per_event(cand, ok),
+        "tokens_per_event_reference": tokens.tokens_per_event(ref, ok),
+    }
+    labels = (("inter_event_p50", "inter-event p50"), ("inter_event_p99", "inter-event p99"))
+    for name, label in labels:
         spec = latency_spec(ctx.settings, name, label, critical=False)
-        out.append(_latency(ctx, spec, f"{name}_s"))
+        res = _latency(ctx, spec, f"{name}_s")
+        res.detail.update(per_event)
+        if any(v is not None and v > 1.0 for v in per_event.values()):
+            res.notes.append(
+                "events carried several tokens each (tokens_per_event): a gap between events "
+                "is not a gap between tokens; TPOT is the per-token figure"
+            )
+        out.append(res)
     return out
 
 

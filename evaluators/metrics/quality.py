@@ -28,6 +28,7 @@ from evaluators.judge.metric import (
     ungate,
 )
 from evaluators.judge.settings import VerdictSettings
+from evaluators.metrics import tokens
 from evaluators.stats.paired import hodges_lehmann, mcnemar
 
 F = NDArray[np.float64]
@@ -238,29 +239,30 @@ def length_spec(s: VerdictSettings) -> MetricSpec:
 
 
 def output_length(ctx: EvalContext) -> list[MetricResult]:
-    """Output tokens, candidate / control (or / production): longer and shorter are both harm."""
+    """Output tokens, candidate / control (or / production), on pairs whose two answers were
+    counted by one tokenizer: longer and shorter are both harm."""
     s = ctx.settings
     ps = ctx.pairs
     spec = length_spec(s)
     ref = ps.arm(ctx.reference)
+    ok = ps.candidate.ok & ref.ok
+    counted = tokens.counted(ps.candidate, ref, ok)
     c, r = ps.candidate.output_tokens.astype(np.float64), ref.output_tokens.astype(np.float64)
-    use = ps.candidate.ok & ref.ok & (c > 0) & (r > 0)
+    use = counted & (c > 0) & (r > 0)
     if not np.any(use):
-        return [empty_result(spec, ctx.reference, "no pair with token counts")]
+        why = "no pair whose two answers were counted by one tokenizer"
+        return [tokens.gate_on_counts(empty_result(spec, ctx.reference, why), ok, use)]
     x = np.log(c[use] / r[use])
     detail: Detail = {
         "mean_tokens_candidate": float(c[use].mean()),
         "mean_tokens_reference": float(r[use].mean()),
-        "counted_from_chunks": int(np.count_nonzero(ps.candidate.tokens_from_chunks[use])),
     }
     if ctx.planned_look:  # fixed-sample numbers only where a fixed-sample reading is valid
         hl = hodges_lehmann(x, 2 * s.alpha, s.hl_max_pairs)
         detail["hl_ratio"] = float(np.exp(hl.estimate))
         detail["wilcoxon_p"] = hl.p_wilcoxon if np.isfinite(hl.p_wilcoxon) else None
     res = judge_mean(spec, x, ctx, use=use, reference=ctx.reference, detail=detail)
-    if detail["counted_from_chunks"]:
-        res.notes.append("some token counts were counted from chunks (no usage reported)")
-    return [res]
+    return [tokens.gate_on_counts(res, ok, counted)]
 
 
 def _median(x: NDArray[np.float32]) -> float | None:

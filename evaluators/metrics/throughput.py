@@ -1,6 +1,7 @@
 """Throughput evaluators: decode speed per request, and the load each arm carried.
 
-Decode speed is tokens per second after the first token (1 / TPOT), per request. The load table
+Decode speed is tokens per second after the first token (1 / TPOT), per request, on pairs whose
+two answers were counted by one tokenizer (an SSE event is not a token). The load table
 is what makes a latency comparison interpretable: requests, failures, mean concurrency (Little's
 law: total time in flight / window) and aggregate output tokens per second of each arm over the
 window. Mirrored-load throughput is what the arm was asked to do, not what it can do.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from evaluators.judge.metric import EvalContext, MetricResult, MetricSpec, empty_result, judge_mean
+from evaluators.metrics import tokens
 from evaluators.metrics.latency import both_ok, hl_detail, log_ratio
 from evaluators.pairs.types import PairSet
 
@@ -32,10 +34,11 @@ def decode_speed(ctx: EvalContext) -> list[MetricResult]:
         unit="ratio",
     )
     cand, ref, ok = both_ok(ctx)
-    # speed ratio = reference TPOT / candidate TPOT
-    x, use = log_ratio(ref.tpot_s, cand.tpot_s, ok)
+    # speed ratio = reference TPOT / candidate TPOT, on pairs counted one way
+    x, use = log_ratio(ref.tpot_s, cand.tpot_s, tokens.counted(cand, ref, ok))
     if len(x) == 0:
-        return [empty_result(spec, ctx.reference, "no pair with more than one output token")]
+        why = "no pair with more than one output token counted one way on both arms"
+        return [empty_result(spec, ctx.reference, why)]
     speed_c = 1.0 / cand.tpot_s[use].astype(np.float64)
     speed_r = 1.0 / ref.tpot_s[use].astype(np.float64)
     detail = hl_detail(x, ctx, speed_c, speed_r)
@@ -56,7 +59,13 @@ def arm_load(pairs: PairSet, name: str) -> Row:
     start = pairs.received_at[present]
     e2e = np.nan_to_num(arm.e2e_s[present].astype(np.float64), nan=0.0)
     span = float(np.max(start + e2e) - np.min(start))
-    tokens = float(np.nansum(arm.output_tokens[arm.ok]))
+    counted = arm.ok & (arm.counter != 0)  # output tokens counted from the text
+    n_ok, n_counted = int(np.count_nonzero(arm.ok)), int(np.count_nonzero(counted))
+    # Tokens of the answered requests: the counted mean times the answered (None when too few
+    # were counted for the mean to stand for the rest).
+    n_tokens: float | None = None
+    if n_counted and n_counted >= tokens.MIN_COUNTED_SHARE * n_ok:
+        n_tokens = float(np.nanmean(arm.output_tokens[counted], dtype=np.float64)) * n_ok
     tpot = arm.tpot_s[arm.ok]
     tpot = tpot[np.isfinite(tpot) & (tpot > 0)]
     wait = arm.queue_wait_s[present]
@@ -66,7 +75,7 @@ def arm_load(pairs: PairSet, name: str) -> Row:
         window_s=span,
         requests_per_s=n / span if span > 0 else None,
         mean_concurrency=float(np.sum(e2e)) / span if span > 0 else None,
-        output_tokens_per_s=tokens / span if span > 0 else None,
+        output_tokens_per_s=n_tokens / span if span > 0 and n_tokens is not None else None,
         median_decode_tps=float(np.median(1.0 / tpot)) if len(tpot) else None,
         mean_queue_wait_s=float(np.mean(wait)) if len(wait) else None,
     )

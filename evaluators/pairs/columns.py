@@ -29,6 +29,7 @@ from evaluators.pairs.types import (
     Comparison,
     Pair,
     PairSet,
+    counter_code,
 )
 
 PAIR_FIELDS = (
@@ -49,7 +50,7 @@ ARM_FIELDS = (
     "status",
     "error_kind",
     *PER_PAIR,
-    "output_tokens_source",
+    "token_counter",
     "finish_reason",
     "output_text",
     "text_truncated",
@@ -260,7 +261,7 @@ class PairSetBuilder:
         arm.ok[sl] = ok = present & (error == 0)
         for name in PER_PAIR:
             arm.quantities[name][sl] = np.asarray(f[name], dtype=np.float32)
-        arm.tokens_from_chunks[sl] = np.asarray(f["output_tokens_source"], dtype=object) == "chunks"
+        arm.counter[sl] = np.fromiter(map(counter_code, f["token_counter"]), np.int64, k)
         finish = np.fromiter(map(_FINISH.__getitem__, f["finish_reason"]), np.int8, k)
         arm.finish[sl] = np.maximum(finish, 0)
         valid = arm.json_valid[sl]
@@ -316,7 +317,12 @@ class PairSetBuilder:
 
 # With a control, production is never the latency reference, and these of its fields are not
 # loaded (evaluators.pairs.load sends NULL for them; the in-memory path drops them the same way).
-PRODUCTION_UNUSED_WITH_CONTROL = ("queue_wait_s", "itl_p50_s", "itl_p99_s", "cached_tokens")
+PRODUCTION_UNUSED_WITH_CONTROL = (
+    "queue_wait_s",
+    "inter_event_p50_s",
+    "inter_event_p99_s",
+    "cached_tokens",
+)
 
 
 def _arm_row(obs: ArmObs | None, unused: tuple[str, ...] = ()) -> tuple[Any, ...]:

@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 import numpy as np
+import xxhash
 from numpy.typing import NDArray
 
 from domain.observation import PER_PAIR, Measured
@@ -24,6 +25,7 @@ F32 = NDArray[np.float32]
 F64 = NDArray[np.float64]
 I8 = NDArray[np.int8]
 I16 = NDArray[np.int16]
+I64 = NDArray[np.int64]
 B = NDArray[np.bool_]
 
 # Given how many rows (or exchanges) a load will go through, returns a callback for each part read
@@ -75,6 +77,20 @@ class Pair(msgspec.Struct, kw_only=True):
     replica: str = ""  # the gateway replica (host's mirror process) that stored the exchange
 
 
+def counter_code(token_counter: str | None) -> int:
+    """A stable code for how an arm's tokens were counted (0: not counted); the same string
+    gives the same code in every load, so stored segments keep their meaning."""
+    if not token_counter:
+        return 0
+    return int.from_bytes(xxhash.xxh3_64_digest(token_counter.encode()), "big", signed=True) or 1
+
+
+def same_count(a: I64, b: I64) -> B:
+    """Pairs whose two arms were counted, and by one method (their token values compare)."""
+    out: B = (a != 0) & (a == b)
+    return out
+
+
 def _zeros(n: int, dtype: type[np.generic] | type[bool]) -> NDArray[Any]:
     # np.full, not np.zeros: calloc'd pages would be committed only as rows arrive, so memory
     # would creep up while loading; filled now, it is all taken up front and stays flat.
@@ -101,7 +117,9 @@ class ArmColumns:
     ok: B
     status: I16
     error: I8
-    tokens_from_chunks: B
+    # How `output_tokens` was counted, as a code (`counter_code` of `token_counter`; 0: not
+    # counted). Two arms' token-derived values compare only where their codes are equal.
+    counter: I64
     finish: I8
     json_valid: I8
     quantities: dict[str, F32]
@@ -113,7 +131,7 @@ class ArmColumns:
             ok=_zeros(n, bool),
             status=_zeros(n, np.int16),
             error=_i8(n, 0),
-            tokens_from_chunks=_zeros(n, bool),
+            counter=_zeros(n, np.int64),
             finish=_i8(n, 0),
             json_valid=_i8(n),
             quantities={name: _f32(n) for name in PER_PAIR},

@@ -15,10 +15,10 @@ import numpy as np
 
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
-from evaluators.judge.metric import EvalContext, MetricResult
+from evaluators.judge.metric import Detail, EvalContext, MetricResult
 from evaluators.judge.settings import VerdictSettings
 from evaluators.judge.verdict import Reason, judge, summary
-from evaluators.metrics import cost, latency, throughput
+from evaluators.metrics import cost, latency, throughput, tokens
 from evaluators.metrics.catalog import run_all
 from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import PairSet, ProgressFactory
@@ -232,6 +232,11 @@ def build_report(
     pairs.release()
     by_turn = latency.ttft_by_turn(ctx)
     pairs.release()
+    names = [e.name for e in (candidate, control) if e is not None]
+    methods = tokens.methods_of(names)
+    arms = ["production", "candidate"] + (["control"] if pairs.has_control else [])
+    counts: dict[str, Detail] = {arm: tokens.arm_counts(pairs, arm, methods) for arm in arms}
+    pairs.release()
     return Report(
         schema_version=SCHEMA_VERSION,
         candidate=candidate.name,
@@ -245,6 +250,8 @@ def build_report(
         arms_load=load,
         generated_at=time.time(),
         caveats=_caveats(ctx, accounting, results),
+        token_counts=counts,
+        token_metrics=tokens.gating_summary(results),
     )
 
 

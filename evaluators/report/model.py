@@ -61,6 +61,10 @@ class Report(msgspec.Struct, kw_only=True):
     arms_load: dict[str, Row]
     generated_at: float
     caveats: list[str]
+    # How each arm's output tokens were counted (evaluators.metrics.tokens.arm_counts), and
+    # each token-derived metric's gating state ("gating", or why not).
+    token_counts: dict[str, Detail] = msgspec.field(default_factory=dict)
+    token_metrics: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 _encoder = msgspec.json.Encoder()

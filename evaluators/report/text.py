@@ -64,6 +64,30 @@ def _table(header: Sequence[str], rows: list[list[str]], align: str) -> list[str
     return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
+def _token_sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]]:
+    """How each arm's tokens were counted, and what that leaves gating."""
+    out: list[tuple[str, list[str], list[list[str]], str]] = []
+    if report.token_counts:
+        rows = [
+            [
+                arm,
+                str(c.get("counted_by") or "-"),
+                _num(c.get("counted")),
+                _num(c.get("not_counted")),
+                _num(c.get("usage_minus_counted"), "+.2f"),
+                _num(c.get("tokens_per_event"), ".2f"),
+            ]
+            for arm, c in report.token_counts.items()
+        ]
+        header = ["arm", "counted by", "counted", "not counted", "usage - counted", "tok/event"]
+        title = "Token counting (one tokenizer for every arm; usage is information)"
+        out.append((title, header, rows, "<<>>>>"))
+    if report.token_metrics:  # why one does not gate is in its reason (and the JSON)
+        rows = [[name, state.split(":")[0]] for name, state in report.token_metrics.items()]
+        out.append(("Token metrics", ["metric", "state"], rows, "<<"))
+    return out
+
+
 def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]]:
     """(title, header, rows, alignment) of every table, shared by text and markdown."""
     out: list[tuple[str, list[str], list[list[str]], str]] = []
@@ -117,6 +141,7 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
     ]
     header = ["arm", "requests", "req/s", "in flight", "out tok/s", "decode tok/s", "$/1M tok"]
     out.append(("Load of each arm (mirrored load, not capacity)", header, rows, "<>>>>>>"))
+    out += _token_sections(report)
     ttft = report.metrics.get("ttft")
     if ttft is not None and ttft.slices:
         rows = [

@@ -5,9 +5,10 @@ Offered load is a number of concurrent conversations (a closed loop, like `vllm 
 after turn — each turn sent when the previous answer ended plus the captured think time — then
 takes the next conversation of the pool. No new turn starts after the step's deadline, so a
 step lasts its length plus at most one answer. Every request is streamed (`stream: true` with
-usage) so TTFT, TPOT and ITL are measured by the gateway's own meter, the same one that measures
-production. The request history inside a captured body is production's: a replay sends exactly
-the prompt production saw, so prefix reuse across turns is what the real conversation had.
+usage) so TTFT, TPOT (from the usage each arm reports alike) and inter-event latency are
+measured by the gateway's own meter, the same one that measures production. The request
+history inside a captured body is production's: a replay sends exactly the prompt production
+saw, so prefix reuse across turns is what the real conversation had.
 
 Never used on the proxy path; every request has a timeout; errors become samples, not raises.
 """
@@ -24,8 +25,9 @@ import msgspec
 
 from domain.capture import CapturedSession, CapturedTurn
 from domain.outcomes import ErrorKind
+from domain.timing import tpot
 from evaluators.capacity.goodput import Sample
-from gateway.server.meter import ResponseMeter
+from gateway.server.meter import CLOCK_RESOLUTION_S, ResponseMeter
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -85,10 +87,11 @@ async def send_turn(
         session=session,
         ok=True,
         ttft_s=result.ttft_s,
-        tpot_s=result.tpot_s,
+        # Both arms report usage alike here (the replay asks for it): TPOT from that count.
+        tpot_s=tpot(result.ttft_s, result.e2e_s, result.usage_tokens, CLOCK_RESOLUTION_S),
         e2e_s=result.e2e_s,
-        itl_mean_s=result.itl_mean_s,
-        output_tokens=result.output_tokens or 0,
+        inter_event_mean_s=result.inter_event_mean_s,
+        output_tokens=result.usage_tokens or 0,
         cached_tokens=result.cached_tokens,
         prompt_tokens=result.prompt_tokens,
     )

@@ -263,6 +263,31 @@ class MirrorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     score_max_pending: Annotated[
         PosInt, _d("Scoring jobs held at once; past it a pair is not scored (score_dropped).")
     ] = 256
+    token_counter: Annotated[
+        Annotated[str, Meta(min_length=1, max_length=120)],
+        _d(
+            'Whose /tokenize counts every arm\'s output tokens: "auto" (the control, else the '
+            'first candidate by name), "off", or a candidate\'s name; never the live engine '
+            "(an SSE event is not a token; docs/metrics.md)."
+        ),
+    ] = "auto"
+    tokenize_concurrency: Annotated[
+        PosInt, _d("Token-counting requests in flight to the tokenizer engine at once.")
+    ] = 4
+    tokenize_max_pending: Annotated[
+        PosInt,
+        _d(
+            "Answers waiting to be counted; past it an answer is stored uncounted "
+            '(canary_mirror_token_counts_total{outcome="overflow"}).'
+        ),
+    ] = 10_000
+    tokenize_timeout_s: Annotated[
+        PosFloat, _d("Deadline of one /tokenize request; past it the answer is stored uncounted.")
+    ] = 5.0
+    tokenize_cache_entries: Annotated[
+        PosInt,
+        _d("Counts remembered by text hash (identical answers are counted once per tokenizer)."),
+    ] = 65_536
 
 
 class ReportsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -500,6 +525,8 @@ FLAT_KEYS: Final[dict[str, str]] = {
     )},
     **{k: f"mirror.{k}" for k in (
         "dedup_window_s", "score_logprobs", "score_concurrency", "score_max_pending",
+        "token_counter", "tokenize_concurrency", "tokenize_max_pending", "tokenize_timeout_s",
+        "tokenize_cache_entries",
     )},
     "report_process": "reports.enabled",
     **{f"report_{k}": f"reports.{k}" for k in (

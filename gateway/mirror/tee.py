@@ -8,7 +8,8 @@ parses the body for the session key and takes the same decision
 then offers one shared `Copy` to each chosen lane's ring — synchronous, O(candidates), never
 awaiting, never copying the body. `on_response` hands the exchange and production's observation
 to the sink; each lane hands its candidate's observation when the copy finishes. Both join on
-exchange id.
+exchange id. Every observation passes the token counter on its way (`replay/tokens.py`: one
+tokenizer counts every arm's text, since an SSE event is not a token).
 
 `apply(candidates)` swaps the candidate set at run time: new lanes start, changed ones keep their
 queued copies where the new limits allow, removed ones drop their queue (counted) and finish
@@ -44,6 +45,7 @@ from gateway.mirror.replay.lane import MIRROR_HEADER, Copy, Lane
 from gateway.mirror.replay.observe import observation
 from gateway.mirror.replay.order import TurnOrder
 from gateway.mirror.replay.ring import MemoryBudget
+from gateway.mirror.replay.tokens import TokenCounter
 from gateway.mirror.sampling.adaptive import AdaptiveRates
 from gateway.mirror.sampling.loopguard import LoopLagGuard
 from gateway.mirror.sampling.sampler import (
@@ -107,7 +109,10 @@ class Mirror:
         self._drain_timeout_s = drain_timeout_s
         self._capture = capture
         self._live = live
-        self._sink = sink
+        # Every observation (production's, the candidates', the scorer's) has its output
+        # tokens counted by one tokenizer on its way to the real sink (replay/tokens.py).
+        self.tokens = TokenCounter(sink, mirror)
+        self._sink: ObservationSink = self.tokens
         self._replica = replica
         self._session_header = session_header
         self.budget = MemoryBudget(mirror.memory_budget_bytes)
@@ -120,7 +125,7 @@ class Mirror:
         self.process = MirrorCounters()
         self.order = TurnOrder()
         # Scoring copies (scorer.py): production's answer scored by the candidate and control.
-        self.scorer = Scorer(mirror, sink)
+        self.scorer = Scorer(mirror, self._sink)
         self._lanes: dict[str, Lane] = {}
         self._offers: tuple[Offer, ...] = ()
         self._any_session = False  # some offer samples by session (its key may need the body)
@@ -162,6 +167,7 @@ class Mirror:
                     lane.start()
             elif lane.endpoint != endpoint:
                 lane.update(endpoint)
+        self.tokens.choose(self._lanes)
         self.adaptive.forget(wanted)
         self._offers = offers_for(wanted.values(), self.adaptive.refs)
         self._any_session = any(o.session_mode for o in self._offers)
@@ -213,6 +219,7 @@ class Mirror:
         for lane in lanes:
             await lane.close()
         await self.scorer.close(self._drain_timeout_s)
+        await self.tokens.close(self._drain_timeout_s)
         retiring = list(self._retiring)
         for task in retiring:
             task.cancel()
@@ -226,6 +233,7 @@ class Mirror:
         for lane in list(self._lanes.values()):
             await lane.wait_idle()
         await self.scorer.wait_idle()
+        await self.tokens.wait_idle()
 
     # ------------------------------------------------------------------ RequestTee
 
@@ -417,6 +425,7 @@ class Mirror:
 
     def prometheus_lines(self) -> Iterable[Exposed]:
         """Families and samples, for the metrics registry's `add_collector`."""
+        yield from self.tokens.prometheus_lines()
         yield from counters_mod.rate_lines(self.rate_stats(), self.adaptive.control.eligible_rps)
         yield from counters_mod.prometheus_lines(
             self.counters(),

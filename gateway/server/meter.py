@@ -2,14 +2,19 @@
 
 `ResponseMeter` is a pure, incremental parser: the proxy (and the mirror dispatcher, on candidate
 responses) calls `feed(chunk, now)` on every chunk and `finish(now, status)` once, and gets a
-`MeterResult` with TTFT, inter-token gaps, usage, finish reason, tool calls, the output text up to
-a bound and an xxh3_128 hash of all of it (DESIGN.md §6, vLLM `bench serve` conventions).
+`MeterResult` with TTFT, E2E, inter-event latency, the engine's usage, the token events, finish
+reason, tool calls, the output text up to a bound and an xxh3_128 hash of all of it (vLLM
+`bench serve` conventions; docs/metrics.md).
 
-Timings are over the token span, not per read: several SSE events that arrive in one read (a
-fast engine, a busy host) share one timestamp, so TPOT is (last token - first token) / (output
-tokens - 1) with the usage count when the engine reports it, and the gap before a read is spread
-over the token events it carried. When every token came in one read the span is below the
-clock's resolution: the result says `timing_unresolved` and leaves TPOT and ITL None, never 0.
+An SSE event is not a token: vLLM puts several tokens into one event whenever its engine runs
+ahead of its API server's stream, and how often depends on the engine's load. So the meter
+counts events (`token_events`) and keeps the engine's `usage` as information, and leaves
+`output_tokens` and TPOT to the mirror plane's token counter, which counts every arm's text with
+one tokenizer (gateway/mirror/replay/tokens.py). Gaps are between events (inter-event latency),
+over the token span, not per read: several events that arrive in one read share one timestamp,
+so the gap before a read is spread over the events it carried. When every event came in one
+read the span is below the clock's resolution: the result says `timing_unresolved` and leaves
+the inter-event gaps None, never 0.
 
 It must never import asyncio or aiohttp, never block, never keep more than a bounded amount of
 the response (a partial SSE line, the text up to its limit, a non-SSE body up to `json_max_bytes`).
@@ -33,9 +38,9 @@ class MeterResult(Measured, kw_only=True):
     status: int
     is_sse: bool
     last_byte_s: float | None = None
-    # True when the answer carried more than one output token but they all reached the meter
-    # within the clock's resolution (one read): TPOT and ITL are then unknown and left None,
-    # never 0. Stored as `tpot_s IS NULL` beside `output_tokens > 1` (domain.timing).
+    # True when the answer carried more than one token event but they all reached the meter
+    # within the clock's resolution (one read): the inter-event gaps are then unknown and left
+    # None, never 0 (and TPOT, computed later from the counted tokens, is left None too).
     timing_unresolved: bool = False
     chunk_count: int = 0  # SSE events (or body chunks for non-SSE)
     token_chunk_count: int = 0
@@ -314,14 +319,14 @@ class ResponseMeter:
             self.first_token_at = self._first_byte
 
     def _close_read(self) -> None:
-        """Turn the current read's token events into inter-token gaps.
+        """Turn the current read's token events into inter-event gaps.
 
         Tokens that arrive in one read were generated over the time since the previous
         token-bearing read, so that interval is spread evenly over them (k gaps of d/k) instead
         of giving k-1 gaps of 0. The first read's extra tokens (those that came with the first
         token) have no interval of their own: they are carried into the next one. The gaps then
-        sum to the token span and number token events - 1, so the ITL mean equals the span per
-        gap, as TPOT does with the usage count.
+        sum to the token span and number token events - 1, so the mean inter-event latency
+        equals the span per gap.
         """
         tokens = self._read_tokens
         if tokens == 0:
@@ -408,28 +413,23 @@ class ResponseMeter:
             res.e2e_s = (self._last_token if self.is_sse else self._last_byte or now) - t0
         elif self._last_byte is not None:
             res.e2e_s = self._last_byte - t0
-        if self.completion_tokens is not None:
-            res.output_tokens = self.completion_tokens
-            res.output_tokens_source = "usage"
-        elif self.token_chunk_count:
-            res.output_tokens = self.token_chunk_count
-            res.output_tokens_source = "chunks"
-        out = res.output_tokens
-        if out is not None and out > 1 and res.ttft_s is not None and res.e2e_s is not None:
-            span = res.e2e_s - res.ttft_s
-            if span > self._resolution:
-                res.tpot_s = span / (out - 1)
-            else:  # every token in one read: say so rather than report a TPOT or ITL of 0
-                res.timing_unresolved = True
+        # The engine's count is kept as information; tokens are counted from the text later,
+        # by one tokenizer for both arms (domain.observation: output_tokens, token_counter).
+        res.usage_tokens = self.completion_tokens
         if self.is_sse:
+            res.token_events = self.token_chunk_count
+            if self.token_chunk_count > 1 and res.ttft_s is not None and res.e2e_s is not None:
+                # Several token events, all within the clock's resolution (one read): no gap
+                # between them can be told, so none is reported (never a gap of 0).
+                res.timing_unresolved = res.e2e_s - res.ttft_s <= self._resolution
             self._close_read()
         if self._gap_count and not res.timing_unresolved:
             gaps = sorted(self._gaps)
-            res.itl_count = self._gap_count
-            res.itl_mean_s = self._gap_sum / self._gap_count
-            res.itl_p50_s = _percentile(gaps, 0.5)
-            res.itl_p99_s = _percentile(gaps, 0.99)
-            res.itl_max_s = self._gap_max
+            res.inter_event_count = self._gap_count
+            res.inter_event_mean_s = self._gap_sum / self._gap_count
+            res.inter_event_p50_s = _percentile(gaps, 0.5)
+            res.inter_event_p99_s = _percentile(gaps, 0.99)
+            res.inter_event_max_s = self._gap_max
         if self._hasher is not None:
             res.output_hash = self._hasher.hexdigest()
         elif self._text_parts or self.first_token_at is not None or self.finish_reason is not None:

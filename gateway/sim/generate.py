@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -125,14 +126,21 @@ async def _respond(
     last = len(pieces) - 1 + offset  # step of the last piece
     cut = None if plan.eos else "length"
 
+    flush_at = _event_ends(st.profile.max_tokens_per_event, offset, last)
+    held: list[str] = []  # pieces decoded but not yet sent: the API server is behind
+
     async def emit(step: int) -> None:
         if step == 0 and chat:
             await resp.write(enc.role())
         if step < offset:
             await resp.write(enc.tool_call(plan))
         elif step <= last:
+            held.append(pieces[step - offset])
+            if step not in flush_at:
+                return
             finish = cut if step == last else None
-            piece = pieces[step - offset]
+            piece = "".join(held)
+            held.clear()
             data = enc.tool_arguments(piece, finish) if offset else enc.token(piece, finish)
             await resp.write(data)
         else:
@@ -146,6 +154,19 @@ async def _respond(
         await resp.write(protocol.DONE)
         await resp.write_eof()
     return resp
+
+
+def _event_ends(max_per_event: int, first: int, last: int) -> frozenset[int]:
+    """The decode steps after which an SSE event is sent: every step (one token per event), or
+    after 1..max_per_event steps at random, as vLLM's API server sends what its engine decoded
+    since the last event when it runs behind (how far behind depends on load: random here)."""
+    if max_per_event <= 1:
+        return frozenset(range(first, last + 1))
+    ends, step = {last}, first - 1
+    while step < last:
+        step += random.randint(1, max_per_event)  # timing noise, not a secret
+        ends.add(min(step, last))
+    return frozenset(ends)
 
 
 def _max_tokens(*values: int | None) -> int | None:

@@ -50,6 +50,10 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     divergence: float = 0.0  # probability an answer diverges from the baseline's
     min_output_tokens: int = 16
     max_output_tokens: int = 64
+    # SSE events: each carries 1..max_tokens_per_event tokens at random (1 = one token per
+    # event). Real vLLM packs several tokens into one event whenever its engine runs ahead of
+    # its API server's stream; an A/A with packing on shows that tokens are counted, not events.
+    max_tokens_per_event: int = 1
     # Scoring (prompt logprobs, gateway/sim/score.py): whether the engine answers them (False:
     # an older engine, 400), the most top-k it allows (vLLM's max_logprobs), and how many nats
     # each prompt token's logprob is lowered by (a quantized checkpoint's damage; 0 = baseline).
@@ -88,6 +92,8 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise UsageError("max_num_seqs must be >= 1 and max_model_len >= 16")
         if not 1 <= self.min_output_tokens <= self.max_output_tokens:
             raise UsageError("need 1 <= min_output_tokens <= max_output_tokens")
+        if not 1 <= self.max_tokens_per_event <= 64:
+            raise UsageError("max_tokens_per_event must be in [1, 64]")
         if not self.served_model_names:
             raise UsageError("served_model_names must name at least one model")
 

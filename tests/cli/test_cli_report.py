@@ -18,6 +18,8 @@ from tests.evaluators.test_eval_pairs import SCENARIO, register, store
 
 TOP_LEVEL = {
     "schema_version",
+    "token_counts",
+    "token_metrics",
     "candidate",
     "kind",
     "verdict",

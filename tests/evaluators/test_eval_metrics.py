@@ -29,11 +29,12 @@ def arm(ttft: float = 0.2, tpot: float = 0.02, tokens: int = 50, **kw: object) -
         "tpot_s": tpot,
         "e2e_s": ttft + tpot * (tokens - 1),
         "output_tokens": tokens,
+        "token_counter": "tokenize:control",
         "finish_reason": "stop",
         "output_text": "same text",
         "output_hash": "h",
-        "itl_p50_s": tpot,
-        "itl_p99_s": 2 * tpot,
+        "inter_event_p50_s": tpot,
+        "inter_event_p99_s": 2 * tpot,
     }
     fields.update(kw)
     return ArmObs(**fields)  # type: ignore[arg-type]
@@ -208,6 +209,30 @@ def test_output_length_is_two_sided() -> None:
     res = one(quality.output_length(ctx(pairs)))
     assert res.harm == "both" and res.estimate is not None and 0.69 < res.estimate < 0.73
     assert res.p_beyond is not None and res.p_beyond < 1e-6
+
+
+def test_token_metrics_use_only_pairs_counted_one_way() -> None:
+    """Output length and TPOT compare two arms only where one tokenizer counted both: a pair
+    whose arms were counted differently (or not at all) is left out, whatever its numbers."""
+    same = [mk(1, arm(tokens=100), arm(tokens=100 + (i % 3)))[0] for i in range(300)]
+    # Counted by another method on the candidate's side: 40 % shorter, yet not comparable.
+    other = mk(20, arm(tokens=100), arm(tokens=60, tpot=0.5, token_counter="tokenize:other"))
+    res = one(quality.output_length(ctx(same + other)))
+    assert res.n == 300 and res.estimate is not None and 1.0 <= res.estimate < 1.02
+    assert res.status != "ungated" and res.detail["pairs_counted"] == 300
+    tp = one(latency.tpot(ctx(same + other)))
+    assert tp.n == 300 and tp.detail["pairs_answered"] == 320
+
+
+def test_token_metrics_with_too_few_counted_pairs_do_not_gate() -> None:
+    """When most answered pairs have no count (texts cut, not stored), the token metrics are
+    reported but do not gate, and say why; a selection by countability is not random."""
+    counted = [mk(1, arm(tokens=100), arm(tokens=100 + (i % 3)))[0] for i in range(100)]
+    cut = mk(200, arm(output_tokens=None, token_counter=None), arm(tokens=40))
+    for evaluate in (quality.output_length, latency.tpot):
+        res = one(evaluate(ctx(counted + cut)))
+        assert res.status == "ungated" and "counted one way in 100 of 300" in res.ungated
+        assert not res.ungated_blocks
 
 
 def test_cost_is_price_times_tpot_ratio() -> None:

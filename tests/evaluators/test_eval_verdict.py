@@ -140,7 +140,7 @@ def test_judge_explains_each_metric_in_one_line() -> None:
     how many more pairs it needs; gates come first."""
     ttft = _result("ttft", "critical")
     fine = _result("tpot", "critical", p_inside=1e-5, ci_high=1.02, more_pairs=None)
-    info = _result("itl", "diagnostic", p_inside=None)
+    info = _result("inter_event_p50", "diagnostic", p_inside=None)
     verdict, reasons = judge(
         [ttft, fine, info], n_pairs=800, coverage=0.95, planned=False, settings=S
     )

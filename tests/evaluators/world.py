@@ -117,7 +117,7 @@ def _arm(
                 tpot_s=float(tpot[i]),
                 e2e_s=float(e2e[i]),
                 output_tokens=int(tokens[i]),
-                output_tokens_source="usage",
+                token_counter="tokenize:world",
                 prompt_tokens=int(200 + 150 * turn[i]),
                 finish_reason="stop",
                 output_text=text,

@@ -60,8 +60,9 @@ def test_sdk_closing_after_done_is_never_a_production_failure(real_run: RealRun)
 
 
 def test_engine_counts_agree_with_the_gateway(real_run: RealRun) -> None:
-    """Each engine finished exactly the requests the gateway saw it answer, the output tokens agree,
-    and the cached prompt tokens the gateway metered match the engine's prefix-cache hits."""
+    """Each engine finished exactly the requests the gateway saw it answer, the engine-reported
+    output tokens the gateway kept (`usage_tokens`, information) agree with the engine's own
+    counter, and the cached prompt tokens the gateway metered match its prefix-cache hits."""
     turns = real_run.turns
     live_before, live_after = real_run.engine_before["live"], real_run.engine_after["live"]
     assert eng.delta(live_after, live_before, "vllm:request_success_total") == len(turns)
@@ -73,7 +74,7 @@ def test_engine_counts_agree_with_the_gateway(real_run: RealRun) -> None:
         # A copy the engine reset (a failure the gateway stored as one) is no engine success.
         (row,) = real_run.rows(
             "SELECT COUNT(*) AS n, SUM(COALESCE(cached_tokens, 0)) AS cached,"
-            " SUM(output_tokens) AS out FROM observations WHERE endpoint = ? AND arm = ?"
+            " SUM(usage_tokens) AS out FROM observations WHERE endpoint = ? AND arm = ?"
             " AND error_kind IS NULL",
             name,
             "candidate",
@@ -92,16 +93,41 @@ def test_engine_counts_agree_with_the_gateway(real_run: RealRun) -> None:
 
 
 def test_timing_is_measured_or_says_it_is_unresolved(real_run: RealRun) -> None:
-    """No stored TPOT or ITL is 0: every multi-token answer has a TPOT or is marked unresolved."""
+    """No stored TPOT or inter-event latency is 0: every multi-token answer has a TPOT or is
+    marked unresolved."""
     rows = real_run.rows(
-        "SELECT endpoint, ttft_s, tpot_s, output_tokens, itl_mean_s FROM observations"
+        "SELECT endpoint, ttft_s, tpot_s, output_tokens, inter_event_mean_s FROM observations"
     )
     assert rows
     assert not [r for r in rows if r["tpot_s"] is not None and r["tpot_s"] <= 0]
-    assert not [r for r in rows if r["itl_mean_s"] is not None and r["itl_mean_s"] <= 0]
+    gaps = [r for r in rows if r["inter_event_mean_s"] is not None]
+    assert not [r for r in gaps if r["inter_event_mean_s"] <= 0]
     states = [tpot_state(r["ttft_s"], r["tpot_s"], r["output_tokens"]) for r in rows]
     measured = states.count("measured")
     assert measured >= 0.5 * len(rows), f"{measured} of {len(rows)} answers have a TPOT"
+
+
+def test_identical_texts_are_counted_alike(real_run: RealRun) -> None:
+    """Every pair whose two answers are byte-identical has identical token counts by one
+    tokenizer (100 %), although the engines packed those tokens into different numbers of SSE
+    events; no answer is counted from events, and the engine's usage is kept beside the count
+    (at least the counted tokens: it also counts the EOS id)."""
+    rows = real_run.rows(
+        "SELECT p.output_tokens AS pt, c.output_tokens AS ct, p.token_counter AS pm,"
+        " c.token_counter AS cm, p.token_events AS pe, c.token_events AS ce,"
+        " c.usage_tokens AS cu"
+        " FROM observations p JOIN observations c ON c.exchange_id = p.exchange_id"
+        " WHERE p.arm = 'production' AND c.arm = 'candidate' AND p.error_kind IS NULL"
+        " AND c.error_kind IS NULL AND p.output_hash = c.output_hash"
+        " AND p.text_truncated = 0 AND c.text_truncated = 0"
+    )
+    assert len(rows) >= 100, len(rows)
+    unequal = [r for r in rows if r["pt"] != r["ct"] or r["pm"] != r["cm"]]
+    assert not unequal, f"{len(unequal)} of {len(rows)} identical pairs counted differently"
+    assert all(r["pm"] == "tokenize:control" and r["pt"] is not None for r in rows)
+    assert all(r["cu"] is None or r["cu"] >= r["ct"] for r in rows)
+    packed = sum(1 for r in rows if r["pe"] != r["ce"])
+    print(f"identical pairs {len(rows)}, event counts differing in {packed}")
 
 
 def test_at_least_98_percent_of_copies_observed(real_run: RealRun) -> None:
@@ -152,6 +178,9 @@ def test_control_is_never_rejected(real_run: RealRun) -> None:
     exact = report["metrics"]["exact_match"]
     assert exact["status"] in ("inside", "ungated"), _reasons(report)
     assert exact["ci_high"] <= exact["margin"] and exact["ci_low"] >= -exact["margin"], exact
+    # Counted, not events: output length and TPOT of a control are never beyond their margin.
+    for name in ("output_length", "tpot"):
+        assert report["metrics"][name]["status"] not in ("beyond", "critical"), _reasons(report)
 
 
 def test_reports_cover_every_candidate(real_run: RealRun) -> None:

@@ -53,7 +53,8 @@ def test_whole_stream_in_one_chunk() -> None:
     assert res.saw_done
     assert res.chunk_count == 6
     assert res.token_chunk_count == 3
-    assert res.output_tokens == 3 and res.output_tokens_source == "usage"
+    # The engine's count is information; tokens are counted from the text in the mirror plane.
+    assert res.usage_tokens == 3 and res.token_events == 3 and res.output_tokens is None
     assert res.prompt_tokens == 7 and res.cached_tokens == 4
     assert res.parse_errors == 0
     assert res.output_hash == xxhash.xxh3_128_hexdigest(b"Hello you")
@@ -67,7 +68,7 @@ def test_every_split_point_gives_the_same_result(split: int) -> None:
     parts = run([STREAM[:split], STREAM[split:]])
     for field in ("text", "finish_reason", "saw_done", "chunk_count", "token_chunk_count"):
         assert getattr(parts, field) == getattr(whole, field), field
-    assert parts.output_tokens == 3 and parts.parse_errors == 0
+    assert parts.usage_tokens == 3 and parts.parse_errors == 0
 
 
 def test_byte_by_byte_feed() -> None:
@@ -90,10 +91,11 @@ def test_timings_follow_token_chunks() -> None:
     assert res.ttft_s == 2.0
     assert res.e2e_s == 4.0
     assert res.last_byte_s == 6.0
-    assert res.itl_count == 2 and res.itl_mean_s == 1.0 and res.itl_max_s == 1.0
-    assert res.itl_p50_s == 1.0 and res.itl_p99_s == 1.0
-    assert res.output_tokens == 3 and res.output_tokens_source == "chunks"
-    assert res.tpot_s == pytest.approx(1.0)
+    assert res.inter_event_count == 2 and res.inter_event_mean_s == 1.0
+    assert res.inter_event_max_s == 1.0
+    assert res.inter_event_p50_s == 1.0 and res.inter_event_p99_s == 1.0
+    assert res.token_events == 3 and res.usage_tokens is None
+    assert res.output_tokens is None and res.tpot_s is None  # counted later, from the text
 
 
 def test_percentiles_interpolate() -> None:
@@ -104,9 +106,9 @@ def test_percentiles_interpolate() -> None:
         t += gap
         meter.feed(chat_event("x"), t)
     res = meter.finish(t, 200)
-    assert res.itl_count == 4
-    assert res.itl_p50_s == pytest.approx(2.5)
-    assert res.itl_p99_s == pytest.approx(3.97)
+    assert res.inter_event_count == 4
+    assert res.inter_event_p50_s == pytest.approx(2.5)
+    assert res.inter_event_p99_s == pytest.approx(3.97)
 
 
 def test_multi_line_data_comments_and_other_fields() -> None:
@@ -218,10 +220,11 @@ def test_non_sse_chat_json_split_in_chunks() -> None:
     ).encode()
     res = run([body[:10], body[10:30], body[30:]], is_sse=False)
     assert res.text == "Bonjour" and res.finish_reason == "length"
-    assert res.output_tokens == 9 and res.prompt_tokens == 5
+    assert res.usage_tokens == 9 and res.prompt_tokens == 5
     assert res.ttft_s == 1.0 and res.e2e_s == 3.0 and res.last_byte_s == 3.0
     assert res.chunk_count == 3 and res.parse_errors == 0
-    assert res.tpot_s == pytest.approx(2.0 / 8)
+    # A plain JSON answer has no token events and no TPOT: its tokens came in one body.
+    assert res.token_events is None and res.tpot_s is None
 
 
 def test_non_sse_tool_calls_and_embeddings() -> None:
@@ -244,7 +247,7 @@ def test_non_sse_tool_calls_and_embeddings() -> None:
     emb = json.dumps({"data": [{"embedding": [0.1] * 50}], "usage": {"prompt_tokens": 3}})
     res = run([emb.encode()], is_sse=False)
     assert res.ttft_s is None and res.e2e_s == 1.0 and res.prompt_tokens == 3
-    assert res.output_hash is None and res.output_tokens is None
+    assert res.output_hash is None and res.usage_tokens is None
 
 
 def test_non_json_body_and_oversized_body() -> None:

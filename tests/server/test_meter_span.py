@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from domain.timing import tpot_state
+from domain.timing import tpot, tpot_state
 from gateway.mirror.replay.observe import classify, observation
-from gateway.server.meter import MeterResult, ResponseMeter
+from gateway.server.meter import CLOCK_RESOLUTION_S, MeterResult, ResponseMeter
 from tests import fixtures_net
 from tests.server.test_proxy_streams import RecordingTee
 
@@ -44,13 +44,15 @@ def meter_of(reads: list[tuple[float, bytes]], resolution_s: float = 1e-9) -> Me
 
 
 def test_tokens_in_one_read_are_unresolved_not_zero() -> None:
-    """Every token in one read leaves TPOT and ITL None and says so, instead of a TPOT of 0."""
+    """Every event in one read leaves the gaps and TPOT None and says so, never 0."""
     burst = event("a") + event("b") + event("c") + event(None, "length") + usage(3) + DONE
     res = meter_of([(1.0, burst)])
     assert res.timing_unresolved
-    assert res.tpot_s is None and res.itl_mean_s is None and res.itl_count == 0
-    assert res.ttft_s == 1.0 and res.output_tokens == 3 and res.output_tokens_source == "usage"
-    assert tpot_state(res.ttft_s, res.tpot_s, res.output_tokens) == "unresolved"
+    assert res.inter_event_mean_s is None and res.inter_event_count == 0
+    assert res.ttft_s == 1.0 and res.usage_tokens == 3 and res.token_events == 3
+    # Counted later (3 tokens): the span is 0, so TPOT stays None and reads as unresolved.
+    counted = tpot(res.ttft_s, res.e2e_s, 3, CLOCK_RESOLUTION_S)
+    assert counted is None and tpot_state(res.ttft_s, counted, 3) == "unresolved"
 
 
 def test_shared_reads_spread_their_gap_over_their_tokens() -> None:
@@ -63,33 +65,38 @@ def test_shared_reads_spread_their_gap_over_their_tokens() -> None:
         ]
     )
     assert not res.timing_unresolved
-    assert res.itl_count == 5
-    assert res.itl_mean_s == pytest.approx(2.0 / 5)
-    assert res.itl_p50_s == pytest.approx(0.25) and res.itl_max_s == pytest.approx(1.0)
-    assert res.tpot_s == pytest.approx(2.0 / 5)  # span / (usage tokens - 1)
-    assert tpot_state(res.ttft_s, res.tpot_s, res.output_tokens) == "measured"
+    assert res.inter_event_count == 5
+    assert res.inter_event_mean_s == pytest.approx(2.0 / 5)
+    assert res.inter_event_p50_s == pytest.approx(0.25)
+    assert res.inter_event_max_s == pytest.approx(1.0)
+    counted = tpot(res.ttft_s, res.e2e_s, 6, CLOCK_RESOLUTION_S)  # span / (tokens - 1)
+    assert counted == pytest.approx(2.0 / 5)
+    assert tpot_state(res.ttft_s, counted, 6) == "measured"
 
 
 def test_tokens_that_came_with_the_first_one_join_the_next_gap() -> None:
     """Extra tokens of the first read have no interval of their own: they share the next one."""
     res = meter_of([(1.0, event("a") + event("b")), (3.0, event("c") + DONE)])
-    assert res.itl_count == 2
-    assert res.itl_p50_s == pytest.approx(1.0) and res.itl_max_s == pytest.approx(1.0)
-    assert res.tpot_s == pytest.approx(1.0)  # (3 - 1) / (3 chunk tokens - 1)
-    assert res.output_tokens_source == "chunks"
+    assert res.inter_event_count == 2
+    assert res.inter_event_p50_s == pytest.approx(1.0)
+    assert res.inter_event_max_s == pytest.approx(1.0)
+    assert res.token_events == 3 and res.usage_tokens is None
 
 
 def test_span_below_the_clock_resolution_is_unresolved() -> None:
     """Reads closer together than the clock can tell apart are not turned into a number."""
     res = meter_of([(1.0, event("a")), (1.0005, event("b") + DONE)], resolution_s=0.001)
-    assert res.timing_unresolved and res.tpot_s is None and res.itl_p50_s is None
+    assert res.timing_unresolved and res.inter_event_p50_s is None
+    assert tpot(res.ttft_s, res.e2e_s, 2, 0.001) is None
 
 
 def test_one_token_is_not_applicable_rather_than_unresolved() -> None:
     """A single-token answer has no TPOT to measure, and is not reported as unresolved."""
     res = meter_of([(1.0, event("a", "length") + usage(1) + DONE)])
-    assert not res.timing_unresolved and res.tpot_s is None
-    assert tpot_state(res.ttft_s, res.tpot_s, res.output_tokens) == "not_applicable"
+    assert not res.timing_unresolved
+    assert tpot(res.ttft_s, res.e2e_s, 1, CLOCK_RESOLUTION_S) is None
+    assert tpot_state(res.ttft_s, None, 1) == "not_applicable"
+    assert tpot_state(res.ttft_s, None, None) == "uncounted"
 
 
 def test_final_event_is_success_even_without_done() -> None:
@@ -157,7 +164,7 @@ async def test_client_closing_after_done_is_an_answer_not_a_disconnect(
     (_, result, kind), *_ = await _responses(tee, 1)
     assert kind is None and result.saw_done and result.finish_reason == "stop"
     obs = observation("x", "live", "production", 0.0, result, kind, store_text=True, max_chars=9)
-    assert obs.error_kind is None and obs.output_tokens == 3
+    assert obs.error_kind is None and obs.usage_tokens == 3
     async with aiohttp.ClientSession() as http, http.get(gw.url + "/metrics") as resp:
         text = await resp.text()
     assert "\ncanary_proxy_client_closed_after_final_total 1\n" in text

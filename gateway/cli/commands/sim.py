@@ -73,6 +73,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="lower every prompt token's logprob by NATS when scoring (quantized: 0.1)",
     )
     parser.add_argument(
+        "--tokens-per-event",
+        type=int,
+        default=None,
+        metavar="K",
+        help=(
+            "pack 1..K tokens into each SSE event at random, as a busy vLLM API server does "
+            "(default 1: one token per event)"
+        ),
+    )
+    parser.add_argument(
         "--model",
         action="append",
         dest="models",
@@ -92,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["divergence"] = args.divergence
     if args.logprob_shift is not None:
         overrides["logprob_shift"] = args.logprob_shift
+    if args.tokens_per_event is not None:
+        overrides["max_tokens_per_event"] = args.tokens_per_event
     if args.models:
         overrides["served_model_names"] = tuple(args.models)
     if not 0 <= args.port <= 65535:

@@ -185,11 +185,14 @@ class Lane:
         """The `model` sent to this candidate instead of the client's (None: the client's)."""
         return self._model
 
-    async def post_json(self, path: str, body: bytes) -> tuple[int, bytes]:
-        """POST a JSON body to this candidate (a scoring request) with its credentials, within
-        its timeout; (status, body). Raises aiohttp.ClientError / TimeoutError."""
+    async def post_json(
+        self, path: str, body: bytes, *, purpose: str = "score"
+    ) -> tuple[int, bytes]:
+        """POST a JSON body to this candidate (a scoring or token-counting request, named by
+        `purpose` in the mirror header) with its credentials, within its timeout; (status,
+        body). Raises aiohttp.ClientError / TimeoutError."""
         assert self._session is not None
-        headers = {"Content-Type": "application/json", MIRROR_HEADER: "score"}
+        headers = {"Content-Type": "application/json", MIRROR_HEADER: purpose}
         if self._auth is not None:
             headers["Authorization"] = self._auth
         async with asyncio.timeout(self._timeout_s):
