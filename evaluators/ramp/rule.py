@@ -36,8 +36,9 @@ every look and stopping at a data-dependent size is what anytime validity allows
 equal): when every summary's information reaches the sessions for a candidate equal to
 production to be shown within its margin with `ramp_ni_power`, a fixed-sample one-sided z-test
 at alpha per summary (an intersection-union test: no correction across summaries). All within:
-advance. Otherwise the ramp holds (pauses for a person: advance by hand or abort), since no harm
-was shown but the margin was not either. The mirror's paired verdict answered the same question
+advance. Otherwise the ramp holds (pauses for a person), since no harm was shown but the margin
+was not either: resuming answers the margins (the step then advances, still watched for harm),
+aborting ends it. The mirror's paired verdict answered the same question
 on the same requests before the ramp; this confirms it under real load.
 
 **100 %** has no production arm of new sessions: no test, complete after `min_step_s`; the
@@ -255,10 +256,13 @@ def judge_look(
     elapsed_s: F | float,
     min_step_s: float,
     settings: VerdictSettings,
+    margins_answered: bool = False,
 ) -> Look:
     """The action at each look of a step at `weight_pct` % of the ramp `steps` (see the module
     docstring): rollback on any deterioration, hold or advance at the non-inferiority look of
-    the largest split step, advance a sized step once it has its sessions, else wait."""
+    the largest split step, advance a sized step once it has its sessions, else wait.
+    `margins_answered`: a person resumed the ramp after a hold in this step, answering the
+    margins; the look then advances instead of holding again."""
     shape = np.shape(stats_.sessions_c)
     sessions = stats_.sessions_c + stats_.sessions_p
     dwell_done = np.broadcast_to(np.asarray(elapsed_s) >= min_step_s, shape)
@@ -311,7 +315,8 @@ def judge_look(
             ni_within[name] = est + z_a * se < margin
         ni_asked = info_ok
         within = np.all(np.stack(list(ni_within.values())), axis=0)
-        action = np.where(ni_asked, np.where(within, ADVANCE, HOLD), WAIT).astype(np.int8)
+        held = HOLD if not margins_answered else ADVANCE
+        action = np.where(ni_asked, np.where(within, ADVANCE, held), WAIT).astype(np.int8)
     else:
         action = np.where(ready, ADVANCE, WAIT).astype(np.int8)
     action[np.any(np.stack(list(harm.values())), axis=0)] = ROLLBACK
@@ -338,6 +343,7 @@ def comparisons(
         return ()
     w = weight_pct / 100.0
     alpha = harm_alpha(settings, steps)
+    floor = settings.min_metric_pairs
     out: list[Comparison] = []
     noise = np.sqrt(stats_.production["ttft"].var())
     n_ttft = mean_sessions(
@@ -351,13 +357,13 @@ def comparisons(
     for name in ("ttft", "e2e"):
         c, p = stats_.candidate[name], stats_.production[name]
         est, lower, _ = _mean_lower(c, p, horizon, alpha, settings)
-        out.append(_comparison(name, bool(look.harm[name]), 0.0, c.n, p.n, est, lower, None))
+        out.append(_comparison(name, look.harm[name], 0.0, c.n, p.n, est, lower, None, floor))
     share_c = stats_.failing_c / np.maximum(stats_.sessions_c, 1.0)
     share_p = stats_.failing_p / np.maximum(stats_.sessions_p, 1.0)
     out.append(
         _comparison(
-            "failing", bool(look.harm["failing"]), 0.0, stats_.sessions_c, stats_.sessions_p,
-            share_c - share_p, None, None,
+            "failing", look.harm["failing"], 0.0, stats_.sessions_c, stats_.sessions_p,
+            share_c - share_p, None, None, 1,
         )
     )  # fmt: skip
     if bool(look.ni_asked):
@@ -382,11 +388,23 @@ def _num(x: F | float) -> float | None:
 
 
 def _comparison(
-    name: str, harm: bool, margin: float, n_c: F, n_p: F, est: F, lower: F | None, upper: F | None
+    name: str,
+    harm: B,
+    margin: float,
+    n_c: F,
+    n_p: F,
+    est: F,
+    lower: F | None,
+    upper: F | None,
+    floor: int,
 ) -> Comparison:
+    """A deterioration test as a Comparison: "harm", "ok" (no harm shown at this look) or
+    "insufficient" (an arm below `floor` sessions)."""
+    enough = min(float(np.asarray(n_c)), float(np.asarray(n_p))) >= floor
+    decision: Decision = "harm" if bool(harm) else ("ok" if enough else "insufficient")
     return Comparison(
         name,
-        "harm" if harm else "undecided",
+        decision,
         margin,
         int(np.asarray(n_c)),
         int(np.asarray(n_p)),
