@@ -287,7 +287,8 @@ def judge_look(
 
     needed = np.zeros(shape)
     if weight_pct >= settings.ramp_ttft_from:
-        needed = np.maximum(needed, n_ttft)
+        # The mean tests declare harm only past `min_metric_pairs` sessions in each arm.
+        needed = np.maximum(needed, np.maximum(n_ttft, floor / min(w, 1.0 - w)))
     if weight_pct >= settings.ramp_failure_from:
         p_prod = stats_.failing_p / np.maximum(stats_.sessions_p, 1.0)
         n_fail = failing_sessions(w, p_prod, settings.ramp_failure_harm, alpha, settings.ramp_power)
@@ -453,6 +454,7 @@ def plan_ramp(
                         w, noise, math.log(settings.ramp_ttft_harm), alpha, settings.ramp_power
                     )
                 )
+                n = max(n, settings.min_metric_pairs / min(w, 1.0 - w))
                 cands.append((n, "TTFT harm"))
             if pct >= settings.ramp_failure_from:
                 n = float(
