@@ -41,6 +41,15 @@ was not either: resuming answers the margins (the step then advances, still watc
 aborting ends it. The mirror's paired verdict answered the same question
 on the same requests before the ramp; this confirms it under real load.
 
+**Approximations, and what checks them.** A look summarizes each session over the turns ended
+so far, so a session's value moves until its last turn (the sums are not strictly those of a
+growing prefix of finished units). The mean tests are tuned to, and the non-inferiority look is
+taken at, a size computed from the production arm's measured variance: a data-dependent choice,
+but of a statistic the candidate cannot move and that is (for normal data) independent of the
+arms' means, as in an internal-pilot sample-size re-estimation. The failing test is exact. The
+whole rule is checked, not assumed, on an independent generator: 200 A/A ramps read every 2 s
+are rolled back in 2.5 % (bench/RESULTS.md, tests/evaluators/test_ramp_rule.py).
+
 **100 %** has no production arm of new sessions: no test, complete after `min_step_s`; the
 workers' guards and the last split step's evidence protect it. Pure numpy/scipy; never does IO.
 """

@@ -147,3 +147,22 @@ def test_the_guard_model_trips_where_the_workers_guard_does() -> None:
                 break
         assert trips[r] == expected
     assert np.isfinite(trips).sum() >= 10  # the streams do trip
+
+
+def test_the_failing_test_keeps_its_level_at_every_count() -> None:
+    """Under the null (each failing session the candidate's with probability w, the weight),
+    the failing-session test read after every one of 3,000 failing sessions rejects in at most
+    alpha of 2,000 runs, at 5 % and at 50 %."""
+    from evaluators.ramp.rule import LookStats, failing_harm
+
+    rng = np.random.default_rng(3)
+    alpha = 0.05
+    for w in (0.05, 0.5):
+        cand = rng.random((2000, 3000)) < w
+        m = np.cumsum(cand, axis=1).astype(np.float64)
+        n = np.arange(1, 3001, dtype=np.float64)[None, :]
+        stats = LookStats({}, {}, np.zeros(1), np.zeros(1), m, n - m)
+        harm, _ = failing_harm(stats, w, alpha)
+        rate = float(np.mean(harm.any(axis=1)))
+        print(f"w = {w}: rejected in {rate:.4f}")
+        assert rate <= alpha
