@@ -93,6 +93,16 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # independence; a unit is used once it is this old (and older than the candidate's timeout).
     session_idle_s: float = 30.0
 
+    # The ramp (evaluators.ramp.rule): the planted harms its steps are sized to catch, with what
+    # power, and from which step (percent of new sessions) each harm sizes the dwell. Below
+    # `ramp_ttft_from` a step is a smoke test of `min_step_s` (the next step carries its power).
+    ramp_ttft_harm: float = 1.30  # TTFT ratio candidate / production
+    ramp_failure_harm: float = 0.03  # failing-session share added to production's
+    ramp_power: float = 0.95  # each sized step catches a planted harm with this probability
+    ramp_ni_power: float = 0.98  # the non-inferiority look shows an equal candidate within margins
+    ramp_ttft_from: float = 5.0
+    ramp_failure_from: float = 25.0
+
     # Gates.
     min_pairs: int = 200  # promote needs at least this many usable pairs
     min_metric_pairs: int = 30  # below this a metric is "insufficient data"
@@ -156,6 +166,20 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
                 problems.append(f"need 0 < {lo} <= {hi} < 1")
         if not 0.0 < self.slo_exceedance_delta < 1.0:
             problems.append("slo_exceedance_delta must be in (0, 1)")
+        if not 1.0 < self.ramp_ttft_harm <= 10.0:
+            problems.append("ramp_ttft_harm must be in (1, 10]")
+        if not 0.0 < self.ramp_failure_harm < 1.0:
+            problems.append("ramp_failure_harm must be in (0, 1)")
+        problems.extend(
+            f"{name} must be in [0.5, 1)"
+            for name in ("ramp_power", "ramp_ni_power")
+            if not 0.5 <= getattr(self, name) < 1.0
+        )
+        problems.extend(
+            f"{name} must be in [0, 100] (percent of new sessions)"
+            for name in ("ramp_ttft_from", "ramp_failure_from")
+            if not 0.0 <= getattr(self, name) <= 100.0
+        )
         if not 0.0 <= self.planned_share <= 0.95:
             problems.append("planned_share must be in [0, 0.95]")
         if not 0.0 <= self.min_coverage <= 1.0:

@@ -9,6 +9,7 @@ Per session (NaN where the session has no request that counts for a summary):
 
 * `failure` — share of its requests that failed. A request the client abandoned counts for
   no summary: neither the arm's failure nor a latency that never finished.
+* `ttft` — mean log TTFT of all its answered requests (the ramp's deterioration test).
 * `ttft_first`, `ttft_later` — mean log TTFT of its answered requests on turn 1, and on
   turns >= 2 (KV-reuse candidates trade one for the other).
 * `e2e` — mean log E2E of its answered requests.
@@ -110,6 +111,7 @@ def session_units(
             return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
     values = {
+        "ttft": mean(log_ttft, has_ttft),
         "ttft_first": mean(log_ttft, has_ttft & first_turn),
         "ttft_later": mean(log_ttft, has_ttft & ~first_turn),
         "e2e": mean(log_e2e, has_e2e),

@@ -1,4 +1,9 @@
-"""The judgement of one ramp step, and how long a step takes to decide.
+"""Round 4's judgement of one ramp step by its margins, and how long a step takes to show them.
+
+The controller now decides by `rule` (harm at every look, power-sized dwells, the margins asked
+once at the largest split step); this module keeps the margin tests of every summary at a step
+(`gating_tests`, the intersection-union rule) and `step_duration`, the sessions a step would
+need to show the candidate within its margins, which docs/ramp.md cites.
 
 A step serves a share `weight` of new sessions with the candidate. Its gating tests are the
 two-sample comparisons of `twosample` on every summary of `arms`, at the candidate's margins

@@ -53,13 +53,14 @@ INSUFFICIENT, UNDECIDED, OK, HARM = 0, 1, 2, 3
 DECISIONS: tuple[Decision, ...] = ("insufficient", "undecided", "ok", "harm")
 
 
-def mixture_boundary(t: F, horizon: float, alpha: float) -> F:
+def mixture_boundary(t: F, horizon: float | F, alpha: float) -> F:
     """The normal mixture's one-sided boundary on the standardized sum at time t (units of
-    variance), tuned to `horizon`: the closed form of `MeanStat` with planned = 0 (a ramp
-    step has no planned end; the mixture alone holds at any n). Half-width = boundary · σ / t."""
-    horizon = max(float(horizon), 1.0)
-    mu = math.sqrt(2.0 * math.log(1.0 / alpha) / horizon)
-    s2 = MIXTURE_SPREAD**2 / horizon
+    variance), tuned to `horizon` (a number, or one per run): the closed form of `MeanStat`
+    with planned = 0 (a ramp step has no planned end; the mixture alone holds at any n).
+    Half-width = boundary · σ / t."""
+    h = np.maximum(np.asarray(horizon, dtype=np.float64), 1.0)
+    mu = np.sqrt(2.0 * math.log(1.0 / alpha) / h)
+    s2 = MIXTURE_SPREAD**2 / h
     a = 1.0 + t * s2
     c = mu**2 * t + 2.0 * a * (math.log(1.0 / alpha) + 0.5 * np.log(a))
     out: F = c / (mu + np.sqrt(mu**2 + s2 * c))
@@ -85,6 +86,32 @@ def _arm_counts(valid: NDArray[np.bool_], candidate: NDArray[np.bool_], lk: I64)
     return n_c.astype(np.int64), n_p.astype(np.int64)
 
 
+def diff_of_means(
+    n_c: NDArray[np.integer] | F,
+    s1_c: F,
+    s2_c: F,
+    n_p: NDArray[np.integer] | F,
+    s1_p: F,
+    s2_p: F,
+    *,
+    sigma_floor: float,
+) -> tuple[F, F, F]:
+    """(x̄_c − x̄_p, σ_d² = s_c² + s_p², information n_eff = σ_d² / Var(x̄_c − x̄_p)) from each
+    arm's count, sum and sum of squares (any leading shape; NaN estimate below 2 in an arm).
+    The variances are floored at `sigma_floor`²."""
+    moments = []
+    for n, s1, s2 in ((n_c, s1_c, s2_c), (n_p, s1_p, s2_p)):
+        nf = np.maximum(np.asarray(n, dtype=np.float64), 1.0)
+        mean = s1 / nf
+        var = np.maximum((s2 - nf * mean**2) / np.maximum(nf - 1.0, 1.0), sigma_floor**2)
+        moments.append((np.where(np.asarray(n) >= 2, mean, np.nan), var, nf))
+    (m_c, v_c, nf_c), (m_p, v_p, nf_p) = moments
+    var_unit: F = v_c + v_p
+    t: F = var_unit / (v_c / nf_c + v_p / nf_p)
+    estimate: F = m_c - m_p
+    return estimate, var_unit, t
+
+
 class MeanDiff:
     """Confidence sequence for mean(candidate) − mean(production) at each look."""
 
@@ -106,19 +133,16 @@ class MeanDiff:
         self.n_c, self.n_p = _arm_counts(valid, candidate, lk)
         self.horizon = float(horizon)
         z = np.where(valid, x, 0.0)
-        moments = []
-        for arm, n in ((candidate, self.n_c), (~candidate, self.n_p)):
+        sums = []
+        for arm in (candidate, ~candidate):
             use = valid & arm
             s1 = np.cumsum(np.where(use, z, 0.0), axis=-1)[..., lk - 1]
             s2 = np.cumsum(np.where(use, z * z, 0.0), axis=-1)[..., lk - 1]
-            nf = np.maximum(n, 1).astype(np.float64)
-            mean = s1 / nf
-            var = np.maximum((s2 - nf * mean**2) / np.maximum(nf - 1.0, 1.0), sigma_floor**2)
-            moments.append((np.where(n >= 2, mean, np.nan), var, nf))
-        (m_c, v_c, n_c), (m_p, v_p, n_p) = moments
-        self.estimate: F = m_c - m_p
-        self.var_unit: F = v_c + v_p
-        self.t: F = self.var_unit / (v_c / n_c + v_p / n_p)
+            sums.append((s1, s2))
+        (s1_c, s2_c), (s1_p, s2_p) = sums
+        self.estimate, self.var_unit, self.t = diff_of_means(
+            self.n_c, s1_c, s2_c, self.n_p, s1_p, s2_p, sigma_floor=sigma_floor
+        )
 
     def bounds(self, alpha_lower: float, alpha_upper: float) -> tuple[F, F]:
         """(lower, upper): one-sided always-valid bounds at their own levels (NaN below 2

@@ -4,11 +4,14 @@ in a worker.
 
 Every `interval_s`: read the running rollout, its step's requests since the step started
 (`storage.reports.ramp.ramp_requests` of generation id * 2), summarize them per session
-(`evaluators.ramp.arms`), test them at the candidate's margins (`evaluators.ramp.step`), and
-apply the judgement as a storage transition with `expected_generation`, so controllers of
-several replicas (or an operator's change meanwhile) never apply a stale decision twice: the
-loser's transition is refused ('rollout_changed') and counted. At 100 % there is no next step:
-the rollout completes (the promotion) once `min_step_s` has passed without harm.
+(`evaluators.ramp.arms`), judge the look by the ramp's rule (`evaluators.ramp.rule`:
+deterioration tests at every look, a dwell sized by power, one non-inferiority look at the
+largest split step), and apply the judgement as a storage transition with
+`expected_generation`, so controllers of several replicas (or an operator's change meanwhile)
+never apply a stale decision twice: the loser's transition is refused ('rollout_changed') and
+counted. Harm rolls back; a step with its sessions advances; a non-inferiority look that does
+not show every margin pauses the ramp for a person ("hold"). At 100 % there is no next step:
+the rollout completes (the promotion) once `min_step_s` has passed.
 """
 
 from __future__ import annotations
@@ -40,13 +43,6 @@ log = logging.getLogger("canary.rollout")
 Evidence = Callable[
     ["AsyncEngine", int, float | None, float | None], Awaitable[dict[str, "NDArray[Any]"]]
 ]
-# Sessions the latency sequences are tuned to: a step decides within a few thousand sessions
-# at the default margins (`canary plan` states each step's duration); fixed in advance, as an
-# anytime-valid sequence needs, not read from the data.
-HORIZON_SESSIONS: Final = 5_000
-# At 100 % every new session is the candidate's and production keeps only the sessions that
-# started before; the tests still compare the two arms, at this weight for their tuning.
-FULL_WEIGHT_TUNING: Final = 0.99
 ROLLBACKS: Final = Family(
     "canary_rollout_rollbacks_total",
     "counter",
@@ -54,7 +50,7 @@ ROLLBACKS: Final = Family(
     "operator: an abort).",
     ("reason",),
 )
-DECISIONS: Final = ("advance", "complete", "rollback", "wait", "lost", "failed")
+DECISIONS: Final = ("advance", "complete", "rollback", "hold", "wait", "lost", "failed")
 
 
 async def _stored_evidence(
@@ -125,11 +121,18 @@ class RolloutController:
         if action == "wait":
             self.decisions["wait"] += 1
             return "wait"
-        kind = {"advance": "advance", "complete": "complete", "rollback": "rollback"}[action]
+        kind = {"advance": "advance", "complete": "complete", "rollback": "rollback"}.get(
+            action, "pause"
+        )
         reason = {
-            "advance": f"every gating test within its margin after {evidence['elapsed_s']:g} s",
+            "advance": f"no harm in {evidence['sessions']} sessions after "
+            f"{evidence['elapsed_s']:g} s"
+            + (", every margin shown" if evidence["non_inferiority"] else ""),
             "complete": f"100 % for {evidence['elapsed_s']:g} s without harm",
             "rollback": "harm: " + ", ".join(evidence["because"]),
+            "hold": "non-inferiority not shown at the largest split step: "
+            + ", ".join(evidence["because"])
+            + "; resume to go on (the margins are then yours) or abort",
         }[action]
         try:
             await store.transition(
@@ -154,8 +157,10 @@ class RolloutController:
     async def _judge(
         self, rollout: Rollout, settings: VerdictSettings
     ) -> tuple[str, dict[str, Any]]:
+        import numpy as np
+
         from evaluators.ramp.arms import session_units
-        from evaluators.ramp.step import gating_tests, judge_step
+        from evaluators.ramp.rule import ACTIONS, comparisons, judge_look, look_stats
 
         now = self._clock()
         elapsed = now - rollout.step_started_at
@@ -172,25 +177,36 @@ class RolloutController:
             slo_ttft_s=settings.slo_ttft_s,
             slo_e2e_s=settings.slo_e2e_s,
         )
-        weight = rollout.weight / 100.0
-        tests: tuple[Any, ...] = ()
-        action = "wait"
-        if units.candidate.any() and (~units.candidate).any():
-            tests = gating_tests(
-                units,
-                settings,
-                weight=min(weight, FULL_WEIGHT_TUNING),
-                horizon_sessions=HORIZON_SESSIONS,
-            )
-            judged = judge_step(tests, elapsed_s=elapsed, min_step_s=rollout.min_step_s)
-            action, because = judged.action, judged.because
+        # Only sessions whose first turn came in this step: their arm was drawn at its weight.
+        began = np.isin(units.session, cols["session"][np.asarray(cols["turn"]) <= 1])
+        stats = look_stats(units, began)
+        look = judge_look(
+            stats,
+            weight_pct=rollout.weight,
+            steps=rollout.steps,
+            elapsed_s=elapsed,
+            min_step_s=rollout.min_step_s,
+            settings=settings,
+            margins_answered=any(
+                e.kind == "resume" and e.at >= rollout.step_started_at for e in rollout.events
+            ),
+        )
+        action = ACTIONS[int(look.action)]
+        if last and action == "advance":
+            action = "complete"
+        tests = comparisons(
+            stats, look, weight_pct=rollout.weight, steps=rollout.steps, settings=settings
+        )
+        if action == "rollback":
+            because = tuple(t for t in tests if t.decision == "harm")
+        elif action == "hold":
+            because = tuple(t for t in tests if t.name in look.ni_within and t.decision != "ok")
         else:
             because = ()
-        if last and action != "rollback":
-            # No next step: completion needs the dwell and no harm, not every test decided.
-            action = "complete" if elapsed >= rollout.min_step_s else "wait"
         evidence = _evidence_doc(tests, because, weight=rollout.weight, elapsed_s=elapsed)
-        evidence["sessions"] = len(units)
+        evidence["sessions"] = int(np.asarray(look.sessions))
+        evidence["sessions_needed"] = int(np.ceil(float(np.asarray(look.needed))))
+        evidence["non_inferiority"] = bool(look.ni_asked)
         return action, evidence
 
     async def run(self, interval_s: float, stop: asyncio.Event) -> None:

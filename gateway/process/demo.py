@@ -7,9 +7,10 @@ agent-like multi-turn sessions through it a batch at a time, asking the gateway 
 candidate's verdict between batches, until every candidate is promoted or rejected (the
 intervals are valid at any look, so looking as often as it likes costs nothing) or
 `max_sessions` is reached, and says which ended it. A promoted bi-kv is then ramped on live
-traffic (1, 5, 25, 50, 100 % of new sessions, each step advanced by the demo after a short
-dwell while the controller and the workers' guards watch for harm; `fail_at_step` kills its
-simulator at that step to show the guard's rollback). Then it stops the gateway (which drains
+traffic (1, 5, 25, 50, 100 % of new sessions), the controller alone walking its steps (a short
+`min_step_s`, each step's dwell sized by power at the demo's own measured noise and rate) while
+it and the workers' guards watch for harm; `fail_at_step` kills its simulator at that step to
+show the guard's rollback. Then it stops the gateway (which drains
 the mirror and flushes storage), prints both candidates' reports (as they stood at the
 verdicts) and writes their HTML forms.
 
@@ -117,6 +118,13 @@ error_critical = 0.1
 slo_exceedance_delta = 0.05
 agreement_delta = 0.05
 similarity_delta = 0.05
+# The ramp (docs/ramp.md): at the demo's ~9 new sessions a second, a 5 % step would need 600
+# sessions for its candidate arm to reach the 30 a test needs, so 1 % and 5 % are smoke steps
+# of min_step_s and the dwells are sized from 25 % on; and its failure dwell is sized for a
+# candidate failing half its sessions (a dead engine; the guards stop that at once anyway), not
+# +3 pp, which at this demo's zero background failures needs ~900 sessions at 25 %.
+ramp_ttft_from = 25.0
+ramp_failure_harm = 0.5
 """
 
 
@@ -131,6 +139,8 @@ DECIDED = ("promote", "reject")
 # The candidate the demo ramps once promoted, and its steps (percent of new sessions).
 RAMPED = "bi-kv"
 RAMP_STEPS = (1.0, 5.0, 25.0, 50.0, 100.0)
+# The longest the demo watches its ramp before saying where it stands.
+RAMP_TIMEOUT_S = 90.0
 _SAMPLE = re.compile(r"^(canary_rollout_(?:requests|fallbacks)_total)\{([^}]*)\} ([0-9.e+]+)$")
 
 
@@ -144,7 +154,7 @@ class DemoOptions(msgspec.Struct, kw_only=True):
     keep: bool = False
     out_dir: str = "canary-reports"
     seed: int = 0
-    step_dwell_s: float = 3.0  # each ramp step's dwell before the demo advances it
+    step_dwell_s: float = 3.0  # each ramp step's minimum dwell (the rollout's min_step_s)
     fail_at_step: int = 0  # > 0: kill bi-kv's simulator when the ramp reaches this step (1-based)
 
 
@@ -505,18 +515,18 @@ async def _ramp(
     first_session: int,
     say: Callable[[str], None],
 ) -> str:
-    """Ramp bi-kv on live traffic, advancing each step by hand after its dwell (or kill its
-    simulator at `opts.fail_at_step`); prints a line per step, returns the outcome's line."""
+    """Ramp bi-kv on live traffic, the controller advancing each step (or kill its simulator at
+    `opts.fail_at_step`); prints a line per step, returns the outcome's line."""
     admin = f"{gateway_url}/admin"
     steps, dwell = list(RAMP_STEPS), opts.step_dwell_s
     say("")
     say(f"ramp: {RAMPED} is promoted; ramping it on live traffic, steps {steps} % of new sessions")
     say(f"ramp: watch it live at {admin}{PAGE_PATH} (the Ramp panel)")
     say(
-        "ramp: at this demo's few new sessions a second the controller's tests would need "
-        "thousands of sessions per step to show a step within its margins (docs/ramp.md), so "
-        f"the demo advances each step by hand after {dwell:g} s, as an operator would; the "
-        "controller and the workers' guards keep watching for harm"
+        "ramp: the controller walks the steps by itself: every look tests each arm for harm, "
+        f"each step dwells at least {dwell:g} s and until a planted harm would have been "
+        "caught at this demo's measured noise and rate, and 50 % asks for bi-kv's margins once; "
+        "the workers' guards watch every candidate request"
     )
     traffic = _Traffic(gateway_url, opts, first_session)
     began = time.monotonic()
@@ -561,7 +571,8 @@ async def _ramp_steps(
     procs: _Processes,
     say: Callable[[str], None],
 ) -> dict[str, object]:
-    """Start the rollout and walk its steps; returns the rollout as it ended."""
+    """Start the rollout and watch the controller walk its steps (no hand advance); returns the
+    rollout as it ended (or as it stood after RAMP_TIMEOUT_S)."""
     steps, dwell = list(RAMP_STEPS), opts.step_dwell_s
     reason = f"canary demo: {RAMPED}'s report says promote"
     body = {"steps": steps, "min_step_s": dwell, "reason": reason}
@@ -576,43 +587,46 @@ async def _ramp_steps(
         say(f"ramp: the gateway refused the start ({status}): {_message(view)}")
         return view
     before = await _rollout_metrics(http, gateway_url)
-    for i, weight in enumerate(steps):
-        failing = opts.fail_at_step == i + 1
-        if failing:
-            say(f"  step {i + 1}: killing {RAMPED}'s simulator; sessions keep flowing")
+    deadline = time.monotonic() + RAMP_TIMEOUT_S
+    shown, killed = 0, False  # steps printed so far; the simulator killed
+    while True:
+        state, step = view.get("state"), view.get("step")
+        at = step if isinstance(step, int) else 0
+        if opts.fail_at_step == at + 1 and not killed and state == "running":
+            say(f"  step {at + 1}: killing {RAMPED}'s simulator; sessions keep flowing")
             await procs.stop(f"sim-{RAMPED}", timeout_s=5.0)
-        last = i + 1 == len(steps)
-        # The step's dwell (at 100 %: until the controller completes it after its dwell); a
-        # rollback by a guard or the controller's harm test ends the ramp at once.
-        wait_s = 30.0 if failing else dwell + (10.0 if last else 0.0)
-        ended = ("completed", "rolled_back", "aborted") if failing or last else ("rolled_back",)
-        view = await _await_state(http, admin, ended, wait_s)
-        now = await _rollout_metrics(http, gateway_url)
-        served = {arm: now[arm] - before[arm] for arm in ("production", "candidate")}
-        arms = "  ".join(
-            f"{name} {served[arm]:>4.0f} req (~{served[arm] / opts.turns:.0f} sessions)"
-            for name, arm in (("production", "production"), (RAMPED, "candidate"))
-        )
-        fell = now["fallbacks"] - before["fallbacks"]
-        say(f"  step {i + 1}/{len(steps)} {weight:>5g} %  {arms}  fallbacks {fell:.0f}")
-        before = now
-        if view.get("state") != "running" or last:
+            killed = True
+        done = state != "running" or time.monotonic() >= deadline
+        # A step is printed once the controller has left it (or the ramp has ended in it).
+        upto = at + 1 if done else at
+        while shown < upto:
+            now = await _rollout_metrics(http, gateway_url)
+            served = {arm: now[arm] - before[arm] for arm in ("production", "candidate")}
+            arms = "  ".join(
+                f"{name} {served[arm]:>4.0f} req (~{served[arm] / opts.turns:.0f} sessions)"
+                for name, arm in (("production", "production"), (RAMPED, "candidate"))
+            )
+            fell = now["fallbacks"] - before["fallbacks"]
+            weight = steps[shown]
+            why = _step_reason(view, weight)
+            say(f"  step {shown + 1}/{len(steps)} {weight:>5g} %  {arms}  fallbacks {fell:.0f}")
+            if why:
+                say(f"    {why.strip()}")
+            before = now
+            shown += 1
+        if done:
             return view
-        for _ in range(5):
-            status, view = await _admin(
-                http, "POST", f"{admin}/rollout/advance",
-                {"reason": f"canary demo: {dwell:g} s at {weight:g} % without harm"},
-            )  # fmt: skip
-            if status == 200:
-                break
-            say(f"  advance refused ({status}): {_message(view)}")
-            view = await _await_state(http, admin, ("rolled_back",), 0.0)
-            if view.get("state") != "running":  # a guard or the controller closed it meanwhile
-                return view
-            await asyncio.sleep(0.5)
-        else:
-            return view
-    return view
+        await asyncio.sleep(0.25)
+        _, view = await _admin(http, "GET", f"{admin}/rollout")
+
+
+def _step_reason(view: dict[str, object], weight: float) -> str:
+    """How the ramp left the step at `weight`: its event's kind, actor and reason, or ""."""
+    events = view.get("events")
+    for e in events if isinstance(events, list) else []:
+        if isinstance(e, dict) and e.get("from_weight") == weight and e.get("kind") != "start":
+            return f"  ({e.get('kind')} by {e.get('actor')}: {e.get('reason')})"
+    return ""
 
 
 async def _verdicts(gateway_url: str) -> dict[str, str]:

@@ -259,20 +259,24 @@ def test_plan_of_a_scoring_candidate_lists_its_divergence_test_once_in_a_narrow_
 
 
 async def test_plan_states_each_ramp_step_at_the_live_session_rate() -> None:
-    """`canary plan` states each default ramp step's sessions and time at the live session
-    rate: fewer sessions as the smaller arm grows (the width is set by it), time = sessions over
-    new sessions per second, no row for 100 % (nothing left to compare), and a bad noise is
-    refused with exit 2."""
+    """`canary plan` states each default ramp step's sessions, time and what sizes it at the
+    live session rate (1 %: a smoke step of min_step_s; 5 %: the TTFT harm; 25 %: the failure
+    harm; 50 %: the non-inferiority look; 100 %: its dwell), the whole ramp's time as their sum,
+    and a bad noise or failing share is refused with exit 2."""
     code, out, err = await canary("plan", "--rate", "60", "--turns", "6", "--format", "json")
     assert code == 0, err
-    ramp = json.loads(out)["ramp"]
-    assert [r["weight"] for r in ramp] == [1.0, 5.0, 25.0, 50.0]
-    sessions = [r["sessions"] for r in ramp]
-    assert all(s is not None for s in sessions)
-    assert sessions == sorted(sessions, reverse=True) and sessions[0] > 10 * sessions[-1]
-    for r in ramp:
-        assert math.isclose(r["seconds"], r["sessions"] / (60 / 6), rel_tol=0.01)
+    doc = json.loads(out)
+    ramp = doc["ramp"]
+    assert [r["weight"] for r in ramp] == [1.0, 5.0, 25.0, 50.0, 100.0]
+    assert [r["sized_by"] for r in ramp] == [
+        "min_step_s", "TTFT harm", "failure harm", "non-inferiority", "min_step_s",
+    ]  # fmt: skip
+    for r in ramp[1:4]:
+        assert math.isclose(r["seconds"], max(60.0, r["sessions"] / (60 / 6)), rel_tol=0.01)
+    assert math.isclose(doc["ramp_seconds"], sum(r["seconds"] for r in ramp), rel_tol=1e-9)
     code, out, _ = await canary("plan", "--rate", "60", "--turns", "6")
-    assert code == 0 and "min_step_s" in out and "50 %" in out
+    assert code == 0 and "the whole ramp: about" in out and "50 %" in out
+    code, _, err = await canary("plan", "--rate", "60", "--failing-share", "0.7")
+    assert code == 2 and "--failing-share" in err
     code, _, err = await canary("plan", "--rate", "60", "--session-noise", "-1")
     assert code == 2 and "--session-noise" in err

@@ -85,8 +85,9 @@ async def store(tmp_path: Path, min_step_s: float) -> AsyncIterator[tuple[AsyncE
 
 
 async def test_equal_arms_advance_then_complete(tmp_path: Path) -> None:
-    """An A/A step passes every gating test and advances; at 100 % with its dwell passed and
-    no harm the controller completes: the candidate is the live endpoint."""
+    """An A/A step at the largest split step shows no harm and, at its one non-inferiority
+    look, every margin, and advances; at 100 % with its dwell passed the controller completes:
+    the candidate is the live endpoint."""
     async with store(tmp_path, 0.0) as (engine, generation, started):
         traffic = Traffic(generation, started, slowdown=1.0, seed=7)
         ctl = RolloutController(engine, VerdictSettings(), evidence=traffic)
@@ -97,6 +98,10 @@ async def test_equal_arms_advance_then_complete(tmp_path: Path) -> None:
         assert (event.kind, event.actor) == ("advance", "controller")
         assert event.evidence is not None
         assert {t["decision"] for t in event.evidence["tests"]} == {"ok"}
+        assert event.evidence["non_inferiority"] is True
+        assert {"ttft", "failing", "ttft_first", "failure"} <= {
+            t["name"] for t in event.evidence["tests"]
+        }
         assert all(t["n_candidate"] > 1000 for t in event.evidence["tests"][:1])
         assert await ctl.tick() == "complete"
         r = await current_rollout(engine)
@@ -120,7 +125,8 @@ async def test_equal_arms_wait_for_the_dwell(tmp_path: Path) -> None:
 
 async def test_slower_candidate_is_rolled_back_with_evidence(tmp_path: Path) -> None:
     """A candidate 30 % slower on every request is rolled back (weight 0) at once, the event
-    naming the latency tests that showed harm with their estimates (about log 1.3)."""
+    naming the deterioration tests that showed harm with their estimates (about log 1.3,
+    lower bound above no difference)."""
     async with store(tmp_path, 3600.0) as (engine, generation, started):
         traffic = Traffic(generation, started, slowdown=1.3, seed=11)
         ctl = RolloutController(engine, VerdictSettings(), evidence=traffic)
@@ -130,7 +136,32 @@ async def test_slower_candidate_is_rolled_back_with_evidence(tmp_path: Path) -> 
         event = r.events[-1]
         assert event.kind == "rollback" and event.reason.startswith("harm: ")
         assert event.evidence is not None
-        assert {"ttft_first", "e2e"} <= set(event.evidence["because"])
-        ttft = next(t for t in event.evidence["tests"] if t["name"] == "ttft_first")
+        assert {"ttft", "e2e"} <= set(event.evidence["because"])
+        ttft = next(t for t in event.evidence["tests"] if t["name"] == "ttft")
         assert abs(ttft["estimate"] - np.log(1.3)) < 0.05 and ttft["lower"] > ttft["margin"]
         assert [s.value for s in ctl.samples()] == [1]
+
+
+async def test_margins_not_shown_hold_the_ramp_until_a_person_answers(tmp_path: Path) -> None:
+    """At the largest split step an A/A candidate whose non-inferiority look (sized for 50 %
+    power at a 2.2 % latency margin) misses a margin is not rolled back but paused (hold) with
+    the margin it missed; once a person resumes it the controller advances it instead of
+    holding again."""
+    from storage.rollouts import transition
+
+    tight = VerdictSettings().with_overrides({"latency_delta": 1.022, "ramp_ni_power": 0.5})
+    async with store(tmp_path, 0.0) as (engine, generation, started):
+        ctl = RolloutController(
+            engine, tight, evidence=Traffic(generation, started, slowdown=1.0, seed=0)
+        )
+        assert await ctl.tick() == "hold"
+        r = await current_rollout(engine)
+        assert r is not None and (r.state, r.weight) == ("paused", 50.0)
+        event = r.events[-1]
+        assert (event.kind, event.actor) == ("pause", "controller")
+        assert event.evidence is not None and event.evidence["because"] == ["e2e"]
+        assert await ctl.tick() is None  # paused: nothing to judge
+        await transition(engine, kind="resume", actor="ops", reason="margins are fine")
+        assert await ctl.tick() == "advance"
+        r = await current_rollout(engine)
+        assert r is not None and (r.state, r.weight) == ("running", 100.0)

@@ -105,6 +105,10 @@ name = "bi-kv"
 url = "{cand.url}"
 kind = "bi-kv"
 sample_rate = 0.0
+# Every split step sized (1 % too: 3,000 sessions for 30 on the candidate's arm), so the
+# controller never advances a step before the test's own hand advance; it still completes 100 %.
+[candidates.verdict]
+ramp_ttft_from = 0.0
 """
     )
     return path

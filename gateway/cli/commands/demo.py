@@ -17,9 +17,10 @@ what it does:
      form) until bi-kv and quantized are each promoted or rejected, or --max-sessions is
      reached (it says which ended it); the intervals are valid at every look;
   3. once bi-kv is promoted, ramps it on live traffic: 1, 5, 25, 50 and 100 % of new
-     sessions, each step advanced by the demo after --step-dwell seconds (the controller's
-     tests would need thousands of sessions per step; it and the workers' guards keep
-     watching for harm), printing the live page's URL and one line per step; at 100 % the
+     sessions, the controller alone walking the steps (each at least --step-dwell seconds,
+     and until a planted harm would have been caught at the demo's measured noise and rate;
+     50 % asks for bi-kv's margins once) while it and the workers' guards watch for harm,
+     printing the live page's URL and one line per step with why it ended; at 100 % the
      controller completes it and bi-kv becomes the live endpoint. --fail-at-step K kills
      bi-kv's simulator at step K instead: a guard rolls the ramp back, production answers;
   4. stops the gateway, which drains the mirror and flushes storage;
@@ -79,7 +80,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--step-dwell",
         type=float,
         default=3.0,
-        help="seconds per ramp step before the demo advances it (default 3)",
+        help="each ramp step's minimum dwell in seconds, the rollout's min_step_s (default 3)",
     )
     parser.add_argument(
         "--fail-at-step",

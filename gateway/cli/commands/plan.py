@@ -24,6 +24,8 @@ _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _REQUESTS = re.compile(r"^canary_proxy_requests_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
 # Bound on one /metrics read: the command must not hang on a stuck gateway.
 _SCRAPE_TIMEOUT_S = 10.0
+# A ramp step needing more sessions than this is stated as out of reach.
+MAX_RAMP_SESSIONS = 10_000_000
 
 
 class GatewayUnreadable(CanaryError):
@@ -121,6 +123,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="the ramp's noise: per-session standard deviation of a session's mean log TTFT "
         "in one arm (default 0.8; sessions of the ramp are unpaired)",
     )
+    p.add_argument(
+        "--failing-share",
+        type=float,
+        default=0.02,
+        help="the ramp's production share of sessions with a failed request (default 0.02)",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -145,6 +153,8 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--turns", args.turns, ">= 1")
     if not (math.isfinite(args.session_noise) and args.session_noise > 0):
         raise bad("--session-noise", args.session_noise, "> 0")
+    if not (math.isfinite(args.failing_share) and 0.0 <= args.failing_share < 0.5):
+        raise bad("--failing-share", args.failing_share, "in [0, 0.5)")
     if not 0 < args.probe_s <= 600:
         raise bad("--probe-s", args.probe_s, "in (0, 600]")
     if not (math.isfinite(args.noise) and args.noise > 0):
@@ -229,12 +239,14 @@ class PlanRow(msgspec.Struct):
 
 
 class RampRow(msgspec.Struct):
-    """One step of a ramp on live traffic: new sessions (both arms) and time for its TTFT test
-    to show the candidate within its latency margin, at the live session rate."""
+    """One step of a ramp on live traffic (`evaluators.ramp.rule.plan_ramp`): the new sessions
+    (both arms) its dwell needs, what sizes it, and its expected time at the live session
+    rate (at least `min_step_s`)."""
 
     weight: float  # percent of new sessions on the candidate
     sessions: int | None
     seconds: float | None
+    sized_by: str = ""
 
 
 class Plan(msgspec.Struct, kw_only=True):
@@ -259,23 +271,35 @@ class Plan(msgspec.Struct, kw_only=True):
     # After a promote: each step of the default ramp (unpaired arms, every live session), from
     # the flags' rate (not with --candidate, whose rate is its sampled pairs').
     ramp: list[RampRow] = msgspec.field(default_factory=list)
+    # The whole ramp's expected time (the sum of its steps').
+    ramp_seconds: float | None = None
 
 
-def ramp_rows(rate_rps: float, turns: float, noise: float, latency_delta: float, alpha: float
-              ) -> list[RampRow]:  # fmt: skip
-    """Each default step's expected duration (evaluators.ramp.step.step_duration); 100 % has
-    no production arm left to compare and ends after its dwell."""
+def ramp_rows(
+    rate_rps: float, turns: float, noise: float, failing_share: float, settings: Any
+) -> list[RampRow]:
+    """Each default step's expected dwell by the ramp's rule (evaluators.ramp.rule.plan_ramp):
+    a smoke step of min_step_s, steps sized to catch the planted harms, the non-inferiority
+    look at the largest split step, and 100 % after its dwell."""
     from domain.records import DEFAULT_STEPS
-    from evaluators.ramp.step import step_duration
+    from evaluators.ramp.rule import plan_ramp
+    from gateway.config.sections import RolloutConfig
 
     per_s = rate_rps / max(1.0, turns)
-    rows = []
-    for step in DEFAULT_STEPS:
-        if step >= 100.0:
-            continue
-        d = step_duration(step / 100.0, per_s, noise, math.log(latency_delta), alpha=alpha)
-        rows.append(RampRow(step, d.sessions, d.seconds))
-    return rows
+    plan = plan_ramp(
+        DEFAULT_STEPS,
+        sessions_per_s=per_s,
+        noise=noise,
+        failing_share=failing_share,
+        min_step_s=RolloutConfig().default_min_step_s,
+        settings=settings,
+    )
+    return [
+        RampRow(p.weight_pct, math.ceil(p.sessions), p.seconds, p.sized_by)
+        if p.sessions < MAX_RAMP_SESSIONS
+        else RampRow(p.weight_pct, None, None, p.sized_by)
+        for p in plan
+    ]
 
 
 def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> Plan:
@@ -357,7 +381,9 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
         source=source,
     )
     if measured is None:
-        result.ramp = ramp_rows(rate, turns, args.session_noise, s.latency_delta, s.alpha)
+        result.ramp = ramp_rows(rate, turns, args.session_noise, args.failing_share, s)
+        if all(r.seconds is not None for r in result.ramp):
+            result.ramp_seconds = math.fsum(r.seconds or 0.0 for r in result.ramp)
     units: float | None = None
     if args.budget:
         result.budget_s = parse_duration(args.budget)
@@ -431,19 +457,22 @@ def render_text(plan: Plan) -> str:
     if plan.ramp:
         lines.append("")
         per_s = plan.rate_rps / plan.turns
-        lines.append(f"after a promote, the ramp: every live session ({per_s:.3g} new/s), arms")
-        lines.append("unpaired; each step until its TTFT test shows the candidate within margin")
+        lines.append(f"after a promote, the ramp: every live session ({per_s:.3g} new/s); each")
+        lines.append("step looks for harm at every look and dwells until a planted harm would")
+        lines.append("be caught; the largest split step asks for the margins once")
         steps = [
             [
                 f"{r.weight:g} %",
                 "out of reach" if r.sessions is None else f"{r.sessions:,}",
                 "" if r.seconds is None else fmt_duration(r.seconds),
+                r.sized_by,
             ]
             for r in plan.ramp
         ]
-        steps.append(["100 %", "", "min_step_s"])
-        lines.append(table(["step", "sessions", "time"], steps, flex=0, align="<>>"))
-        lines.append("(100 %: no production arm is left to compare; it completes after its dwell)")
+        lines.append(table(["step", "sessions", "time", "sized by"], steps, flex=0, align="<>><"))
+        total = "out of reach" if plan.ramp_seconds is None else fmt_duration(plan.ramp_seconds)
+        lines.append(f"the whole ramp: about {total} (100 %: no production arm; it completes")
+        lines.append("after its dwell, the guards watching)")
         lines.append("")
     lines.append("floors: a rate within δ needs ≥ log(1/α)/(0.8 δ) units even with no")
     lines.append("discordant unit (≈3.7/δ at α = 0.05), more with background failures; add")
