@@ -255,14 +255,18 @@ class Registry:
     async def _resume(self) -> None:
         """Route by the stored rollout again: the store is the truth (a rollback stored
         meanwhile applies; a stale weight nobody stored is never resumed)."""
-        try:
-            async with self._lock:
+        async with self._lock:  # in version order with the reloads
+            try:
                 rollout = await rollout_store.current_rollout(self._engine)
-                self.held = False
+            except Exception as exc:
+                self._failed(exc)  # still held: the next tick tries again
+                return
+            self.held = False
+            try:
                 self._apply_rollout(rollout)
-        except Exception as exc:
-            self._failed(exc)
-            return
+            except Exception:
+                self.rollout_errors += 1
+                logger.exception("registry: the stored rollout not applied on resuming")
         logger.warning(
             "registry: the store has answered for %g s: routing by the stored rollout again (%s)",
             self._resume_after_s,
