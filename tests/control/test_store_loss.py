@@ -68,8 +68,8 @@ async def test_a_worker_without_its_store_holds_new_sessions_then_follows_the_st
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Cut from the store at 50 %, a worker sends new sessions to production after HOLD_S
-    (counted, logged) while a session already on the candidate keeps it; once the store is back
-    it waits RESUME_S of answers and then routes by the stored 50 % again."""
+    (counted, logged) while a candidate session keeps its arm, and routes by the stored 50 %
+    again only after RESUME_S of the store's answers."""
     async with fresh_database("postgresql", tmp_path) as url:
         await upgrade(url)
         direct = make_engine(url)
@@ -111,10 +111,9 @@ async def test_a_worker_without_its_store_holds_new_sessions_then_follows_the_st
 async def test_a_rollback_decided_without_the_store_is_stored_before_anyone_resumes(
     tmp_path: Path,
 ) -> None:
-    """Replica A's guard rolls A back while the store is gone and its write fails on every try;
-    replica B holds. Once the store is back, A's rollback is stored within a few retries, and B
-    goes from held straight to rolled back: it never sends a new session to the candidate
-    again, though the store said "running at 50 %" for a moment."""
+    """A guard rollback decided on replica A while the store is gone is retried until the store
+    returns and stored within RESUME_S, and the held replica B goes from held straight to rolled
+    back, never to the stale "running at 50 %" the store held for a moment."""
     async with fresh_database("postgresql", tmp_path) as url:
         await upgrade(url)
         direct = make_engine(url)

@@ -98,8 +98,8 @@ async def _arm_servers() -> AsyncIterator[tuple[str, str]]:
 
 @asynccontextmanager
 async def _replicas(conf: Path, db_url: str, logs: Path) -> AsyncIterator[tuple[str, str]]:
-    """Replicas A and B on one config and database, each logging to `logs`/<name>.log (read by
-    the test: the hold's log line); SIGTERM and a clean exit for each at the end."""
+    """Replicas A and B on one config and database, each logging to `logs`/<name>.log (the test
+    reads the hold's and the stored rollback's lines); SIGTERM and a clean exit for each."""
     procs, urls = [], []
     try:
         for name in ("replica-a", "replica-b"):
@@ -331,6 +331,9 @@ async def test_the_ramp_fails_safe_without_its_store(db_url: str, tmp_path: Path
                 stop.set()
                 await users
     assert load.errors == [] and load.answered > 500, (load.answered, load.errors[:5])
+    a_log, b_log = ((tmp_path / f"replica-{x}.log").read_text() for x in "ab")
+    assert "(rollout.store_loss_hold_s = 10): new sessions go to production" in b_log
+    assert "the guard's rollback of generation" in a_log and "failed attempts" in a_log
     engine = make_engine(db_url)
     try:
         stored = await current_rollout(engine)
