@@ -160,3 +160,33 @@ async def test_a_rollback_decided_without_the_store_is_stored_before_anyone_resu
     assert set(b_candidate_weights) == {0.0}  # held until the rollback, never the stale 50 %
     assert router_a.rollout.generation == router_b.rollout.generation == r.id * 2 + 1
     print(f"\nguard rollback stored {stored_s:.2f} s after the store returned")
+
+
+async def test_a_shutdown_waits_its_drain_for_an_unstored_rollback_then_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Closing the guard while the store is still gone waits `drain_s`, not forever, and logs
+    the rollback it could not store."""
+    async with fresh_database("postgresql", tmp_path) as url:
+        await upgrade(url)
+        async with (
+            store_link(url) as link,
+            held_replica(link.url(url), tmp_path, "a") as (_, _, engine),
+        ):
+            r = await start_rollout(
+                engine, candidate="cand", steps=[50, 100], min_step_s=0, actor="t", reason="x"
+            )
+            guard = GuardTrips(engine, retry_max_s=RETRY_MAX_S, drain_s=0.5)
+            link.cut()
+            guard.trip(r.id * 2, "guard_burst", {})
+            await applied(lambda: guard.failed >= 1, 5.0)
+            started = time.monotonic()
+            with caplog.at_level(logging.ERROR, logger="canary.rollout"):
+                await guard.close()
+            waited = time.monotonic() - started
+    assert 0.5 <= waited < 2.0, waited
+    assert guard.pending == 0 and guard.tripped == 0
+    assert any(
+        f"rollout-guard-{r.id * 2} not stored before shutdown" in rec.getMessage()
+        for rec in caplog.records
+    )
