@@ -238,7 +238,8 @@ class Registry:
         self.held = True
         self.holds += 1
         self._store_back_at = None
-        current = self._router.rollout if self._router is not None else None
+        router = self._router
+        current = router.rollout if router is not None else None
         logger.warning(
             "registry: no read of the store for %.1f s (rollout.store_loss_hold_s = %g): new "
             "sessions go to production until it has answered for %g s (rollout generation %d "
@@ -249,8 +250,8 @@ class Registry:
             current.generation if current is not None else 0,
             current.weight * 100 if current is not None else 0.0,
         )
-        if current is not None and current.weight > 0:
-            self._router.swap(current.held())  # type: ignore[union-attr]  # not None: current
+        if router is not None and current is not None and current.weight > 0:
+            router.swap(current.held())
 
     async def _resume(self) -> None:
         """Route by the stored rollout again: the store is the truth (a rollback stored
