@@ -232,6 +232,13 @@ def _check_semantics(cfg: GatewayConfig, source: str) -> None:
             f"{source}: key 'capture.enabled': storage.store_text = false keeps request bodies "
             "out of storage; set capture.despite_store_text_off = true to capture them anyway"
         )
+    rollout = cfg.rollout
+    if rollout.store_resume_after_s <= rollout.store_retry_max_s:
+        raise ConfigError(
+            f"{source}: key 'rollout.store_resume_after_s': {rollout.store_resume_after_s:g} must "
+            f"exceed rollout.store_retry_max_s ({rollout.store_retry_max_s:g}), so that a "
+            "rollback decided while the store was gone is stored before a held worker resumes"
+        )
     _check_verdict(cfg.verdict, f"{source}: key 'verdict'")
     for i, cand in enumerate(cfg.candidates):
         _check_verdict(cand.verdict, f"{source}: key 'candidates[{i}].verdict'")

@@ -465,6 +465,32 @@ class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     evidence_queue_max: Annotated[
         PosInt, _d("Ramp records waiting for the mirror process; beyond: dropped and counted.")
     ] = 100_000
+    # Without its store no controller judges the ramp, no operator can pause or abort it, and a
+    # rollback decided on another replica cannot reach this one; only the local guards still
+    # watch. 10 s rides out a dropped connection or a pooler restart (five of the controller's
+    # 2 s looks missed) and is short against a primary failover (10-30 s), during which the
+    # candidate only gets no new sessions: the cheap side to err on.
+    store_loss_hold_s: Annotated[
+        PosFloat,
+        _d(
+            "A worker that has not read the store for this long sends new sessions to "
+            "production (sessions already on the candidate keep it) until the store is back."
+        ),
+    ] = 10.0
+    # A guard's rollback decided without the store is retried with back-off up to this far
+    # apart, never dropped: once the store answers it is stored within about this long.
+    store_retry_max_s: Annotated[
+        PosFloat, _d("Longest pause between two attempts to store a worker's guard rollback.")
+    ] = 1.0
+    # Longer than store_retry_max_s (checked): a rollback another replica decided while the
+    # store was gone is stored before this worker goes back to the stored (stale) weight.
+    store_resume_after_s: Annotated[
+        PosFloat,
+        _d(
+            "A held worker resumes the stored weight once the store has answered this long "
+            "(more than store_retry_max_s)."
+        ),
+    ] = 5.0
 
 
 class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -15,7 +15,12 @@ any replica is applied here within a second, not a poll interval; polling stays 
 weight.
 
 A database error while polling keeps the old snapshot, counted, logged once per outage; the
-proxy keeps serving the last known live endpoint.
+proxy keeps serving the last known live endpoint. With `store_loss_hold_s`, a watch reads the
+store whenever nothing else has for a while: after that long without a successful read the
+ramp is *held* (new sessions to production, `arms.Rollout.held`; a guard's local rollback
+stands), and it resumes the stored rollout only once the store has answered for
+`store_resume_after_s`, so that a rollback another worker decided meanwhile (retried every
+`rollout.store_retry_max_s` at most) is stored, and read here, first.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -86,6 +92,8 @@ class Registry:
         on_change: Callable[[Snapshot], None] | None = None,
         router: ArmRouter | None = None,
         candidate_target: Callable[[Endpoint], object] = LiveTarget,
+        store_loss_hold_s: float | None = None,
+        store_resume_after_s: float = 5.0,
     ) -> None:
         self._engine = engine
         self._live_target = live_target
@@ -105,6 +113,13 @@ class Registry:
         self._failing = False
         self.reloads = 0
         self.poll_errors = 0
+        self._hold_after_s = store_loss_hold_s  # None: never hold (no router, or not asked)
+        self._resume_after_s = store_resume_after_s
+        self._watch: asyncio.Task[None] | None = None
+        self._store_ok_at = time.monotonic()  # the last successful read of the store
+        self._store_back_at: float | None = None  # the first of the current run of such reads
+        self.held = False  # new sessions held on production: the store was lost too long
+        self.holds = 0
 
     async def start(
         self, *, seed_live: Endpoint | None, seed_candidates: Sequence[Endpoint] = ()
@@ -115,6 +130,9 @@ class Registry:
         version, endpoints = await queries.load_endpoints(self._engine)
         self._swap(Snapshot.build(version, endpoints))
         self._apply_rollout(await rollout_store.current_rollout(self._engine))
+        self._store_ok()
+        if self._watch is None and self._router is not None and self._hold_after_s is not None:
+            self._watch = asyncio.create_task(self._watch_store(), name="registry-store-watch")
         if self._task is None:
             self._task = asyncio.create_task(self._poll(), name="registry-poll")
         if self._listener is None:
@@ -138,39 +156,125 @@ class Registry:
             "rollout_generation": self.rollout.generation if self.rollout else 0,
             "rollout_errors": self.rollout_errors,
             "rollout_notifications": self.listen_stats.notifications,
+            "store_held": int(self.held),
+            "store_holds": self.holds,
         }
 
     async def refresh(self) -> Snapshot:
         """Reload now if the stored version moved (the admin API calls this after a write, so
         this replica applies it at once). A database error keeps, and returns, the old
         snapshot: the write already committed, and the poll will catch up."""
-        try:
-            await self._reload()
-        except Exception as exc:
-            self._failed(exc)
+        await self._read_store()
         return self.snapshot
 
     async def close(self) -> None:
-        for task in (self._task, self._listener):
+        for task in (self._task, self._listener, self._watch):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._task = self._listener = None
+        self._task = self._listener = self._watch = None
 
     async def _poll(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll_interval_s)
             self._wake.clear()
+            await self._read_store()
+
+    async def _read_store(self) -> bool:
+        """One reload; a failure counted and logged once per outage. True when it succeeded."""
+        try:
+            await self._reload()
+        except Exception as exc:
+            self._failed(exc)
+            return False
+        self._store_ok()
+        return True
+
+    def _store_ok(self) -> None:
+        now = time.monotonic()
+        self._store_ok_at = now
+        if self._store_back_at is None:
+            self._store_back_at = now
+        if self._failing:
+            self._failing = False
+            logger.info("registry: storage reachable again (version %d)", self.version)
+
+    async def _watch_store(self) -> None:
+        """Hold the ramp after `store_loss_hold_s` without a successful read, resume it after
+        `store_resume_after_s` of answers. Reads the store itself when nothing else has for a
+        quarter of the bound; a read that hangs delays nothing here but its own next try."""
+        assert self._hold_after_s is not None
+        bound = self._hold_after_s
+        every = min(1.0, bound / 5)
+        ping: asyncio.Task[bool] | None = None
+        try:
+            while True:
+                await asyncio.sleep(every)
+                now = time.monotonic()
+                idle = ping is None or ping.done()
+                if idle and now - self._store_ok_at >= bound / 4:
+                    ping = asyncio.create_task(self._read_store(), name="registry-store-ping")
+                lost_for = now - self._store_ok_at
+                if not self.held and lost_for > bound:
+                    self._hold(lost_for)
+                elif (
+                    self.held
+                    and idle
+                    and self._store_back_at is not None
+                    and lost_for < bound
+                    and now - self._store_back_at >= self._resume_after_s
+                ):
+                    await self._resume()
+        finally:
+            if ping is not None:
+                ping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ping
+
+    def _hold(self, lost_for: float) -> None:
+        """New sessions to production now; sessions already on the candidate keep it."""
+        self.held = True
+        self.holds += 1
+        self._store_back_at = None
+        router = self._router
+        current = router.rollout if router is not None else None
+        logger.warning(
+            "registry: no read of the store for %.1f s (rollout.store_loss_hold_s = %g): new "
+            "sessions go to production until it has answered for %g s (rollout generation %d "
+            "was at %g %%)",
+            lost_for,
+            self._hold_after_s,
+            self._resume_after_s,
+            current.generation if current is not None else 0,
+            current.weight * 100 if current is not None else 0.0,
+        )
+        if router is not None and current is not None and current.weight > 0:
+            router.swap(current.held())
+
+    async def _resume(self) -> None:
+        """Route by the stored rollout again: the store is the truth (a rollback stored
+        meanwhile applies; a stale weight nobody stored is never resumed)."""
+        async with self._lock:  # in version order with the reloads
             try:
-                await self._reload()
+                rollout = await rollout_store.current_rollout(self._engine)
             except Exception as exc:
-                self._failed(exc)
-            else:
-                if self._failing:
-                    self._failing = False
-                    logger.info("registry: storage reachable again (version %d)", self.version)
+                self._failed(exc)  # still held: the next tick tries again
+                return
+            self.held = False
+            try:
+                self._apply_rollout(rollout)
+            except Exception:
+                self.rollout_errors += 1
+                logger.exception("registry: the stored rollout not applied on resuming")
+        logger.warning(
+            "registry: the store has answered for %g s: routing by the stored rollout again (%s)",
+            self._resume_after_s,
+            "none"
+            if rollout is None
+            else f"{rollout.candidate} {rollout.state} at {rollout.weight:g} %",
+        )
 
     @property
     def version(self) -> int:
@@ -193,9 +297,8 @@ class Registry:
             return
         gen = rollout.id * 2 + (0 if rollout.is_open else 1)
         current = self._router.rollout
-        if gen < current.generation or (
-            gen == current.generation and rollout.weight / 100.0 <= current.weight
-        ):
+        weight = 0.0 if self.held else rollout.weight / 100.0  # held: no new sessions
+        if gen < current.generation or (gen == current.generation and weight <= current.weight):
             return  # already applied (a reload for another change), or older
         target: object = None
         if rollout.is_open:
@@ -207,8 +310,9 @@ class Registry:
                     return
                 self._target_of = (gen, self._candidate_target(ep))
             target = self._target_of[1]
+        snap = arms_snapshot(rollout, target)
         try:
-            self._router.swap(arms_snapshot(rollout, target))
+            self._router.swap(snap.held() if self.held else snap)
         except UsageError:
             self.rollout_errors += 1
             logger.exception("registry: rollout %d not applied", rollout.id)
@@ -225,6 +329,7 @@ class Registry:
 
     def _failed(self, exc: Exception) -> None:
         self.poll_errors += 1
+        self._store_back_at = None
         if not self._failing:
             self._failing = True
             logger.warning(

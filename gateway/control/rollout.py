@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -148,18 +149,31 @@ def arms_snapshot(rollout: Rollout, candidate: object) -> arms.Rollout:
 class GuardTrips:
     """`gateway.server.hooks.RolloutGuard`: a worker's guard trip becomes a stored rollback
     (with `expected_generation`, so it never closes a newer rollout), in an owned task. A lost
-    race (another worker or replica rolled back first) is fine; `close` drains the tasks."""
+    race (another worker or replica rolled back first) is fine. Without the store the rollback
+    is retried with back-off (0.05 s doubling to `retry_max_s`) until it is stored or lost,
+    never dropped: the worker already routes by it, and the stored "running" row must not
+    outlive it. `close` waits `drain_s` for the rollbacks in flight, then says which were not
+    stored."""
 
     def __init__(
-        self, engine: AsyncEngine, *, actor: str = "guard", on_done: Callable[[], Any] | None = None
+        self,
+        engine: AsyncEngine,
+        *,
+        actor: str = "guard",
+        on_done: Callable[[], Any] | None = None,
+        retry_max_s: float = 1.0,
+        drain_s: float = 10.0,
     ) -> None:
         self._engine = engine
         self._actor = actor
         self._on_done = on_done  # e.g. the registry's refresh, to apply the rollback here at once
+        self._retry_max_s = retry_max_s
+        self._drain_s = drain_s
         self._tasks: set[asyncio.Task[None]] = set()
         self.tripped = 0
         self.lost = 0
-        self.failed = 0
+        self.failed = 0  # attempts that raised (the store unreachable), each retried
+        self.pending = 0  # rollbacks decided and not yet stored or lost
 
     def trip(self, generation: int, reason: str, evidence: dict[str, object]) -> None:
         task = asyncio.get_running_loop().create_task(
@@ -169,36 +183,75 @@ class GuardTrips:
         task.add_done_callback(self._tasks.discard)
 
     async def _rollback(self, generation: int, reason: str, evidence: dict[str, object]) -> None:
+        self.pending += 1
+        pause = 0.05
+        failures = 0
+        since = time.monotonic()
         try:
-            for _ in range(3):  # an advance racing the trip changes the stored generation
-                current = await store.current_rollout(self._engine)
-                if current is None or not current.is_open or current.id * 2 != generation:
-                    self.lost += 1
-                    return
+            while True:
                 try:
-                    await store.transition(
-                        self._engine,
-                        kind="rollback",
-                        actor=self._actor,
-                        reason=reason,
-                        evidence=dict(evidence),
-                        expected_generation=current.generation,
-                    )
-                except de.PromotionConflict as exc:
-                    if exc.reason == "rollout_changed":
-                        continue
-                    self.lost += 1
-                    return
-                self.tripped += 1
-                log.warning("rollout: guard %s rolled back %s", reason, current.candidate)
-                if self._on_done is not None:
-                    await self._on_done()
-                return
-        except Exception:
-            self.failed += 1
-            log.exception("rollout: the guard's rollback of generation %d failed", generation)
+                    if await self._attempt(generation, reason, evidence):
+                        if failures:
+                            log.warning(
+                                "rollout: the guard's rollback of generation %d stored after "
+                                "%d failed attempts (%.2f s)",
+                                generation,
+                                failures,
+                                time.monotonic() - since,
+                            )
+                        return
+                    pause = 0.05  # an advance raced the trip: read the new generation at once
+                except Exception as exc:
+                    self.failed += 1
+                    failures += 1
+                    if failures == 1:
+                        log.warning(
+                            "rollout: the guard's rollback of generation %d is not stored yet "
+                            "(%s: %s); retrying every %g s at most until it is",
+                            generation,
+                            type(exc).__name__,
+                            str(exc).splitlines()[0] if str(exc) else "",
+                            self._retry_max_s,
+                        )
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, self._retry_max_s)
+        finally:
+            self.pending -= 1
+
+    async def _attempt(self, generation: int, reason: str, evidence: dict[str, object]) -> bool:
+        """One try: True once stored or lost to another change, False to read again."""
+        current = await store.current_rollout(self._engine)
+        if current is None or not current.is_open or current.id * 2 != generation:
+            self.lost += 1
+            return True
+        try:
+            await store.transition(
+                self._engine,
+                kind="rollback",
+                actor=self._actor,
+                reason=reason,
+                evidence=dict(evidence),
+                expected_generation=current.generation,
+            )
+        except de.PromotionConflict as exc:
+            if exc.reason == "rollout_changed":
+                return False
+            self.lost += 1
+            return True
+        self.tripped += 1
+        log.warning("rollout: guard %s rolled back %s", reason, current.candidate)
+        if self._on_done is not None:
+            await self._on_done()
+        return True
 
     async def close(self) -> None:
-        """Wait for the rollbacks in flight (they are short and must not be lost)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Wait up to `drain_s` for the rollbacks in flight; one still unstored is logged (the
+        replica that stays up, or the next worker's guard, has to decide it again)."""
+        if not self._tasks:
+            return
+        tasks = list(self._tasks)
+        _, left = await asyncio.wait(tasks, timeout=self._drain_s)
+        for task in left:
+            task.cancel()
+            log.error("rollout: %s not stored before shutdown", task.get_name())
+        await asyncio.gather(*tasks, return_exceptions=True)

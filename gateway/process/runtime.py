@@ -143,6 +143,22 @@ REGISTRY_POLL_ERRORS: Final = Family(
     "counter",
     "Registry polls that failed (old snapshot kept).",
 )
+ROLLOUT_STORE_HOLDS: Final = Family(
+    "canary_rollout_store_holds_total",
+    "counter",
+    "Times the ramp was held (new sessions to production) because the store had not answered "
+    "for rollout.store_loss_hold_s.",
+)
+ROLLOUT_STORE_HELD: Final = Family(
+    "canary_rollout_store_held",
+    "gauge",
+    "1 while the ramp is held for want of its store, else 0.",
+)
+ROLLOUT_GUARD_PENDING: Final = Family(
+    "canary_rollout_guard_rollbacks_pending",
+    "gauge",
+    "Guard rollbacks decided by this worker and not yet stored (retried until they are).",
+)
 MIRROR_RESTARTS: Final = Family(
     "canary_mirror_process_restarts_total",
     "counter",
@@ -161,6 +177,8 @@ def _registry_lines(registry: Registry) -> list[Sample]:
         REGISTRY_VERSION.sample(stats["version"]),
         REGISTRY_RELOADS.sample(stats["reloads"]),
         REGISTRY_POLL_ERRORS.sample(stats["poll_errors"]),
+        ROLLOUT_STORE_HOLDS.sample(stats["store_holds"]),
+        ROLLOUT_STORE_HELD.sample(stats["store_held"]),
     ]
 
 
@@ -342,6 +360,8 @@ async def running(
             poll_interval_s=config.storage.registry_poll_interval_s,
             on_change=on_change,
             router=router,
+            store_loss_hold_s=config.rollout.store_loss_hold_s,
+            store_resume_after_s=config.rollout.store_resume_after_s,
         )
         parts = Components(
             config,
@@ -380,8 +400,14 @@ async def running(
         metrics.add_collector(reports.samples)
         parts.router = router
         # A worker's guard trip becomes a stored, pushed rollback; the registry applies it here.
-        guard = GuardTrips(engine, on_done=registry.refresh)
+        guard = GuardTrips(
+            engine,
+            on_done=registry.refresh,
+            retry_max_s=config.rollout.store_retry_max_s,
+            drain_s=config.server.drain_timeout_s,
+        )
         stack.push_async_callback(guard.close)
+        metrics.add_collector(lambda: [ROLLOUT_GUARD_PENDING.sample(guard.pending)])
         parts.gateway = await start_gateway(
             config,
             live=live,

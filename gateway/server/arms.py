@@ -285,6 +285,11 @@ class Rollout:
             raise UsageError(f"a rollout's weight only rises ({self.weight} -> {weight})")
         return replace(self, weight=weight)
 
+    def held(self) -> Rollout:
+        """New sessions to production while the store is lost (`gateway.control.registry`); the
+        same generation, so sessions already on the candidate keep it."""
+        return replace(self, weight=0.0)
+
     def rolled_back(self) -> Rollout:
         """Everything back to production at once: a new generation at weight 0."""
         return Rollout(self.generation + 1, state="rolled_back")
@@ -312,13 +317,14 @@ class ArmRouter:
     def swap(self, rollout: Rollout) -> None:
         """Install the control plane's new snapshot. Within a generation the weight only rises
         and the salt and candidate stay (a forgotten session is decided again by the same hash,
-        and the table's arm means the same target); a generation never goes back."""
+        and the table's arm means the same target), except to 0 (a hold: `Rollout.held`); a
+        generation never goes back."""
         current = self._rollout
         same = rollout.generation == current.generation
         if rollout.generation < current.generation or (
             same
             and (
-                rollout.weight < current.weight
+                0 < rollout.weight < current.weight
                 or rollout.salt != current.salt
                 or rollout.candidate != current.candidate
             )
@@ -338,8 +344,10 @@ class ArmRouter:
         stamp = int(time.monotonic() / TICK_S) & _STAMP_MASK  # tick(), inlined
         if not r.threshold:
             # No rollout, or rolled back: production, but remember the session so that a ramp
-            # starting later leaves it there.
-            self._table.remember(h, r.generation, stamp, PRODUCTION)
+            # starting later leaves it there. Held: a session already on the candidate keeps it.
+            if self._table.remember(h, r.generation, stamp, PRODUCTION) and r.candidate is not None:
+                self.candidate += 1
+                return CANDIDATE
             self.production += 1
             return PRODUCTION
         new_arm = xxhash.xxh3_64_intdigest(key, r.salt) < r.threshold

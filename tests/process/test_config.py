@@ -194,6 +194,10 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
             "[[candidates]]\nname='a'\nurl='http://x'\n[[candidates]]\nname='a'\nurl='http://y'\n",
             "duplicate endpoint name 'a'",
         ),
+        (
+            "[rollout]\nstore_resume_after_s = 1.0\nstore_retry_max_s = 1.0\n",
+            "key 'rollout.store_resume_after_s': 1 must exceed rollout.store_retry_max_s (1)",
+        ),
         ("workers = \n", "not valid TOML"),
     ],
 )

@@ -250,3 +250,23 @@ def test_the_weight_only_rises_within_a_rollout(table: SessionArms) -> None:
         Rollout(4, weight=0.1)
     router.swap(router.rollout.step(0.5))
     assert router.rollout.weight == 0.5 and router.rollout.generation == 3
+
+
+def test_a_hold_sends_new_sessions_to_production_and_keeps_the_candidates(
+    table: SessionArms,
+) -> None:
+    """Held (weight 0, same generation), new sessions go to production while sessions already
+    on the candidate keep it, and the weight may rise back; a drop to anything but 0 is still
+    refused."""
+    router = ArmRouter(table, _ramp(0.5))
+    keys = _keys("s")
+    before = [router.arm_for(k) for k in keys]
+    with pytest.raises(UsageError):
+        router.swap(_ramp(0.25))
+    router.swap(router.rollout.held())
+    assert [router.arm_for(k) for k in keys] == before
+    assert all(router.arm_for(k) == PRODUCTION for k in _keys("held", 1000))
+    router.swap(_ramp(0.5))
+    assert [router.arm_for(k) for k in keys] == before
+    assert all(router.arm_for(k) == PRODUCTION for k in _keys("held", 1000))
+    assert _within_binomial(sum(router.arm_for(k) for k in _keys("later")), N, 0.5)
