@@ -1,4 +1,4 @@
-"""Per-request cost of the ramp's routing decision (gateway/server/arms.py).
+"""Per-request cost of the ramp's routing decision (gateway/server/ramp/arms.py).
 
     .venv/bin/python bench/arms.py [--sessions 20000] [--slots 1048576] [--cpu-time]
 
@@ -28,9 +28,9 @@ import xxhash
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.config.load import config_from
-from gateway.server.arms import ArmRouter, Rollout, SessionArms
 from gateway.server.prometheus import Exporter
 from gateway.server.proxy import RampRoute
+from gateway.server.ramp.arms import ArmRouter, Rollout, SessionArms
 
 REPEAT = 5
 # Wall clock by default; --cpu-time times this process's CPU instead (on a shared host a busy

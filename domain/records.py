@@ -59,7 +59,7 @@ class ObservationRecord(Measured, kw_only=True):
 class RampRecord(msgspec.Struct, array_like=True, frozen=True):
     """One live request of an open rollout, as the ramp's evidence stores it (never a body).
 
-    `generation` names the rollout (`gateway.server.arms.Rollout.generation`), `arm` is 0
+    `generation` names the rollout (`gateway.server.ramp.arms.Rollout.generation`), `arm` is 0
     (production) or 1 (candidate), `session` the unsalted xxh3_64 of the session key as a signed
     int64, `turn` its 1-based place among the session's requests of this rollout (filled in by
     the mirror process), `status` the HTTP status sent (0: none), `error_kind` one of

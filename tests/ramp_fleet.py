@@ -25,7 +25,7 @@ import aiohttp
 import xxhash
 from openai import AsyncOpenAI
 
-from gateway.server import arms
+from gateway.server.ramp import arms
 from storage.engine import make_engine, upgrade
 from storage.rollouts import current_rollout
 from tests.deploy.test_balancers import nginx_binary

@@ -32,8 +32,8 @@ from domain.endpoint import Endpoint
 from domain.errors import EndpointNotFound, UsageError
 from domain.records import Rollout
 from gateway.control.rollout import arms_snapshot
-from gateway.server.arms import ArmRouter
 from gateway.server.hooks import LiveTarget
+from gateway.server.ramp.arms import ArmRouter
 from storage import queries
 from storage import rollouts as rollout_store
 

@@ -3,7 +3,7 @@ advance and abort, and a worker's guard trip made durable (`GuardTrips`).
 
 Storage (`storage.rollouts`) is the one source of truth and refuses what is inconsistent; this
 module decides what may start (a `promote` verdict from the host's report process, or `force`
-with a reason) and maps a stored rollout to the worker's `gateway.server.arms.Rollout`
+with a reason) and maps a stored rollout to the worker's `gateway.server.ramp.arms.Rollout`
 (`arms_snapshot`). Every change is committed before a function returns. Never runs a report in
 a worker: the verdict comes from `gateway.control.reports.Reports`.
 """
@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain import errors as de
 from domain.records import DEFAULT_STEPS, Rollout, check_steps
 from gateway.control.reports import ReportDoc, Reports
-from gateway.server import arms
+from gateway.server.ramp import arms
 from storage import queries as q
 from storage import rollouts as store
 

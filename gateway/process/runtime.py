@@ -65,9 +65,9 @@ from gateway.server.app import (
     mount_admin,
     start_gateway,
 )
-from gateway.server.arms import ArmRouter, SessionArms
 from gateway.server.hooks import LiveTarget
 from gateway.server.prometheus import Exporter
+from gateway.server.ramp.arms import ArmRouter, SessionArms
 from storage import queries
 from storage.engine import ensure_schema, make_engine, masked
 

@@ -39,7 +39,12 @@ from domain.exposition import Family, Sample
 from domain.ids import uuid7
 from domain.outcomes import ErrorKind
 from gateway.config.sections import LimitsConfig, RolloutConfig, UpstreamConfig
-from gateway.server.arms import (
+from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
+from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
+from gateway.server.hooks import LiveTarget, RampSink, RequestTee, RolloutGuard
+from gateway.server.meter import MeterResult, ResponseMeter
+from gateway.server.prometheus import Exporter
+from gateway.server.ramp.arms import (
     GUARD_BURST,
     GUARD_CONSECUTIVE,
     PRODUCTION,
@@ -47,11 +52,6 @@ from gateway.server.arms import (
     ArmRouter,
     Rollout,
 )
-from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
-from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
-from gateway.server.hooks import LiveTarget, RampSink, RequestTee, RolloutGuard
-from gateway.server.meter import MeterResult, ResponseMeter
-from gateway.server.prometheus import Exporter
 from gateway.server.upstream import (
     CLIENT_WRITE,
     DeadlineSweeper,

@@ -11,8 +11,8 @@ import pytest
 from domain.capture import CapturedSession, CapturedTurn
 from evaluators.capacity.estimate import ArmInput, estimate
 from evaluators.capacity.slo import parse_slo
-from gateway.capacity.ramp import RampPlan, run_ramp
 from gateway.capacity.replay import Arm
+from gateway.capacity.sweep import RampPlan, run_ramp
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim
 

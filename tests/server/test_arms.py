@@ -1,4 +1,4 @@
-"""The ramp's routing core (gateway/server/arms.py) on real files and real spawned processes."""
+"""The ramp's routing core (gateway/server/ramp/arms.py), on real files and spawned processes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import xxhash
 
 from domain.errors import CanaryError, ConfigError, UsageError
-from gateway.server.arms import (
+from gateway.server.ramp.arms import (
     CANDIDATE,
     PRODUCTION,
     ArmRouter,

@@ -19,9 +19,9 @@ from aiohttp import web
 from domain.outcomes import ErrorKind
 from gateway.config.load import config_from
 from gateway.server.app import RAMP, RunningGateway, start_gateway
-from gateway.server.arms import ArmGuard, ArmRouter, Rollout, SessionArms
 from gateway.server.hooks import LiveTarget
 from gateway.server.proxy import session_hash
+from gateway.server.ramp.arms import ArmGuard, ArmRouter, Rollout, SessionArms
 from tests import fixtures_net
 from tests.fixtures_net import Served
 from tests.upstreams import free_port, raw_upstream, rst

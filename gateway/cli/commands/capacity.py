@@ -166,8 +166,8 @@ async def _measure(
     url: str, args: argparse.Namespace, slo: Slo, loads: tuple[int, ...]
 ) -> CapacityResult:
     from evaluators.capacity.estimate import ArmInput, StepData, estimate
-    from gateway.capacity.ramp import RampPlan, run_ramp
     from gateway.capacity.replay import Arm
+    from gateway.capacity.sweep import RampPlan, run_ramp
     from gateway.cli.commands.report import parse_time
     from gateway.cli.progress import Progress
     from storage import queries
