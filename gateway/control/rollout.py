@@ -3,7 +3,7 @@ advance and abort, and a worker's guard trip made durable (`GuardTrips`).
 
 Storage (`storage.rollouts`) is the one source of truth and refuses what is inconsistent; this
 module decides what may start (a `promote` verdict from the host's report process, or `force`
-with a reason) and maps a stored rollout to the worker's `gateway.server.ramp.arms.Rollout`
+with a reason) and maps a stored rollout to the worker's `gateway.server.ramp.arms.Split`
 (`arms_snapshot`). Every change is committed before a function returns. Never runs a report in
 a worker: the verdict comes from `gateway.control.reports.Reports`.
 """
@@ -130,19 +130,19 @@ class Rollouts:
         return await store.current_rollout(self.engine)
 
 
-def arms_snapshot(rollout: Rollout, candidate: object) -> arms.Rollout:
+def arms_snapshot(rollout: Rollout, candidate: object) -> arms.Split:
     """The worker's routing snapshot of a stored rollout: generation = id * 2 (+1 once closed),
     weight = percent / 100 while open, nothing to the candidate once closed."""
     if rollout.is_open:
-        return arms.Rollout(
+        return arms.Split(
             rollout.id * 2,
             salt=int(rollout.salt, 16),
             weight=rollout.weight / 100.0,
             candidate=candidate,
             state="ramping",
         )
-    state: arms.RolloutState = "idle" if rollout.state == "completed" else "rolled_back"
-    return arms.Rollout(rollout.id * 2 + 1, state=state)  # as ArmRouter.rolled_back() builds it
+    state: arms.SplitState = "idle" if rollout.state == "completed" else "rolled_back"
+    return arms.Split(rollout.id * 2 + 1, state=state)  # as ArmRouter.rolled_back() builds it
 
 
 class GuardTrips:

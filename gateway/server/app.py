@@ -26,11 +26,13 @@ from aiohttp import web
 
 from gateway.config.sections import GatewayConfig, split_host_port
 from gateway.server.connections import ConnectionStats, GatewayRunner
-from gateway.server.hooks import LiveTarget, RampSink, RequestTee, RolloutGuard
+from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.limits import EdgeLimits, descriptors_wanted, fit_file_limit, plan_limits
 from gateway.server.prometheus import Collector, Exporter
-from gateway.server.proxy import Proxy, ProxyMetrics, RampRoute
+from gateway.server.proxy import Proxy, ProxyMetrics
 from gateway.server.ramp.arms import ArmRouter
+from gateway.server.ramp.hooks import RampSink, RolloutGuard
+from gateway.server.ramp.route import RampRoute
 from gateway.server.upstream import UpstreamPool, make_client_session
 
 log = logging.getLogger("canary.gateway")

@@ -53,6 +53,7 @@ from domain.accounting import GAUGE_FIELDS, IDENTITY_FIELDS
 from domain.endpoint import Endpoint
 from domain.exposition import Exposed, Family
 from domain.ids import uuid7
+from domain.records import RampRequest
 from gateway.config.sections import MirrorConfig
 from gateway.mirror.channel import frames
 from gateway.mirror.replay.lane import MIRROR_HEADER
@@ -335,23 +336,10 @@ class Handoff:
         if not self._send_small(frames.KIND_RESULT, meta):
             self.process["results_dropped"] += 1
 
-    def put_ramp(
-        self,
-        generation: int,
-        arm: int,
-        session: int,
-        status: int,
-        error_kind: str | None,
-        ttft_s: float,
-        e2e_s: float,
-        finished: bool,
-        at: float,
-    ) -> None:
+    def put_ramp(self, request: RampRequest) -> None:
         """One request of an open rollout to the mirror process (`RampSink`); never waits."""
         transport = self._transport
-        frame = frames.ramp_frame(
-            generation, arm, session, status, error_kind, ttft_s, e2e_s, finished, at
-        )
+        frame = frames.ramp_frame(request)
         size = len(frame)
         if transport is None or (
             transport.get_write_buffer_size() + self._pending_bytes + size
