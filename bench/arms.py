@@ -75,7 +75,7 @@ def _proxy_rows(table: SessionArms, n: int) -> list[tuple[str, float]]:
         if active.state != "ramping":
             active = None
         if active is not None:
-            ramp.record(active, arm, key, 200, None, 0.05, 0.5, True)
+            ramp.record(active, arm, key, status=200, ttft_s=0.05, e2e_s=0.5, finished=True)
         return arm
 
     def requests(prefix: str, count: int) -> list[CIMultiDictProxy[str]]:

@@ -347,8 +347,8 @@ class Proxy:
                     reason, failed_status, failed_kind = failed
                     ramp.fallbacks[reason].inc()
                     ramp.record(
-                        active, arm, key, failed_status, failed_kind, None,
-                        perf_counter() - t0, False, "fallback",
+                        active, arm, key, "fallback", status=failed_status,
+                        error_kind=failed_kind, e2e_s=perf_counter() - t0,
                     )  # fmt: skip
                     active = None
                     wd.close()
@@ -423,8 +423,8 @@ class Proxy:
                 elif first_at and not is_sse:
                     ttft = first_at - t0
                 ramp.record(
-                    active, arm, key, status, kind, ttft, now - t0,
-                    delivered or (complete and not is_sse),
+                    active, arm, key, status=status, error_kind=kind, ttft_s=ttft,
+                    e2e_s=now - t0, finished=delivered or (complete and not is_sse),
                 )  # fmt: skip
         end = perf_counter()
         stats.count(status)

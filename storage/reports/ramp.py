@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 from numpy.typing import NDArray
 from sqlalchemy import ColumnElement, case, select
@@ -20,16 +21,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.observation import Field, describe
 from domain.outcomes import NOT_THE_ENDPOINT
-from domain.records import Outcome, RampRecord
+from domain.records import RampRecord
 from storage.models import RolloutRequestRow
 from storage.reports.pairs import _batches
 from storage.sql import translated
 
-__all__ = ["RAMP_COLUMNS", "ramp_requests"]
+__all__ = ["RAMP_COLUMNS", "evidence_columns", "ramp_requests"]
 
 _TABLE: Final = RolloutRequestRow.__table__
 # Integer columns by their declared width (domain.records.RampRecord).
 _INT_DTYPES: Final[dict[int, type[np.generic]]] = {8: np.int8, 16: np.int32, 64: np.int64}
+# Who and where: the unit (session), its arm and the request's turn.
+_UNIT: Final = ("session", "arm", "turn")
 
 
 def _dtype(field: Field) -> type[np.generic]:
@@ -38,19 +41,24 @@ def _dtype(field: Field) -> type[np.generic]:
     return _INT_DTYPES.get(field.quantity.bits, np.int32)
 
 
-_FIELDS: Final = {f.name: f for f in describe(RampRecord)}
-# Who and where: the unit (session), its arm and the request's turn, as declared.
-_UNIT: Final = tuple(_TABLE.c[name] for name in ("session", "arm", "turn"))
-# Every float of the outcome (ttft_s, e2e_s and any quantity added there), NaN where NULL.
-_FLOATS: Final = tuple(_TABLE.c[f.name] for f in describe(Outcome) if f.type is float)
-# The arrays, named as `evaluators.ramp.arms.session_units` names its parameters, and dtypes:
-# the declared columns, and `ok` and `disconnected` reduced from the error kind in SQL.
-RAMP_COLUMNS: Final[dict[str, type[np.generic]]] = {
-    **{c.name: _dtype(_FIELDS[c.name]) for c in _UNIT},
-    "ok": np.bool_,
-    **{c.name: _dtype(_FIELDS[c.name]) for c in _FLOATS},
-    "disconnected": np.bool_,
-}
+def evidence_columns(record: type[msgspec.Struct]) -> dict[str, type[np.generic]]:
+    """The per-request arrays of a declared ramp record, and their dtypes: the unit, `ok`, every
+    duration it declares (unit "s": `ttft_s`, `e2e_s` and any quantity added there), NaN where
+    NULL, and `disconnected` (`ok` and `disconnected` reduced from the error kind in SQL)."""
+    fields = {f.name: f for f in describe(record)}
+    durations = {name: _dtype(f) for name, f in fields.items() if f.quantity.unit == "s"}
+    return {
+        **{name: _dtype(fields[name]) for name in _UNIT},
+        "ok": np.bool_,
+        **durations,
+        "disconnected": np.bool_,
+    }
+
+
+# The arrays, named as `evaluators.ramp.arms.session_units` names its parameters.
+RAMP_COLUMNS: Final = evidence_columns(RampRecord)
+_REDUCED: Final = ("ok", "disconnected")
+_DURATIONS: Final = tuple(_TABLE.c[n] for n in RAMP_COLUMNS if n not in (*_UNIT, *_REDUCED))
 _BATCH: Final = 20_000  # rows per fetch: large enough to amortize, small enough to bound memory
 
 
@@ -64,7 +72,8 @@ def _query(generation: int, since: float | None, until: float | None) -> Any:
         cond.append(r.c.at >= since)
     if until is not None:
         cond.append(r.c.at < until)
-    return select(*_UNIT, ok, *_FLOATS, disconnected).where(*cond).order_by(r.c.at, r.c.id)
+    unit = (r.c[name] for name in _UNIT)
+    return select(*unit, ok, *_DURATIONS, disconnected).where(*cond).order_by(r.c.at, r.c.id)
 
 
 async def ramp_requests(

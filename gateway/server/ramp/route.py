@@ -14,7 +14,9 @@ counted and swallowed).
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import msgspec
 import xxhash
 from multidict import CIMultiDict
 
@@ -157,39 +159,25 @@ class RampRoute:
         ]
 
     def record(
-        self,
-        active: Split,
-        arm: int,
-        key: str,
-        status: int,
-        kind: str | None,
-        ttft_s: float | None,
-        e2e_s: float,
-        finished: bool,
-        outcome: str | None = None,
+        self, active: Split, arm: int, key: str, label: str | None = None, /, **outcome: Any
     ) -> None:
-        """One request of the ramp is over: count it, hand its record to the sink, and feed
-        the guard with a candidate's outcome (tripping it rolls this worker back at once)."""
-        failed = status >= 500 or kind in _ARM_FAILURES
-        if kind is None and status >= 500:
-            kind = ErrorKind.HTTP_5XX
-        self.requests[arm][outcome or ("error" if failed else "ok")].inc()
+        """One request of the ramp is over, its `outcome` given by the fields of
+        `domain.records.Outcome` (declared there, never spelled here): count it under `label`
+        (else ok or error), hand its record to the sink, and feed the guard with a candidate's
+        outcome (tripping it rolls this worker back at once)."""
+        request = RampRequest(
+            generation=active.generation, arm=arm, session=session_hash(key), at=time.time(),
+            **outcome,
+        )  # fmt: skip
+        status = request.status
+        failed = status >= 500 or request.error_kind in _ARM_FAILURES
+        if request.error_kind is None and status >= 500:
+            request = msgspec.structs.replace(request, error_kind=ErrorKind.HTTP_5XX)
+        self.requests[arm][label or ("error" if failed else "ok")].inc()
         sink = self.sink
         if sink is not None:
             try:
-                sink.put_ramp(
-                    RampRequest(
-                        status=status,
-                        error_kind=kind,
-                        ttft_s=ttft_s,
-                        e2e_s=e2e_s,
-                        finished=finished,
-                        generation=active.generation,
-                        arm=arm,
-                        session=session_hash(key),
-                        at=time.time(),
-                    )
-                )
+                sink.put_ramp(request)
             except Exception:
                 self.sink_errors.inc()
         if arm:
