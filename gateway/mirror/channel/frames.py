@@ -17,7 +17,6 @@ instant they apply, sent on connect and whenever they change). This module never
 from __future__ import annotations
 
 import math
-import operator
 import struct
 from typing import Final
 
@@ -80,14 +79,13 @@ class RampLayout:
     another, in declaration order): `pack` and `unpack` are the only conversions between the
     record (None where absent) and the wire (NaN, code 0)."""
 
-    __slots__ = ("_clamp", "_codes", "_floats", "_get", "cls", "meta", "names")
+    __slots__ = ("_clamp", "_codes", "_floats", "cls", "meta", "names")
 
     def __init__(self, cls: type[msgspec.Struct]) -> None:
         fields = describe(cls)
         self.cls = cls
         self.names = tuple(f.name for f in fields)
         self.meta = struct.Struct("!" + "".join(_code(f) for f in fields))
-        self._get = operator.attrgetter(*self.names)
         self._floats = tuple(i for i, f in enumerate(fields) if f.type is float and f.nullable)
         self._codes = tuple(i for i, f in enumerate(fields) if f.type is str)
         # Unsigned fields are clamped into their range (a status above 65535 is none of HTTP's).
@@ -98,8 +96,9 @@ class RampLayout:
         )
 
     def values(self, record: msgspec.Struct) -> list[object]:
-        """The record's packed values, in layout order."""
-        out: list[object] = list(self._get(record))
+        """The record's packed values, in layout order (a record of exactly `cls`; about
+        0.2 µs for RampRequest, the worker's cost per request of an open rollout)."""
+        out: list[object] = list(_astuple(record))
         for i in self._floats:
             if out[i] is None:
                 out[i] = _NAN
@@ -107,7 +106,9 @@ class RampLayout:
             kind = out[i]
             out[i] = 0 if kind is None else _ERROR_CODES.get(kind, _OTHER)  # type: ignore[call-overload]
         for i, top in self._clamp:
-            out[i] = min(max(out[i], 0), top)  # type: ignore[call-overload]
+            value = out[i]
+            if not 0 <= value <= top:  # type: ignore[operator]
+                out[i] = min(max(value, 0), top)  # type: ignore[call-overload]
         return out
 
     def fields(self, meta: bytes) -> dict[str, object]:
@@ -123,6 +124,7 @@ class RampLayout:
 
 
 _NAN: Final = math.nan
+_astuple: Final = msgspec.structs.astuple
 _ERROR_CODES: Final = {kind.value: n for n, kind in enumerate(ERROR_KINDS, 1)}
 _OTHER: Final = _ERROR_CODES[ErrorKind.OTHER.value]
 RAMP_LAYOUT: Final = RampLayout(RampRequest)
