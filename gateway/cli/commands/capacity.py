@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from domain.errors import UsageError
+from domain.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from domain.endpoint import Endpoint
@@ -303,4 +303,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"{result.candidate.endpoint}: capacity result written to {args.out}")
     else:
         sys.stdout.write(text)
-    return 0
+    return EXIT_OK
