@@ -55,8 +55,10 @@ equal (exit code, admin status and `code`, then what it means):
     ├── ScoringError             exit 1  admin 500 internal_error (gateway.mirror.scoring.forced):
     │   │                                counted score_failed in the mirror, never a boundary
     │   └── ScoringUnsupported   exit 1  admin 500 internal_error: counted score_unsupported
-    └── ClientGone               exit 1  admin 500 internal_error (gateway.sim.state): the
-                                         simulator's client left; it ends the simulated answer
+    ├── ClientGone               exit 1  admin 500 internal_error (gateway.sim.state): the
+    │                                    simulator's client left; it ends the simulated answer
+    └── ProcessDidNotStart       exit 1  admin 500 internal_error: a child process (the mirror,
+                                         report or simulator process) did not say it listens
 """
 
 from __future__ import annotations
@@ -220,3 +222,8 @@ class SchemaAhead(SchemaBehind):
 
     A subclass of `SchemaBehind` on purpose: both mean "refuse to start, tell the operator".
     """
+
+
+class ProcessDidNotStart(CanaryError):
+    """A child process the gateway spawned (the mirror, report or simulator process) died or
+    did not say it listens in time; the message names it and its exit code."""

@@ -24,6 +24,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from domain.errors import ConfigError
 from gateway.config.sections import GatewayConfig, split_host_port
 from gateway.server.connections import ConnectionStats, GatewayRunner
 from gateway.server.hooks import LiveTarget, RequestTee
@@ -286,11 +287,11 @@ async def start_gateway(
 ) -> RunningGateway:
     """Build, start and bind a gateway on `config.server.listen` (port 0: any free port).
 
-    The live endpoint is `live`, else `config.live.url`; with neither, ValueError.
+    The live endpoint is `live`, else `config.live.url`; with neither, ConfigError.
     """
     if live is None:
         if config.live.url is None:
-            raise ValueError("start_gateway needs a live endpoint (live or config.live.url)")
+            raise ConfigError("[live] url: the gateway needs a live endpoint (none configured)")
         live = LiveTarget(config.live.endpoint(config.live.url))
     limits = connection_limits(config)
     config = msgspec.structs.replace(
