@@ -57,7 +57,8 @@ _NATS_PAIR: Final = Quantity("nats/token", per_pair=True)
 
 
 class Measured(msgspec.Struct, kw_only=True):
-    """The measured quantities of one response, by vLLM `bench serve` conventions (DESIGN.md §6).
+    """The measured quantities of one response, by vLLM `bench serve` conventions
+    (docs/design.md, "The request path").
 
     Durations are seconds from the moment the request was sent upstream.
     """

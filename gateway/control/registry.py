@@ -3,7 +3,8 @@ atomically, reloaded from storage whenever the stored registry version changes.
 
 Every replica sharing a database polls one integer (`registry_meta.version`) every
 `poll_interval_s` and reloads only when it moved, so a promotion, a rollback or a candidate
-change made through any replica is applied by all of them within one interval (DESIGN.md §3.5).
+change made through any replica is applied by all of them within one interval (docs/design.md,
+"Control plane").
 The proxy never waits on this: it reads `LiveTarget` and the snapshot, both swapped whole.
 
 The ramp rides on the same reload: with each new version the registry reads the rollout

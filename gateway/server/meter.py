@@ -3,7 +3,8 @@
 `ResponseMeter` is a pure, incremental parser: the proxy (and the mirror dispatcher, on candidate
 responses) calls `feed(chunk, now)` on every chunk and `finish(now, status)` once, and gets a
 `MeterResult` with TTFT, inter-token gaps, usage, finish reason, tool calls, the output text up to
-a bound and an xxh3_128 hash of all of it (DESIGN.md §6, vLLM `bench serve` conventions).
+a bound and an xxh3_128 hash of all of it (vLLM `bench serve` conventions: docs/design.md,
+"The request path").
 
 Timings are over the token span, not per read: several SSE events that arrive in one read (a
 fast engine, a busy host) share one timestamp, so TPOT is (last token - first token) / (output
