@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 ACTIONS = {
     "pause": "hold the weight where it is; the controller stops judging",
     "resume": "let a paused rollout run again",
-    "advance": "move to the next step now, whatever the dwell",
+    "advance": "move a running rollout to the next step now, whatever the dwell",
     "abort": "send every session back to production at once and close the rollout",
 }
 EVENTS_SHOWN = 10
