@@ -31,7 +31,7 @@ second (ELIGIBLE). The mirror process answers with the sampling references (RATE
 instant they apply; this worker swaps its thresholds at that instant, as every other worker of
 the host does, so a key's decision never depends on which worker served it.
 
-Ramp evidence (`put_ramp`, the worker's `gateway.server.hooks.RampSink`): each request of an
+Ramp evidence (`put_ramp`, the worker's `gateway.server.ramp.hooks.RampSink`): each request of an
 open rollout becomes one fixed-size RAMP frame (struct-packed, no body), queued with the other
 frames under the same cap as production's results; while the channel is down or full it is
 `ramp_dropped`, counted, never waited for.
