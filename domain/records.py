@@ -61,7 +61,8 @@ class ObservationRecord(Measured, kw_only=True):
 
 class Outcome(msgspec.Struct, kw_only=True, frozen=True):
     """How one request went, as the ramp keeps it: declared here once, with the observation's
-    units and missing-value rule (None when absent, NULL in a table).
+    units and missing-value rule: None when absent, NULL in a table; NaN only where None cannot
+    be (inside a packed RAMP frame, and in the step's numpy arrays).
 
     The ramp derives everything from this declaration and its two extensions below: the RAMP
     frame's packed layout (`gateway.mirror.channel.frames.RAMP`), the `rollout_requests`
