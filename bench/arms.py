@@ -1,4 +1,4 @@
-"""Per-request cost of the ramp's routing decision (gateway/server/arms.py).
+"""Per-request cost of the ramp's routing decision (gateway/server/ramp/arms.py).
 
     .venv/bin/python bench/arms.py [--sessions 20000] [--slots 1048576] [--cpu-time]
 
@@ -28,9 +28,9 @@ import xxhash
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.config.load import config_from
-from gateway.server.arms import ArmRouter, Rollout, SessionArms
 from gateway.server.prometheus import Exporter
-from gateway.server.proxy import RampRoute
+from gateway.server.ramp.arms import ArmRouter, SessionArms, Split
+from gateway.server.ramp.route import RampRoute
 
 REPEAT = 5
 # Wall clock by default; --cpu-time times this process's CPU instead (on a shared host a busy
@@ -54,7 +54,7 @@ def _new(fn: Callable[[str], object], n: int, prefix: str) -> tuple[float, list[
 
 
 class _NullSink:
-    def put_ramp(self, *record: object) -> None:
+    def put_ramp(self, request: object) -> None:
         pass
 
 
@@ -68,14 +68,14 @@ def _proxy_rows(table: SessionArms, n: int) -> list[tuple[str, float]]:
     header = ramp.session_header
 
     def decide(headers: CIMultiDictProxy[str]) -> object:
-        active: Rollout | None = ramp.router.rollout
+        active: Split | None = ramp.router.rollout
         key = headers.get(header) or "rid"
         arm = ramp.router.arm_for(key)
         assert active is not None
         if active.state != "ramping":
             active = None
         if active is not None:
-            ramp.record(active, arm, key, 200, None, 0.05, 0.5, True)
+            ramp.record(active, arm, key, status=200, ttft_s=0.05, e2e_s=0.5, finished=True)
         return arm
 
     def requests(prefix: str, count: int) -> list[CIMultiDictProxy[str]]:
@@ -100,7 +100,7 @@ def _proxy_rows(table: SessionArms, n: int) -> list[tuple[str, float]]:
     idle = requests("idle", n)
     timed(idle)  # first sight: recorded
     rows.append(("router idle, known session: decide", timed(idle)))
-    router.swap(Rollout(3, salt=0x5EED, weight=0.5, candidate="cand", state="ramping"))
+    router.swap(Split(3, salt=0x5EED, weight=0.5, candidate="cand", state="ramping"))
     during = requests("ramp", n)
     timed(during)
     rows.append(("ramp at 50 %, known session: decide + record", timed(during)))
@@ -127,7 +127,7 @@ def main() -> None:
         us, before = _new(router.arm_for, n, "idle")
         rows.append(("no rollout, new session (recorded)", us))
         rows.append(("no rollout, known session", _known(router.arm_for, before)))
-        ramp = Rollout(1, salt=0x5EED, weight=0.25, candidate="cand", state="ramping")
+        ramp = Split(1, salt=0x5EED, weight=0.25, candidate="cand", state="ramping")
         router.swap(ramp)
         us, during = _new(router.arm_for, n, "ramp")
         rows.append(("ramp at 25 %, new session", us))

@@ -55,13 +55,22 @@ equal (exit code, admin status and `code`, then what it means):
     ├── ScoringError             exit 1  admin 500 internal_error (gateway.mirror.scoring.forced):
     │   │                                counted score_failed in the mirror, never a boundary
     │   └── ScoringUnsupported   exit 1  admin 500 internal_error: counted score_unsupported
-    └── ClientGone               exit 1  admin 500 internal_error (gateway.sim.state): the
-                                         simulator's client left; it ends the simulated answer
+    ├── ClientGone               exit 1  admin 500 internal_error (gateway.sim.state): the
+    │                                    simulator's client left; it ends the simulated answer
+    └── ProcessDidNotStart       exit 1  admin 500 internal_error: a child process (the mirror,
+                                         report or simulator process) did not say it listens
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+
+# The CLI's exit codes, named once (`gateway.cli.errors.cli_errors` sets them; the classes below
+# declare theirs with them).
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1  # something failed: storage, a network peer, a bug
+EXIT_USAGE: Final = 2  # the operator's input (a flag, a name, a refused request), as argparse
+EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report it
 
 
 class CanaryError(Exception):
@@ -72,7 +81,7 @@ class CanaryError(Exception):
     the admin API; `http_message`, when set, is said over HTTP instead of the message (which
     may name a database URL); `http_field` names the offending input."""
 
-    exit_code: int = 1
+    exit_code: int = EXIT_FAILURE
     http_status: int = 500
     code: str = "internal_error"
     http_message: str | None = None
@@ -82,11 +91,15 @@ class CanaryError(Exception):
         """Machine-readable detail for the JSON error body, if the class has any."""
         return None
 
+    def cli_lines(self) -> list[str]:
+        """Lines the CLI prints under the message (none unless the class has more to say)."""
+        return []
+
 
 class UsageError(CanaryError):
     """Bad input from the operator: a flag, a config file, an argument. Exit code 2."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
     http_status = 422
     code = "invalid_request"
 
@@ -103,7 +116,7 @@ class NotFound(CanaryError):
     """No such thing by that name (an endpoint, a candidate, a report format). Exit code 2:
     the operator named it."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
     http_status = 404
     code = "not_found"
 
@@ -200,7 +213,7 @@ class SchemaBehind(StorageError):
     """The database schema does not match the code; the message names the command to run.
     Exit code 2: the operator fixes it (`canary db upgrade`)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
     http_message = None  # names the command to run, never the database URL
 
 
@@ -209,3 +222,8 @@ class SchemaAhead(SchemaBehind):
 
     A subclass of `SchemaBehind` on purpose: both mean "refuse to start, tell the operator".
     """
+
+
+class ProcessDidNotStart(CanaryError):
+    """A child process the gateway spawned (the mirror, report or simulator process) died or
+    did not say it listens in time; the message names it and its exit code."""

@@ -45,6 +45,9 @@ class Quantity(msgspec.Struct, frozen=True):
     unit: str = ""  # "s", "tokens", ... ("" for codes and text)
     per_pair: bool = False  # an evaluator column (float32, NaN where absent)
     length: int = 0  # strings: the column's length (0: unbounded text)
+    # Integers: their width in bits where it is not the default 32 (64: BIGINT; 8 or 16: an
+    # unsigned byte or short where packed, domain.records.RampRequest).
+    bits: int = 0
 
 
 _S: Final = Quantity("s")

@@ -56,28 +56,49 @@ class ObservationRecord(Measured, kw_only=True):
     tool_calls: str | None = None  # JSON: [{"name": ..., "arguments": ...}]
 
 
-class RampRecord(msgspec.Struct, array_like=True, frozen=True):
-    """One live request of an open rollout, as the ramp's evidence stores it (never a body).
+# --- the ramp's evidence: how one live request of an open rollout went ------------------------
 
-    `generation` names the rollout (`gateway.server.arms.Rollout.generation`), `arm` is 0
-    (production) or 1 (candidate), `session` the unsalted xxh3_64 of the session key as a signed
-    int64, `turn` its 1-based place among the session's requests of this rollout (filled in by
-    the mirror process), `status` the HTTP status sent (0: none), `error_kind` one of
-    domain.outcomes.ERROR_KINDS or None, `ttft_s` / `e2e_s` NaN when absent, `finished` whether
-    the stream's final event reached the client, `at` the end (epoch s), `replica` the host's.
+
+class Outcome(msgspec.Struct, kw_only=True, frozen=True):
+    """How one request went, as the ramp keeps it: declared here once, with the observation's
+    units and missing-value rule: None when absent, NULL in a table; NaN only where None cannot
+    be (inside a packed RAMP frame, and in the step's numpy arrays).
+
+    The ramp derives everything from this declaration and its two extensions below: the RAMP
+    frame's packed layout (`gateway.mirror.channel.frames.RAMP`), the `rollout_requests`
+    columns (`storage.models.RolloutRequestRow`), the writer's row (`storage.writer`) and the
+    step's per-request float arrays (`storage.reports.ramp.RAMP_COLUMNS`). tests/
+    test_ramp_evidence.py fails when one of these fields is declared a second time, and walks
+    adding a quantity (one field here, the proxy's code that fills it, an Alembic revision).
     """
 
-    generation: int
-    arm: int
-    session: int
+    status: Annotated[int, Quantity(bits=16)] = 0  # the HTTP status sent; 0: none
+    # None when ok; one of domain.outcomes.ERROR_KINDS (an unknown one travels as `other`).
+    error_kind: Annotated[str | None, Quantity(length=32)] = None
+    ttft_s: Annotated[float | None, Quantity("s")] = None  # first token (SSE) or first byte
+    e2e_s: Annotated[float | None, Quantity("s")] = None  # from sent upstream to the end
+    finished: bool = False  # the stream's final event (or a whole plain answer) went out
+
+
+class RampRequest(Outcome, kw_only=True, frozen=True):
+    """What a worker hands the mirror process per request of an open rollout (a RAMP frame):
+    the outcome, the rollout's `generation` (`gateway.server.ramp.arms.Split.generation`), the
+    `arm` (0 production, 1 candidate), the `session` (the unsalted xxh3_64 of the session key
+    as a signed int64) and `at`, the end (epoch s). Never a body."""
+
+    generation: Annotated[int, Quantity(bits=64)]
+    arm: Annotated[int, Quantity(bits=8)]
+    session: Annotated[int, Quantity(bits=64)]
+    at: Annotated[float, Quantity("epoch s")]
+
+
+class RampRecord(RampRequest, kw_only=True, frozen=True):
+    """One live request of an open rollout, as the ramp's evidence stores it: the worker's
+    `RampRequest`, its 1-based `turn` among the session's requests of this rollout and the
+    host's `replica` (both filled in by the mirror process)."""
+
     turn: int
-    status: int
-    error_kind: str | None
-    ttft_s: float
-    e2e_s: float
-    finished: bool
-    at: float
-    replica: str
+    replica: Annotated[str, Quantity(length=64)] = ""
 
 
 class PromotionRecord(msgspec.Struct, kw_only=True):

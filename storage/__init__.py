@@ -1,5 +1,6 @@
 """Storage: SQLAlchemy 2.0 async models, the engine factory, typed queries, the observation
-writer (DESIGN.md §5). Imports neither `gateway` nor `evaluators`; raises only domain.errors.
+writer (docs/design.md, "Storage and data model"). Imports neither `gateway` nor `evaluators`;
+raises only domain.errors.
 
 - `engine`      make_engine, schema_state, upgrade/downgrade, ensure_schema
 - `migrate`     Alembic driven from code

@@ -38,7 +38,7 @@ from sqlalchemy.types import TypeEngine
 
 from domain.endpoint import Endpoint
 from domain.observation import describe
-from domain.records import ObservationRecord
+from domain.records import ObservationRecord, RampRecord
 
 # SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL wants BIGINT for large tables.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -156,11 +156,14 @@ _SQL_TYPES: dict[type[Any], TypeEngine[Any]] = {
 
 def declared_columns(record: type[msgspec.Struct]) -> list[Column[Any]]:
     """The columns of a record declared in domain (`domain.observation.describe`): its type
-    (a string with a length is VARCHAR, without one TEXT), NULL where it may be None."""
+    (a string with a length is VARCHAR, without one TEXT; an integer of 64 bits BIGINT), NULL
+    where it may be None."""
     columns: list[Column[Any]] = []
     for f in describe(record):
         length = f.quantity.length
         sql = String(length) if f.type is str and length else _SQL_TYPES[f.type]
+        if f.type is int and f.quantity.bits > 32:
+            sql = BigInteger()
         columns.append(Column(f.name, sql, nullable=f.nullable))
     return columns
 
@@ -211,25 +214,17 @@ class MirrorCounterRow(Base):
 
 
 class RolloutRequestRow(Base):
-    """One live request of an open rollout (`domain.records.RampRecord`): the arm that served
-    it, its session (signed xxh3_64 of the key) and turn, and how it went. The ramp's step
-    judge reads a rollout's rows by time (`storage.reports.ramp`)."""
+    """One live request of an open rollout: `domain.records.RampRecord`'s fields, as declared
+    there (the arm that served it, its session and turn, how it went), plus a surrogate id. The
+    ramp's step judge reads a rollout's rows by time (`storage.reports.ramp`)."""
 
-    __tablename__ = "rollout_requests"
-    __table_args__ = (Index("ix_rollout_requests_generation_at", "generation", "at"),)
-
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    generation: Mapped[int] = mapped_column(BigInteger)
-    at: Mapped[float] = mapped_column(Float)
-    session: Mapped[int] = mapped_column(BigInteger)
-    arm: Mapped[int] = mapped_column(Integer)  # 0 production, 1 candidate
-    turn: Mapped[int] = mapped_column(Integer)
-    status: Mapped[int] = mapped_column(Integer)
-    error_kind: Mapped[str | None] = mapped_column(String(32))
-    ttft_s: Mapped[float | None] = mapped_column(Float)  # NULL when absent (NaN on the wire)
-    e2e_s: Mapped[float | None] = mapped_column(Float)
-    finished: Mapped[bool] = mapped_column(Boolean)
-    replica: Mapped[str] = mapped_column(String(64), default="")
+    __table__ = Table(
+        "rollout_requests",
+        Base.metadata,
+        Column("id", BigId, primary_key=True, autoincrement=True),
+        *declared_columns(RampRecord),
+        Index("ix_rollout_requests_generation_at", "generation", "at"),
+    )
 
 
 # --- capture and capacity (revision 0003) ------------------------------------------------------

@@ -24,11 +24,11 @@ mirror's records out nor be crowded out by them; beyond the bound they are `ramp
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from functools import partial
 from typing import Any, Final
 
+import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.exposition import Family, Kind, Sample
@@ -69,20 +69,8 @@ FAMILIES: Final = {
 
 
 def ramp_row(record: RampRecord) -> dict[str, Any]:
-    """A ramp record as a `rollout_requests` row (NaN latencies stored as NULL)."""
-    return {
-        "generation": record.generation,
-        "at": record.at,
-        "session": record.session,
-        "arm": record.arm,
-        "turn": record.turn,
-        "status": record.status,
-        "error_kind": record.error_kind,
-        "ttft_s": record.ttft_s if math.isfinite(record.ttft_s) else None,
-        "e2e_s": record.e2e_s if math.isfinite(record.e2e_s) else None,
-        "finished": record.finished,
-        "replica": record.replica,
-    }
+    """A ramp record as a `rollout_requests` row: its declared fields by name (None is NULL)."""
+    return msgspec.structs.asdict(record)
 
 
 class ObservationWriter(BatchWriter):

@@ -25,7 +25,7 @@ import aiohttp
 import xxhash
 from openai import AsyncOpenAI
 
-from gateway.server import arms
+from gateway.server.ramp import arms
 from storage.engine import make_engine, upgrade
 from storage.rollouts import current_rollout
 from tests.deploy.test_balancers import nginx_binary
@@ -166,7 +166,7 @@ async def served_by(client: AsyncOpenAI, key: str, *, fail: bool = False) -> str
 
 def candidate_keys(salt: str, prefix: str) -> Iterator[str]:
     """Fresh session keys that the rollout with this salt sends to the candidate at WEIGHT."""
-    threshold = arms.Rollout(
+    threshold = arms.Split(
         1, salt=int(salt, 16), weight=WEIGHT / 100, candidate="c", state="ramping"
     ).threshold
     for i in itertools.count():

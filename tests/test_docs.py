@@ -612,3 +612,39 @@ def test_test_references_in_docs_exist() -> None:
             source = (ROOT / "tests" / file).read_text(encoding="utf-8")
             assert re.search(rf"^(async )?def {name}\(", source, re.M), f"{file}::{name}"
     assert cited >= 20
+
+
+# A design reference: `docs/design.md, "<section>"` (a heading of that page), anywhere in the
+# tree; and the form that cannot be resolved from the repository, a numbered "DESIGN.md §N".
+_DESIGN_REF = re.compile(r'docs/design\.md,\s+"([^"]+)"')
+_NUMBERED_REF = re.compile(r"DESIGN\.md,?\s*§\s*[\d.]+")
+_TREE = ("domain", "gateway", "evaluators", "storage", "tests", "bench", "docs", "migrations")
+
+
+def design_references(text: str) -> tuple[list[str], list[str]]:
+    """(the section names `text` cites in docs/design.md, its numbered DESIGN.md references)."""
+    named = [" ".join(m.group(1).split()) for m in _DESIGN_REF.finditer(text)]
+    return named, _NUMBERED_REF.findall(text)
+
+
+def test_design_references_resolve() -> None:
+    """Every design reference in the tree names a heading of docs/design.md; none is a numbered
+    "DESIGN.md §N", which no file of the repository holds."""
+    page = (DOCS_DIR / "design.md").read_text()
+    headings = {m.group(1).strip() for m in re.finditer(r"^#+\s+(.+)$", page, re.M)}
+    bad, cited = [], 0
+    files = [ROOT / "README.md"]
+    files += [p for d in _TREE for p in sorted((ROOT / d).rglob("*")) if p.suffix in (".py", ".md")]
+    for path in files:
+        if path == Path(__file__):
+            continue
+        named, numbered = design_references(path.read_text())
+        cited += len(named)
+        rel = path.relative_to(ROOT)
+        bad += [f"{rel}: {n!r} is no heading of docs/design.md" for n in named if n not in headings]
+        bad += [f"{rel}: {n!r} (name a docs/design.md section)" for n in numbered]
+    assert bad == [] and cited >= 7
+    assert design_references('x (docs/design.md,\n"The mirror path") DESIGN.md §3.4') == (
+        ["The mirror path"],
+        ["DESIGN.md §3.4"],
+    )

@@ -1,4 +1,4 @@
-"""The import rules of the layout (docs/design.md, "Layout"), checked on the source tree.
+"""The import rules of the layout (docs/design.md, "Modules"), checked on the source tree.
 
 Every `import` and `from ... import` of our packages is read with `ast`, at any depth (inside
 functions too, so a deferred import cannot dodge a rule); only `if TYPE_CHECKING:` blocks are

@@ -3,7 +3,7 @@ the two arms and the cost per million output tokens at capacity.
 
 A step *passes* when the share of its requests meeting every SLO is at least the attainment
 target (0.9: the SLO holds at p90). An arm's capacity is its goodput at the last passing step
-of the ramp before the first failing one (the ramp is run from low to high load), and the load
+of the sweep before the first failing one (the sweep is run from low to high load), and the load
 of that step is its capacity in offered-load units. The interval resamples whole conversations
 within every step (a conversation's turns share a KV cache and a think time, so they are not
 independent) and recomputes the same walk, B times; the ratio's interval pairs the two arms'

@@ -1,4 +1,4 @@
-"""One step of a ramp, for one arm: what its requests measured and the step's statistics.
+"""One step of a load sweep, for one arm: what its requests measured and the step's statistics.
 
 Definitions follow `vllm bench serve`: goodput = requests that succeeded and met every SLO per
 second of the step; output throughput = output tokens of successful requests per second;

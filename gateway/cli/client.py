@@ -15,7 +15,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from domain.errors import CanaryError
+from domain.errors import EXIT_FAILURE, EXIT_USAGE, CanaryError
 from gateway.control.admin import schema as s
 
 T = TypeVar("T")
@@ -32,7 +32,19 @@ class AdminAPIError(CanaryError):
         super().__init__(message)
         self.status = status
         self.error = error
-        self.exit_code = 2 if status < 500 else 1
+        self.exit_code = EXIT_USAGE if status < 500 else EXIT_FAILURE
+
+    def cli_lines(self) -> list[str]:
+        """A refused promote's reasons, one per line (the verdict is already in the message)."""
+        detail = self.error.detail if self.error is not None else None
+        if not detail or not isinstance(detail.get("reasons"), list):
+            return []
+        lines = [
+            f"  {r.get('metric', '?'):<14}{r.get('status', ''):<14}{r.get('reason', '')}"
+            for r in detail["reasons"]
+            if isinstance(r, dict) and r.get("metric") != "verdict"
+        ]
+        return [*lines, "use --force to promote anyway (the audit log records it)"]
 
 
 class AdminUnreachable(CanaryError):
@@ -51,8 +63,12 @@ def admin_base(url: str) -> str:
 class AdminClient:
     """`async with AdminClient(url, token) as c: await c.list_candidates()`."""
 
-    def __init__(self, url: str, token: str | None, *, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, url: str, token: str | None, *, timeout_s: float = 60.0, token_source: str = ""
+    ) -> None:
+        """`token_source` names where a token would come from, for a 401's hint."""
         self.url = url
+        self._token_source = token_source
         self.base = admin_base(url)
         self._headers = {"Accept": "application/json"}
         if token:
@@ -92,7 +108,10 @@ class AdminClient:
                 f"cannot reach the admin API at {self.url}: {_why(exc, self._timeout.total)}"
             ) from exc
         if status >= 400 and status not in ok:
-            raise _error(status, raw)
+            error = _error(status, raw)
+            if status == 401 and "Authorization" not in self._headers and self._token_source:
+                error.args = (f"{error} (set {self._token_source})",)
+            raise error
         return status, raw
 
     async def _get(self, path: str, type_: type[T]) -> T:

@@ -3,7 +3,8 @@ atomically, reloaded from storage whenever the stored registry version changes.
 
 Every replica sharing a database polls one integer (`registry_meta.version`) every
 `poll_interval_s` and reloads only when it moved, so a promotion, a rollback or a candidate
-change made through any replica is applied by all of them within one interval (DESIGN.md §3.5).
+change made through any replica is applied by all of them within one interval (docs/design.md,
+"Control plane").
 The proxy never waits on this: it reads `LiveTarget` and the snapshot, both swapped whole.
 
 The ramp rides on the same reload: with each new version the registry reads the rollout
@@ -17,7 +18,7 @@ weight.
 A database error while polling keeps the old snapshot, counted, logged once per outage; the
 proxy keeps serving the last known live endpoint. With `store_loss_hold_s`, a watch reads the
 store whenever nothing else has for a while: after that long without a successful read the
-ramp is *held* (new sessions to production, `arms.Rollout.held`; a guard's local rollback
+ramp is *held* (new sessions to production, `arms.Split.held`; a guard's local rollback
 stands), and it resumes the stored rollout only once the store has answered for
 `store_resume_after_s`, so that a rollback another worker decided meanwhile (retried every
 `rollout.store_retry_max_s` at most) is stored, and read here, first.
@@ -38,8 +39,8 @@ from domain.endpoint import Endpoint
 from domain.errors import EndpointNotFound, UsageError
 from domain.records import Rollout
 from gateway.control.rollout import arms_snapshot
-from gateway.server.arms import ArmRouter
 from gateway.server.hooks import LiveTarget
+from gateway.server.ramp.arms import ArmRouter
 from storage import queries
 from storage import rollouts as rollout_store
 

@@ -3,7 +3,7 @@ advance and abort, and a worker's guard trip made durable (`GuardTrips`).
 
 Storage (`storage.rollouts`) is the one source of truth and refuses what is inconsistent; this
 module decides what may start (a `promote` verdict from the host's report process, or `force`
-with a reason) and maps a stored rollout to the worker's `gateway.server.arms.Rollout`
+with a reason) and maps a stored rollout to the worker's `gateway.server.ramp.arms.Split`
 (`arms_snapshot`). Every change is committed before a function returns. Never runs a report in
 a worker: the verdict comes from `gateway.control.reports.Reports`.
 """
@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain import errors as de
 from domain.records import DEFAULT_STEPS, Rollout, check_steps
 from gateway.control.reports import ReportDoc, Reports
-from gateway.server import arms
+from gateway.server.ramp import arms
 from storage import queries as q
 from storage import rollouts as store
 
@@ -131,23 +131,23 @@ class Rollouts:
         return await store.current_rollout(self.engine)
 
 
-def arms_snapshot(rollout: Rollout, candidate: object) -> arms.Rollout:
+def arms_snapshot(rollout: Rollout, candidate: object) -> arms.Split:
     """The worker's routing snapshot of a stored rollout: generation = id * 2 (+1 once closed),
     weight = percent / 100 while open, nothing to the candidate once closed."""
     if rollout.is_open:
-        return arms.Rollout(
+        return arms.Split(
             rollout.id * 2,
             salt=int(rollout.salt, 16),
             weight=rollout.weight / 100.0,
             candidate=candidate,
             state="ramping",
         )
-    state: arms.RolloutState = "idle" if rollout.state == "completed" else "rolled_back"
-    return arms.Rollout(rollout.id * 2 + 1, state=state)  # as ArmRouter.rolled_back() builds it
+    state: arms.SplitState = "idle" if rollout.state == "completed" else "rolled_back"
+    return arms.Split(rollout.id * 2 + 1, state=state)  # as ArmRouter.rolled_back() builds it
 
 
 class GuardTrips:
-    """`gateway.server.hooks.RolloutGuard`: a worker's guard trip becomes a stored rollback
+    """`gateway.server.ramp.hooks.RolloutGuard`: a worker's guard trip becomes a stored rollback
     (with `expected_generation`, so it never closes a newer rollout), in an owned task. A lost
     race (another worker or replica rolled back first) is fine. Without the store the rollback
     is retried with back-off (0.05 s doubling to `retry_max_s`) until it is stored or lost,

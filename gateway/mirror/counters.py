@@ -1,9 +1,9 @@
 """Per-candidate and process-wide mirror counters, and their Prometheus rendering (pure).
 
-The accounting identities (DESIGN.md §3.4) hold at every moment the event loop is between
-callbacks, not only when the mirror is idle, because `pending` counts queued *and* in-flight
-copies and a copy moves from `pending` to `sent` in one synchronous step when its outcome is
-known:
+The accounting identities (docs/design.md, "The mirror path") hold at every moment the event
+loop is between callbacks, not only when the mirror is idle, because `pending` counts queued
+*and* in-flight copies and a copy moves from `pending` to `sent` in one synchronous step when
+its outcome is known:
 
     sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload + sent + pending
     sent    = observed_ok + observed_error + timed_out

@@ -1,7 +1,7 @@
 """`RampEvidence`: the mirror process's side of the ramp's evidence path (RAMP frames -> records).
 
-Each RAMP frame a worker sends (`gateway.mirror.channel.frames.ramp_frame`) becomes one
-`domain.records.RampRecord`: the mirror process numbers the session's requests within the
+Each RAMP frame a worker sends (a `domain.records.RampRequest`, `frames.ramp_frame`) becomes
+one `domain.records.RampRecord`: the mirror process numbers the session's requests within the
 rollout in arrival order (every worker of the host writes to this one process, so a host's
 turns are in order) and stamps its replica, then hands the record to the writer's sink.
 
@@ -37,16 +37,14 @@ class RampEvidence:
         self._put = put
         self._replica = replica
         self._turns_max = max(1, turns_max)
-        self._turns: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._turns: OrderedDict[tuple[object, object], int] = OrderedDict()
         # Exported with the plane's frame events (canary_mirror_plane_total).
         self.counts = {"ramp_records": 0, "ramp_turns_evicted": 0}
 
     def on_frame(self, meta: bytes) -> None:
         """One RAMP frame's meta (raises struct.error when it is not one)."""
-        generation, arm, session, status, code, ttft_s, e2e_s, finished, at = frames.RAMP.unpack(
-            meta
-        )
-        key = (generation, session)
+        fields = frames.RAMP_LAYOUT.fields(meta)
+        key = (fields["generation"], fields["session"])
         turns = self._turns
         turn = turns.pop(key, 0) + 1
         turns[key] = turn
@@ -54,18 +52,4 @@ class RampEvidence:
             turns.popitem(last=False)
             self.counts["ramp_turns_evicted"] += 1
         self.counts["ramp_records"] += 1
-        self._put(
-            RampRecord(
-                generation,
-                arm,
-                session,
-                turn,
-                status,
-                frames.ramp_error_kind(code),
-                ttft_s,
-                e2e_s,
-                finished,
-                at,
-                self._replica,
-            )
-        )
+        self._put(RampRecord(**fields, turn=turn, replica=self._replica))  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from multiprocessing.process import BaseProcess
 
+from domain.errors import ProcessDidNotStart
 from gateway.config.sections import GatewayConfig
 from gateway.lifecycle import die_with_parent, lower_priority, run_loop, settle_heap
 
@@ -175,18 +176,20 @@ class PlaneProcess:
         self._proc = proc
 
     def start(self, timeout_s: float = 30.0) -> None:
-        """Spawn it and wait until it listens; raises RuntimeError if it does not."""
+        """Spawn it and wait until it listens; raises ProcessDidNotStart if it does not."""
         self.spawn()
         self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        """Block until the spawned process listens (any thread); RuntimeError if it does not."""
+        """Block until the spawned process listens (any thread); ProcessDidNotStart if not."""
         if not self.poll_ready(timeout_s):
             proc = self._proc
             assert proc is not None
             proc.kill()
             proc.join()
-            raise RuntimeError(f"the {self.role} process did not start (exit code {proc.exitcode})")
+            raise ProcessDidNotStart(
+                f"the {self.role} process did not start (exit code {proc.exitcode})"
+            )
 
     @property
     def ready_signal(self) -> multiprocessing.connection.Connection | None:
@@ -202,7 +205,10 @@ class PlaneProcess:
         multiprocessing.connection.wait([parent_end, proc.sentinel], timeout_s)
         if not parent_end.poll():
             return False
-        parent_end.recv()
+        try:
+            parent_end.recv()
+        except EOFError:  # it died before saying so: its end of the pipe closed
+            return False
         return True
 
     def restart(self, spawn_only: bool = False) -> bool:

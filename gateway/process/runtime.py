@@ -44,7 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain import errors as storage_errors
 from domain.endpoint import Endpoint
-from domain.errors import SchemaBehind, UsageError
+from domain.errors import ProcessDidNotStart, SchemaBehind, UsageError
 from domain.exposition import Family, Sample
 from evaluators.judge.settings import VerdictSettings
 from gateway.config.load import parse_admin_tokens
@@ -65,9 +65,9 @@ from gateway.server.app import (
     mount_admin,
     start_gateway,
 )
-from gateway.server.arms import ArmRouter, SessionArms
 from gateway.server.hooks import LiveTarget
 from gateway.server.prometheus import Exporter
+from gateway.server.ramp.arms import ArmRouter, SessionArms
 from storage import queries
 from storage.engine import ensure_schema, make_engine, masked
 
@@ -320,7 +320,7 @@ async def running(
             try:
                 plane.spawn()  # on this (the main) thread: see PlaneProcess.spawn
                 await asyncio.to_thread(plane.wait_ready)
-            except RuntimeError as exc:
+            except ProcessDidNotStart as exc:
                 await asyncio.to_thread(plane.stop, 1.0)
                 raise UsageError(str(exc)) from exc
             stack.push_async_callback(

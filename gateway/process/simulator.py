@@ -21,6 +21,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 
+from domain.errors import ProcessDidNotStart
 from gateway.config.sections import GatewayConfig
 from gateway.lifecycle import die_with_parent, run_loop
 from gateway.sim.server import start_sim
@@ -55,7 +56,7 @@ async def live_url(config: GatewayConfig, started: str | None = None) -> AsyncIt
 @contextlib.contextmanager
 def simulator_process(config: GatewayConfig, timeout_s: float = 30.0) -> Iterator[str | None]:
     """For a supervisor: one simulator process for every worker when `needed`, its URL (else
-    None). Raises RuntimeError if it does not start within `timeout_s`; stopped on exit."""
+    None). Raises ProcessDidNotStart if it does not start within `timeout_s`; stopped on exit."""
     if not needed(config):
         yield None
         return
@@ -65,7 +66,7 @@ def simulator_process(config: GatewayConfig, timeout_s: float = 30.0) -> Iterato
     proc.start()
     try:
         if not parent_end.poll(timeout_s):
-            raise RuntimeError("the built-in engine simulator did not start")
+            raise ProcessDidNotStart("the built-in engine simulator did not start")
         url: str = parent_end.recv()
         log.info(_STARTED, extra={"fields": {"live_url": url, "profile": PROFILE, "pid": proc.pid}})
         yield url

@@ -34,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from domain.errors import ProcessDidNotStart
 from gateway.config.sections import GatewayConfig, split_host_port
 from gateway.lifecycle import die_with_parent, run_loop
 from gateway.logs import setup_logging
@@ -113,7 +114,7 @@ def _supervise(config: GatewayConfig) -> int:
     try:
         try:
             simulator_url = stack.enter_context(simulator.simulator_process(config))
-        except RuntimeError as exc:  # it did not start: nothing was served
+        except ProcessDidNotStart as exc:  # it did not start: nothing was served
             log.error(str(exc))
             return 1
         run_loop(prepare_storage(config))

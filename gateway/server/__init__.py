@@ -4,6 +4,7 @@
 the proxy and the mirror lanes), `headers` (the hop-by-hop policy), `meter` (the passive SSE/JSON
 response meter), `hooks` (the seams the other planes plug into), `prometheus` (the Prometheus
 text-format exporter), `body` (bounded body reads), `connections` (client connection limits),
-`limits` (descriptor budgets), `arms` (which arm of a ramp serves a session, shared by the host's
-workers, and the worker's fast guard on the candidate). Imports neither storage nor evaluators.
+`limits` (descriptor budgets), `ramp` (the ramp's serving side: which arm serves a session,
+shared by the host's workers, and the worker's fast guard on the candidate). Imports neither
+storage nor evaluators.
 """

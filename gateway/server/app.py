@@ -24,13 +24,16 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from domain.errors import ConfigError
 from gateway.config.sections import GatewayConfig, split_host_port
-from gateway.server.arms import ArmRouter
 from gateway.server.connections import ConnectionStats, GatewayRunner
-from gateway.server.hooks import LiveTarget, RampSink, RequestTee, RolloutGuard
+from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.limits import EdgeLimits, descriptors_wanted, fit_file_limit, plan_limits
 from gateway.server.prometheus import Collector, Exporter
-from gateway.server.proxy import Proxy, ProxyMetrics, RampRoute
+from gateway.server.proxy import Proxy, ProxyMetrics
+from gateway.server.ramp.arms import ArmRouter
+from gateway.server.ramp.hooks import RampSink, RolloutGuard
+from gateway.server.ramp.route import RampRoute
 from gateway.server.upstream import UpstreamPool, make_client_session
 
 log = logging.getLogger("canary.gateway")
@@ -284,11 +287,11 @@ async def start_gateway(
 ) -> RunningGateway:
     """Build, start and bind a gateway on `config.server.listen` (port 0: any free port).
 
-    The live endpoint is `live`, else `config.live.url`; with neither, ValueError.
+    The live endpoint is `live`, else `config.live.url`; with neither, ConfigError.
     """
     if live is None:
         if config.live.url is None:
-            raise ValueError("start_gateway needs a live endpoint (live or config.live.url)")
+            raise ConfigError("[live] url: the gateway needs a live endpoint (none configured)")
         live = LiveTarget(config.live.endpoint(config.live.url))
     limits = connection_limits(config)
     config = msgspec.structs.replace(

@@ -1,8 +1,8 @@
 """The seams between the proxy, the mirror and storage, as small protocols.
 
-The proxy knows only `RequestTee` and `LiveTarget` (the registry swaps it); during a ramp, also
-`RampSink` (its evidence) and `RolloutGuard` (a worker's fast rollback made durable); the ramp's
-candidate is a `LiveTarget` of the candidate endpoint, held by the router's `Rollout.candidate`.
+The proxy knows only `RequestTee` and `LiveTarget` (the registry swaps it); the ramp's own seams
+are in `gateway.server.ramp.hooks`, and its candidate is a `LiveTarget` of the candidate
+endpoint, held by the router's `Split.candidate`.
 In a worker the tee is `gateway.mirror.channel.handoff.Handoff`: it samples and writes each
 chosen copy into the bounded channel to the host's mirror process, never parsing the body and
 never awaiting. In the mirror process the same interface is implemented by
@@ -63,33 +63,3 @@ class ObservationSink(Protocol):
     def put_exchange(self, record: ExchangeRecord) -> None: ...
 
     def put_observation(self, record: ObservationRecord) -> None: ...
-
-
-class RampSink(Protocol):
-    """Receives one record per request of an open rollout (the ramp's live evidence); in a
-    worker it is the hand-off to the mirror process. Never blocks: drops and counts when full."""
-
-    def put_ramp(
-        self,
-        generation: int,
-        arm: int,
-        session: int,
-        status: int,
-        error_kind: str | None,
-        ttft_s: float,
-        e2e_s: float,
-        finished: bool,
-        at: float,
-    ) -> None:
-        """`session`: the unsalted xxh3_64 of the session key as a signed int64; `ttft_s` and
-        `e2e_s` NaN when absent; `finished`: the stream's final event was delivered; `at`:
-        time.time() at the end."""
-
-
-class RolloutGuard(Protocol):
-    """Makes a worker's guard trip durable and pushed to every replica (a storage rollback with
-    `expected_generation`, which NOTIFYs). Called at most once per generation, on the loop, on
-    the request path, after this worker already rolled back: it schedules the write (an owned
-    task), never awaits it."""
-
-    def trip(self, generation: int, reason: str, evidence: dict[str, object]) -> None: ...

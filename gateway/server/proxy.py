@@ -8,15 +8,15 @@ this one boundary: 413 body too large, 502 refused/reset before answering, 504 t
 first byte; a failure after streaming started cuts the client connection (no fake success). A
 client that goes away aborts the upstream request at once, so the engine stops generating.
 
-During a ramp (`RampRoute`), the session key (the session header, else the request id) picks the
-arm: the candidate's requests are forwarded, streamed and metered the same way to its base URL,
-and a candidate failure before any byte reached the client is retried once on production, with
-fresh deadlines (counted as a fallback, reported as the candidate's failure). The router is
-asked for every request, rollout or not (1-4 µs): it remembers each session's arm so that
-sessions in flight when a ramp starts stay on production. The rest of the ramp's work
-(metering every request, counting by arm, the evidence record, the guard) happens only while a
-rollout is ramping. Only production-arm requests reach the tee: the mirror copies production's
-traffic to candidates, never a candidate's own requests back to it.
+During a ramp (`gateway.server.ramp.route.RampRoute`), the session key (the session header,
+else the request id) picks the arm: the candidate's requests are forwarded, streamed and
+metered the same way to its base URL, and a candidate failure before any byte reached the
+client is retried once on production, with fresh deadlines (counted as a fallback, reported as
+the candidate's failure). The router is asked for every request, rollout or not (1-4 µs): it
+remembers each session's arm so that sessions in flight when a ramp starts stay on production.
+The rest of the ramp's work (metering every request, counting by arm, the evidence record, the
+guard) happens only while a rollout is ramping. Only production-arm requests reach the tee: the
+mirror copies production's traffic to candidates, never a candidate's own requests back to it.
 
 This module must never log per request, never buffer a whole response, never await anything of
 the mirror, and never let a tee error reach the client.
@@ -25,33 +25,22 @@ the mirror, and never let a tee error reach the client.
 from __future__ import annotations
 
 import asyncio
-import math
-import time
 from time import perf_counter
 
 import msgspec
-import xxhash
 from aiohttp import web
 from multidict import CIMultiDict
-from yarl import URL
 
-from domain.exposition import Family, Sample
 from domain.ids import uuid7
 from domain.outcomes import ErrorKind
-from gateway.config.sections import LimitsConfig, RolloutConfig, UpstreamConfig
-from gateway.server.arms import (
-    GUARD_BURST,
-    GUARD_CONSECUTIVE,
-    PRODUCTION,
-    ArmGuard,
-    ArmRouter,
-    Rollout,
-)
+from gateway.config.sections import LimitsConfig, UpstreamConfig
 from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
 from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
-from gateway.server.hooks import LiveTarget, RampSink, RequestTee, RolloutGuard
+from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.meter import MeterResult, ResponseMeter
 from gateway.server.prometheus import Exporter
+from gateway.server.ramp.arms import PRODUCTION, Split
+from gateway.server.ramp.route import RampRoute, ramp_kind
 from gateway.server.upstream import (
     CLIENT_WRITE,
     DeadlineSweeper,
@@ -61,7 +50,6 @@ from gateway.server.upstream import (
     UpstreamResponse,
     UpstreamTimeoutError,
     UpstreamTimeouts,
-    Watchdog,
     read_chunk,
     request_body,
 )
@@ -126,178 +114,6 @@ UPSTREAM_ERROR_LABELS: tuple[str, ...] = (
     ErrorKind.CLIENT_DISCONNECT,
     SLOW_READER,
 )
-
-
-# The ramp's label sets, every series exported at 0 from start.
-ARMS = ("production", "candidate")  # by arm index
-OUTCOMES = ("ok", "error", "fallback")
-FALLBACK_REASONS = ("connect", "reset", "status_5xx", "timeout")
-ROLLBACK_REASONS = ("harm", GUARD_CONSECUTIVE, GUARD_BURST, "operator")
-ROUTER_STATES = ("idle", "ramping", "rolled_back")
-# Failures of an arm (with any 5xx status); a client going away or the gateway stopping is not.
-_ARM_FAILURES = frozenset({ErrorKind.CONNECT, ErrorKind.RESET, ErrorKind.TIMEOUT})
-_SIGN = 1 << 63
-_WRAP = 1 << 64
-_NAN = math.nan
-ROLLOUT_WEIGHT = Family(
-    "canary_rollout_weight", "gauge", "Share of new sessions the candidate serves, in percent."
-)
-ROLLOUT_STATE = Family(
-    "canary_rollout_state",
-    "gauge",
-    "This worker's router state (idle, ramping, rolled_back): 1 for the current.",
-    ("state",),
-)
-ROLLOUT_SESSIONS = Family(
-    "canary_rollout_sessions_total",
-    "counter",
-    "Sessions this worker first saw (new), forgot with a full table (evicted), stored in the "
-    "slot of an idle one (reclaimed).",
-    ("kind",),
-)
-
-
-def session_hash(key: str) -> int:
-    """The unsalted xxh3_64 of a session key as a signed int64 (the ramp's session unit)."""
-    h = xxhash.xxh3_64_intdigest(key.encode())
-    return h - _WRAP if h >= _SIGN else h
-
-
-class RampRoute:
-    """A worker's share of the ramp: its `ArmRouter`, its fast guard, where its evidence goes
-    (`sink`) and who makes a trip durable (`hook`; None: the guard acts on this worker only),
-    with every metric series bound once. `sink` and `hook` may be set after construction."""
-
-    __slots__ = (
-        "fallbacks",
-        "guard",
-        "hook",
-        "requests",
-        "retry",
-        "rollbacks",
-        "router",
-        "session_header",
-        "sink",
-        "sink_errors",
-        "trip_errors",
-    )
-
-    def __init__(
-        self,
-        router: ArmRouter,
-        config: RolloutConfig,
-        registry: Exporter,
-        *,
-        session_header: str,
-        sink: RampSink | None = None,
-        hook: RolloutGuard | None = None,
-    ) -> None:
-        self.router = router
-        self.session_header = session_header
-        self.retry = config.retry_on_production
-        self.sink = sink
-        self.hook = hook
-        self.guard = ArmGuard(
-            consecutive=config.guard_consecutive_failures,
-            window=config.guard_burst_window,
-            burst=config.guard_burst_failures,
-        )
-        requests = registry.counter(
-            "canary_rollout_requests_total",
-            "Requests of an open rollout by arm and outcome (fallback: the candidate failed "
-            "before the first byte and production answered).",
-            ("arm", "outcome"),
-        )
-        self.requests = tuple(
-            {outcome: requests.labels(arm, outcome) for outcome in OUTCOMES} for arm in ARMS
-        )
-        fallbacks = registry.counter(
-            "canary_rollout_fallbacks_total",
-            "Candidate failures before the first byte retried on production, by reason.",
-            ("reason",),
-        )
-        self.fallbacks = {reason: fallbacks.labels(reason) for reason in FALLBACK_REASONS}
-        rollbacks = registry.counter(
-            "canary_rollout_rollbacks_total",
-            "Rollouts this worker sent back to production, by reason.",
-            ("reason",),
-        )
-        self.rollbacks = {reason: rollbacks.labels(reason) for reason in ROLLBACK_REASONS}
-        self.sink_errors = registry.counter(
-            "canary_rollout_sink_errors_total", "Exceptions raised by the ramp sink (swallowed)."
-        )
-        self.trip_errors = registry.counter(
-            "canary_rollout_trip_errors_total",
-            "Exceptions raised by the rollout guard hook (swallowed; the local rollback stands).",
-        )
-        registry.add_collector(self.samples)
-
-    def samples(self) -> list[Sample]:
-        """The router's weight, state and session counts, read at scrape time."""
-        rollout = self.router.rollout
-        counts = self.router.counters()
-        return [
-            ROLLOUT_WEIGHT.sample(rollout.weight * 100.0),
-            *(ROLLOUT_STATE.sample(float(rollout.state == s), s) for s in ROUTER_STATES),
-            ROLLOUT_SESSIONS.sample(counts["new_sessions"], "new"),
-            ROLLOUT_SESSIONS.sample(counts["evicted"], "evicted"),
-            ROLLOUT_SESSIONS.sample(counts["reclaimed"], "reclaimed"),
-        ]
-
-    def record(
-        self,
-        active: Rollout,
-        arm: int,
-        key: str,
-        status: int,
-        kind: str | None,
-        ttft_s: float,
-        e2e_s: float,
-        finished: bool,
-        outcome: str | None = None,
-    ) -> None:
-        """One request of the ramp is over: count it, hand its record to the sink, and feed
-        the guard with a candidate's outcome (tripping it rolls this worker back at once)."""
-        failed = status >= 500 or kind in _ARM_FAILURES
-        if kind is None and status >= 500:
-            kind = ErrorKind.HTTP_5XX
-        self.requests[arm][outcome or ("error" if failed else "ok")].inc()
-        sink = self.sink
-        if sink is not None:
-            try:
-                sink.put_ramp(
-                    active.generation, arm, session_hash(key), status, kind, ttft_s, e2e_s,
-                    finished, time.time(),
-                )  # fmt: skip
-            except Exception:
-                self.sink_errors.inc()
-        if arm:
-            reason = self.guard.observe(active.generation, failed)
-            if reason is not None:
-                self.trip(active, reason)
-
-    def trip(self, active: Rollout, reason: str) -> None:
-        """Everything back to production on this worker now; the hook spreads it."""
-        router = self.router
-        current = router.rollout
-        if current.generation != active.generation:
-            return  # the rollout already moved on (rolled back, completed): nothing to undo
-        router.swap(current.rolled_back())
-        self.rollbacks[reason].inc()
-        hook = self.hook
-        if hook is not None:
-            try:
-                hook.trip(active.generation, reason, self.guard.evidence())
-            except Exception:
-                self.trip_errors.inc()
-
-
-def _ramp_kind(exc: UpstreamError) -> str:
-    """The ramp's error kind of an exchange failure: a client that stopped reading is the
-    client's, not the arm's."""
-    if isinstance(exc, UpstreamTimeoutError) and exc.phase == CLIENT_WRITE:
-        return ErrorKind.CLIENT_DISCONNECT
-    return exc.kind
 
 
 def _result(meter: ResponseMeter | None, now: float, status: int) -> MeterResult:
@@ -425,19 +241,12 @@ class Proxy:
             "request_too_large",
         )
         self._live: Origin | None = None
-        self._candidate: Origin | None = None
 
     def _live_origin(self) -> Origin:
         base = self.live.base_url
         origin = self._live
         if origin is None or origin.base is not base:  # the registry swapped the live endpoint
             origin = self._live = Origin(base)
-        return origin
-
-    def _candidate_origin(self, base: URL) -> Origin:
-        origin = self._candidate
-        if origin is None or origin.base is not base:
-            origin = self._candidate = Origin(base)
         return origin
 
     def _finish_tee(self, token: object, result: MeterResult, kind: str | None) -> None:
@@ -499,7 +308,7 @@ class Proxy:
         headers, rid = self._request_headers(request, rid)
         ramp = self.ramp
         arm: int = PRODUCTION
-        active: Rollout | None = None
+        active: Split | None = None
         key = ""
         if ramp is not None:
             router = ramp.router
@@ -531,15 +340,15 @@ class Proxy:
         try:
             if active is not None and arm:
                 assert ramp is not None
-                upstream, failed = await self._open_candidate(
-                    ramp, active, request, path, headers, body, wd
+                upstream, failed = await ramp.open(
+                    pool, active, request.method, path, headers, body, wd
                 )
                 if failed is not None:  # production covers; from here a production request
                     reason, failed_status, failed_kind = failed
                     ramp.fallbacks[reason].inc()
                     ramp.record(
-                        active, arm, key, failed_status, failed_kind, _NAN,
-                        perf_counter() - t0, False, "fallback",
+                        active, arm, key, "fallback", status=failed_status,
+                        error_kind=failed_kind, e2e_s=perf_counter() - t0,
                     )  # fmt: skip
                     active = None
                     wd.close()
@@ -583,14 +392,14 @@ class Proxy:
             await out.write_eof()
             complete = True
         except UpstreamError as exc:
-            kind = _ramp_kind(exc)
+            kind = ramp_kind(exc)
             return self._upstream_failed(request, exc, stats, out, upstream, meter, token, rid)
         except (asyncio.CancelledError, ConnectionError) as exc:
             if isinstance(exc, asyncio.CancelledError):
                 try:
                     wd.check_cancel()
                 except UpstreamTimeoutError as timeout:
-                    kind = _ramp_kind(timeout)
+                    kind = ramp_kind(timeout)
                     return self._upstream_failed(
                         request, timeout, stats, out, upstream, meter, token, rid
                     )
@@ -608,14 +417,14 @@ class Proxy:
             if active is not None:
                 assert ramp is not None
                 now = perf_counter()
-                ttft = _NAN
+                ttft: float | None = None
                 if meter is not None and meter.first_token_at is not None:
                     ttft = meter.first_token_at - t0
                 elif first_at and not is_sse:
                     ttft = first_at - t0
                 ramp.record(
-                    active, arm, key, status, kind, ttft, now - t0,
-                    delivered or (complete and not is_sse),
+                    active, arm, key, status=status, error_kind=kind, ttft_s=ttft,
+                    e2e_s=now - t0, finished=delivered or (complete and not is_sse),
                 )  # fmt: skip
         end = perf_counter()
         stats.count(status)
@@ -627,49 +436,6 @@ class Proxy:
         if token is not None and meter is not None:
             self._finish_tee(token, meter.finish(end, status), None)
         return out
-
-    async def _open_candidate(
-        self,
-        ramp: RampRoute,
-        active: Rollout,
-        request: web.Request,
-        path: str,
-        headers: CIMultiDict[str],
-        body: bytes,
-        wd: Watchdog,
-    ) -> tuple[UpstreamResponse | None, tuple[str, int, str] | None]:
-        """Open the candidate's response. With `retry_on_production`, a failure before its
-        headers, or a 5xx status (checked before anything goes to the client), returns
-        (None, (fallback reason, status, error kind)) for production to cover."""
-        target: LiveTarget = active.candidate  # type: ignore[assignment]
-        pool = self.pool
-        assert pool is not None
-        origin = self._candidate_origin(target.base_url)
-        if not ramp.retry:
-            return await pool.open(
-                request.method, origin, path, headers=headers, data=request_body(body),
-                watchdog=wd,
-            ), None  # fmt: skip
-        try:
-            upstream = await pool.open(
-                request.method, origin, path, headers=headers, data=request_body(body),
-                watchdog=wd,
-            )  # fmt: skip
-        except UpstreamError as exc:
-            kind = exc.kind
-            reason = (
-                "timeout"
-                if isinstance(exc, UpstreamTimeoutError)
-                else "connect"
-                if kind == ErrorKind.CONNECT
-                else "reset"
-            )
-            return None, (reason, 0, kind)
-        if upstream.status >= 500:
-            status = upstream.status
-            upstream.close()
-            return None, ("status_5xx", status, ErrorKind.HTTP_5XX)
-        return upstream, None
 
     def _refuse_body(self, failure: str, stats: _RouteStats, rid: str) -> web.Response:
         if failure == BUSY:

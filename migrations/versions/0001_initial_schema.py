@@ -1,5 +1,6 @@
 """Initial schema: endpoints, registry_meta, exchanges, observations, promotions,
-mirror_counters (DESIGN.md §5), and the single registry_meta row replicas poll.
+mirror_counters (docs/design.md, "Storage and data model"), and the single registry_meta row
+replicas poll.
 
 Revision ID: 0001
 Revises:

@@ -13,33 +13,57 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 from numpy.typing import NDArray
 from sqlalchemy import ColumnElement, case, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from domain.observation import Field, describe
 from domain.outcomes import NOT_THE_ENDPOINT
+from domain.records import RampRecord
 from storage.models import RolloutRequestRow
 from storage.reports.pairs import _batches
 from storage.sql import translated
 
-__all__ = ["RAMP_COLUMNS", "ramp_requests"]
+__all__ = ["RAMP_COLUMNS", "evidence_columns", "ramp_requests"]
 
-# The arrays, named as `evaluators.ramp.arms.session_units` names its parameters, and dtypes.
-RAMP_COLUMNS: Final[dict[str, type[np.generic]]] = {
-    "session": np.int64,
-    "arm": np.int8,
-    "turn": np.int32,
-    "ok": np.bool_,
-    "ttft_s": np.float64,
-    "e2e_s": np.float64,
-    "disconnected": np.bool_,
-}
+_TABLE: Final = RolloutRequestRow.__table__
+# Integer columns by their declared width (domain.records.RampRecord).
+_INT_DTYPES: Final[dict[int, type[np.generic]]] = {8: np.int8, 16: np.int32, 64: np.int64}
+# Who and where: the unit (session), its arm and the request's turn.
+_UNIT: Final = ("session", "arm", "turn")
+
+
+def _dtype(field: Field) -> type[np.generic]:
+    if field.type is float:
+        return np.float64  # NULL -> NaN
+    return _INT_DTYPES.get(field.quantity.bits, np.int32)
+
+
+def evidence_columns(record: type[msgspec.Struct]) -> dict[str, type[np.generic]]:
+    """The per-request arrays of a declared ramp record, and their dtypes: the unit, `ok`, every
+    duration it declares (unit "s": `ttft_s`, `e2e_s` and any quantity added there), NaN where
+    NULL, and `disconnected` (`ok` and `disconnected` reduced from the error kind in SQL)."""
+    fields = {f.name: f for f in describe(record)}
+    durations = {name: _dtype(f) for name, f in fields.items() if f.quantity.unit == "s"}
+    return {
+        **{name: _dtype(fields[name]) for name in _UNIT},
+        "ok": np.bool_,
+        **durations,
+        "disconnected": np.bool_,
+    }
+
+
+# The arrays, named as `evaluators.ramp.arms.session_units` names its parameters.
+RAMP_COLUMNS: Final = evidence_columns(RampRecord)
+_REDUCED: Final = ("ok", "disconnected")
+_DURATIONS: Final = tuple(_TABLE.c[n] for n in RAMP_COLUMNS if n not in (*_UNIT, *_REDUCED))
 _BATCH: Final = 20_000  # rows per fetch: large enough to amortize, small enough to bound memory
 
 
 def _query(generation: int, since: float | None, until: float | None) -> Any:
-    r = RolloutRequestRow.__table__
+    r = _TABLE
     ok: ColumnElement[int] = case((r.c.error_kind.is_(None), 1), else_=0)
     gone = sorted(str(k) for k in NOT_THE_ENDPOINT)
     disconnected: ColumnElement[int] = case((r.c.error_kind.in_(gone), 1), else_=0)
@@ -48,18 +72,15 @@ def _query(generation: int, since: float | None, until: float | None) -> Any:
         cond.append(r.c.at >= since)
     if until is not None:
         cond.append(r.c.at < until)
-    return (
-        select(r.c.session, r.c.arm, r.c.turn, ok, r.c.ttft_s, r.c.e2e_s, disconnected)
-        .where(*cond)
-        .order_by(r.c.at, r.c.id)
-    )
+    unit = (r.c[name] for name in _UNIT)
+    return select(*unit, ok, *_DURATIONS, disconnected).where(*cond).order_by(r.c.at, r.c.id)
 
 
 async def ramp_requests(
     engine: AsyncEngine, generation: int, since: float | None, until: float | None
 ) -> dict[str, NDArray[Any]]:
     """One rollout generation's requests ended in [since, until) (None: unbounded), in arrival
-    order, as the columns of RAMP_COLUMNS (`ttft_s` / `e2e_s` NaN where absent)."""
+    order, as the columns of RAMP_COLUMNS (a float NaN where absent)."""
     parts: dict[str, list[NDArray[Any]]] = {name: [] for name in RAMP_COLUMNS}
     stmt = _query(generation, since, until)
     with translated("reading a rollout's requests"):

@@ -11,8 +11,8 @@ import pytest
 from domain.capture import CapturedSession, CapturedTurn
 from evaluators.capacity.estimate import ArmInput, estimate
 from evaluators.capacity.slo import parse_slo
-from gateway.capacity.ramp import RampPlan, run_ramp
 from gateway.capacity.replay import Arm
+from gateway.capacity.sweep import SweepPlan, run_sweep
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim
 
@@ -39,7 +39,7 @@ def conversations(n: int, turns: int) -> list[CapturedSession]:
 
 
 async def test_capacity_matches_the_profiles_batch_limit() -> None:
-    """With a TTFT bound that only queueing for a batch slot breaks, on a ramp of 2, 4, 8
+    """With a TTFT bound that only queueing for a batch slot breaks, on a sweep of 2, 4, 8
     concurrent conversations, the candidate (4 slots) reaches capacity at 4 and the reference
     (2 slots) at 2 - each inside its bootstrap interval - and the capacity ratio is above 1.
     (Loads double, so each limit is passed at its value and broken at twice it: at 1.25x the
@@ -57,8 +57,8 @@ async def test_capacity_matches_the_profiles_batch_limit() -> None:
         slo = parse_slo(
             ["ttft=150ms"]
         )  # unqueued TTFT is a few ms; a queued turn waits for a slot, ~0.2 s
-        plan = RampPlan(loads=(2, 4, 8), step_s=3.0, timeout_s=10.0, slo=slo, attainment=0.8)
-        outcome = await run_ramp(
+        plan = SweepPlan(loads=(2, 4, 8), step_s=3.0, timeout_s=10.0, slo=slo, attainment=0.8)
+        outcome = await run_sweep(
             Arm(name="cand", url=cand.url), Arm(name="ref", url=ref.url), conversations(40, 3), plan
         )
     finally:
@@ -81,5 +81,5 @@ async def test_capacity_matches_the_profiles_batch_limit() -> None:
     assert result.ratio is not None and result.ratio > 1.0
     assert c.usd_per_1m_tokens is not None and r.usd_per_1m_tokens is not None
     assert c.usd_per_1m_tokens < r.usd_per_1m_tokens  # same price, more tokens per second
-    # the ramp stops an arm at its first failing load, and never runs the other loads for it
+    # the sweep stops an arm at its first failing load, and never runs the other loads for it
     assert [s.load for s in outcome.reference] == [2, 4]

@@ -63,6 +63,9 @@ async def test_operator_ramp(tmp_path: Path) -> None:
             code, out, err = await canary("rollout", action, "--reason", f"r-{action}", url=url)
             assert code == 0 and expected in out, (out, err)
             assert f"r-{action}" in out and fits(out), out
+            if action == "pause":  # a paused ramp is not advanced by hand: resume it first
+                code, _, err = await canary("rollout", "advance", url=url)
+                assert code == 2 and "resume it first" in err, err
         code, out, _ = await canary("rollout", "status", url=url)
         assert out.count("\n") >= 8 and fits(out), out
         header = next(line for line in out.splitlines() if line.startswith("AT"))

@@ -84,6 +84,13 @@ async def test_bad_input_and_conflicts_change_nothing(tmp_path: Path) -> None:
         status, body = await call(http, "POST", srv.admin + "/rollout/resume")
         assert (status, body["error"]["detail"]["reason"]) == (409, "not_paused")
         assert await _rollout(http, srv.admin) == first
+        # A paused ramp is not advanced by hand: resume it first (docs/ramp.md says the same).
+        assert (await call(http, "POST", srv.admin + "/rollout/pause"))[0] == 200
+        status, body = await call(http, "POST", srv.admin + "/rollout/advance")
+        assert (status, body["error"]["detail"]["reason"]) == (409, "not_running")
+        assert "resume it first" in body["error"]["message"]
+        paused = await _rollout(http, srv.admin)
+        assert (paused["state"], paused["weight"]) == ("paused", first["weight"])
 
 
 async def test_operators_round_trip_and_promotion_refused(tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.control.registry import Registry
 from gateway.control.rollout import GuardTrips
-from gateway.server.arms import CANDIDATE, PRODUCTION, ArmRouter, SessionArms
 from gateway.server.hooks import LiveTarget
+from gateway.server.ramp.arms import CANDIDATE, PRODUCTION, ArmRouter, SessionArms
 from storage.engine import make_engine, upgrade
 from storage.rollouts import current_rollout, start_rollout
 from tests.control.test_rollout_propagation import CAND, LIVE, applied

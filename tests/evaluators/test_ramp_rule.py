@@ -12,7 +12,7 @@ from evaluators.judge.settings import VerdictSettings
 from evaluators.ramp.arms import session_units
 from evaluators.ramp.rule import MEANS, judge_look, look_stats
 from gateway.config.sections import RolloutConfig
-from gateway.server.arms import ArmGuard
+from gateway.server.ramp.arms import ArmGuard
 from tests.evaluators.ramp_sim import (
     STEPS,
     RampOutcome,

@@ -5,11 +5,10 @@ RAMP frame carries one request of a rollout exactly, in a fixed struct-packed la
 
 from __future__ import annotations
 
-import math
-
 import msgspec
 import pytest
 
+from domain.records import RampRequest
 from gateway.mirror.channel import frames
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -68,20 +67,16 @@ def test_stats_with_and_without_rates() -> None:
 )
 def test_ramp_frame_round_trip(error_kind: str | None, decoded: str | None) -> None:
     """A RAMP frame is one fixed-size header + meta, no body, and decodes to what was sent
-    (signed 64-bit session and generation, NaN latencies, an unknown error kind as `other`)."""
+    (signed 64-bit session and generation, a missing latency back as None, an unknown error kind
+    as `other`)."""
     session = -(2**63) + 1
-    raw = frames.ramp_frame(2**40, 1, session, 503, error_kind, 0.25, math.nan, False, 1.5e9)
+    sent = RampRequest(
+        status=503, error_kind=error_kind, ttft_s=0.25, e2e_s=None, finished=False,
+        generation=2**40, arm=1, session=session, at=1.5e9,
+    )  # fmt: skip
+    raw = frames.ramp_frame(sent)
     kind, mlen, blen = frames.FRAME.unpack_from(raw)
     assert (kind, mlen, blen) == (frames.KIND_RAMP, frames.RAMP.size, 0)
-    assert len(raw) == frames.FRAME.size + frames.RAMP.size < 64
-    gen, arm, sess, status, code, ttft, e2e, finished, at = frames.RAMP.unpack(raw[9:])
-    assert (gen, arm, sess, status, ttft, finished, at) == (
-        2**40,
-        1,
-        session,
-        503,
-        0.25,
-        False,
-        1.5e9,
-    )
-    assert math.isnan(e2e) and frames.ramp_error_kind(code) == decoded
+    assert len(raw) == frames.FRAME.size + frames.RAMP.size == 54
+    got = RampRequest(**frames.RAMP_LAYOUT.fields(raw[frames.FRAME.size :]))  # type: ignore[arg-type]
+    assert got == msgspec.structs.replace(sent, error_kind=decoded)

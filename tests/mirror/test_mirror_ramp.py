@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
-from domain.records import RampRecord
+from domain.records import RampRecord, RampRequest
 from gateway.config.load import load_config
 from gateway.config.sections import GatewayConfig, MirrorConfig
 from gateway.mirror.channel import frames
@@ -25,6 +25,21 @@ from gateway.server.hooks import LiveTarget
 from storage import queries
 from storage.engine import make_engine, upgrade
 from storage.reports.ramp import ramp_requests
+
+
+def _request(
+    generation: int,
+    arm: int,
+    session: int,
+    *,
+    error: str | None = None,
+    ttft: float | None = 0.1,
+    at: float = 1.0,
+) -> RampRequest:
+    return RampRequest(
+        status=200, error_kind=error, ttft_s=ttft, e2e_s=1.0, finished=True,
+        generation=generation, arm=arm, session=session, at=at,
+    )  # fmt: skip
 
 
 def _handoff(config: GatewayConfig, path: str, worker: str) -> Handoff:
@@ -40,7 +55,7 @@ async def test_put_ramp_drops_and_counts_when_the_channel_is_down_or_full(tmp_pa
     config = GatewayConfig(mirror=MirrorConfig(channel_max_bytes=4096))
     down = _handoff(config, path, "w0")
     for i in range(10):
-        down.put_ramp(7, i % 2, i, 200, None, 0.1, 1.0, True, 1.0)
+        down.put_ramp(_request(7, i % 2, i))
     assert down.process["ramp_dropped"] == 10 and down.process["ramp_handed_off"] == 0
 
     peers: list[asyncio.Transport] = []
@@ -60,7 +75,7 @@ async def test_put_ramp_drops_and_counts_when_the_channel_is_down_or_full(tmp_pa
         await connected.wait()
         n = 60_000  # about 3 MiB of frames, past the 1 MiB + 4 KiB bound
         for i in range(n):
-            handoff.put_ramp(7, i % 2, i, 200, None, 0.1, 1.0, True, 1.0)
+            handoff.put_ramp(_request(7, i % 2, i))
         sent, dropped = handoff.process["ramp_handed_off"], handoff.process["ramp_dropped"]
         assert sent + dropped == n and dropped > 0
         frame = frames.FRAME.size + frames.RAMP.size
@@ -80,7 +95,7 @@ def test_turn_table_is_a_bounded_lru_that_counts_evictions() -> None:
     evidence = RampEvidence(got.append, "h1", turns_max=2)
 
     def send(generation: int, session: int) -> None:
-        raw = frames.ramp_frame(generation, 0, session, 200, None, 0.1, 1.0, True, 2.0)
+        raw = frames.ramp_frame(_request(generation, 0, session, at=2.0))
         evidence.on_frame(raw[frames.FRAME.size :])
 
     for generation, session in ((2, 10), (2, 10), (4, 10), (2, 10), (2, 11), (4, 10)):
@@ -139,8 +154,9 @@ async def _run_plane(config: GatewayConfig, engine: AsyncEngine, tmp_path: Path)
         sends = [(0, 5, 1), (1, 5, 1), (0, 6, 0), (1, 5, 1), (0, 6, 0), (0, 5, 1)]
         for at, (w, session, arm) in enumerate(sends):
             error = "timeout" if at == 3 else None
-            ttft = math.nan if error else 0.1 * (at + 1)
-            workers[w].put_ramp(9, arm, session, 200, error, ttft, 1.0, True, 100.0 + at)
+            ttft = None if error else 0.1 * (at + 1)
+            request = _request(9, arm, session, error=error, ttft=ttft, at=100.0 + at)
+            workers[w].put_ramp(request)
             await workers[w].wait_idle()  # the plane has read every frame before it
         stats = await workers[0].wait_stats()
         assert stats is not None and stats.process["ramp_records"] == len(sends)

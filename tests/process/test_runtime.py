@@ -13,7 +13,7 @@ from gateway.config.load import load_config
 from gateway.config.sections import GatewayConfig
 from gateway.process.runtime import SIMULATOR_KIND, create_arms, running
 from gateway.server.app import RAMP
-from gateway.server.arms import tick
+from gateway.server.ramp.arms import tick
 from gateway.sim.server import start_sim
 
 

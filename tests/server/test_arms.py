@@ -1,4 +1,4 @@
-"""The ramp's routing core (gateway/server/arms.py) on real files and real spawned processes."""
+"""The ramp's routing core (gateway/server/ramp/arms.py), on real files and spawned processes."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import pytest
 import xxhash
 
 from domain.errors import CanaryError, ConfigError, UsageError
-from gateway.server.arms import (
+from gateway.server.ramp.arms import (
     CANDIDATE,
     PRODUCTION,
     ArmRouter,
-    Rollout,
     SessionArms,
+    Split,
     tick,
 )
 
@@ -30,8 +30,8 @@ def _keys(prefix: str, n: int = N) -> list[str]:
     return [f"{prefix}-{i}" for i in range(n)]
 
 
-def _ramp(weight: float, generation: int = 1, salt: int = SALT) -> Rollout:
-    return Rollout(generation, salt=salt, weight=weight, candidate="cand", state="ramping")
+def _ramp(weight: float, generation: int = 1, salt: int = SALT) -> Split:
+    return Split(generation, salt=salt, weight=weight, candidate="cand", state="ramping")
 
 
 def _within_binomial(hits: int, n: int, p: float) -> bool:
@@ -44,7 +44,7 @@ def _fresh_arm(key: str, weight: float, salt: int = SALT) -> int:
     return int(xxhash.xxh3_64_intdigest(key.encode(), salt) < round(weight * 2**64))
 
 
-def _route_and_send(path: str, rollout: Rollout, keys: list[str], start: Any, out: Any) -> None:
+def _route_and_send(path: str, rollout: Split, keys: list[str], start: Any, out: Any) -> None:
     """Runs in a spawned process: open the table by path, wait for the others, route `keys`."""
     with SessionArms.open(path) as table:
         router = ArmRouter(table, rollout)
@@ -53,7 +53,7 @@ def _route_and_send(path: str, rollout: Rollout, keys: list[str], start: Any, ou
     out.put((os.getpid(), arms))
 
 
-def _in_processes(*jobs: tuple[str, Rollout, list[str]]) -> list[tuple[int, list[int]]]:
+def _in_processes(*jobs: tuple[str, Split, list[str]]) -> list[tuple[int, list[int]]]:
     """Route each job in its own spawned process, all starting together; (pid, arms) each."""
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Barrier(len(jobs))
@@ -247,7 +247,7 @@ def test_the_weight_only_rises_within_a_rollout(table: SessionArms) -> None:
     with pytest.raises(UsageError):
         router.swap(_ramp(0.5, generation=3, salt=SALT + 1))
     with pytest.raises(UsageError):
-        Rollout(4, weight=0.1)
+        Split(4, weight=0.1)
     router.swap(router.rollout.step(0.5))
     assert router.rollout.weight == 0.5 and router.rollout.generation == 3
 

@@ -78,7 +78,8 @@ def test_byte_by_byte_feed() -> None:
 
 
 def test_timings_follow_token_chunks() -> None:
-    """TTFT is the first token-bearing event; ITL, E2E and TPOT follow DESIGN.md §6."""
+    """TTFT is the first token-bearing event; ITL, E2E and TPOT follow docs/design.md, "The
+    request path"."""
     chunks = [
         chat_event("", role="assistant"),  # t=1, no token
         chat_event("a"),  # t=2 -> TTFT

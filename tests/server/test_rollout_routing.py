@@ -4,7 +4,6 @@ failures, the guard's rollback, the evidence records and the metrics, on real so
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,12 @@ import pytest_asyncio
 from aiohttp import web
 
 from domain.outcomes import ErrorKind
+from domain.records import RampRequest
 from gateway.config.load import config_from
 from gateway.server.app import RAMP, RunningGateway, start_gateway
-from gateway.server.arms import ArmGuard, ArmRouter, Rollout, SessionArms
 from gateway.server.hooks import LiveTarget
-from gateway.server.proxy import session_hash
+from gateway.server.ramp.arms import ArmGuard, ArmRouter, SessionArms, Split
+from gateway.server.ramp.route import session_hash
 from tests import fixtures_net
 from tests.fixtures_net import Served
 from tests.upstreams import free_port, raw_upstream, rst
@@ -83,10 +83,10 @@ class Sink:
     """A RampSink keeping every record."""
 
     def __init__(self) -> None:
-        self.records: list[tuple[Any, ...]] = []
+        self.records: list[RampRequest] = []
 
-    def put_ramp(self, *record: Any) -> None:
-        self.records.append(record)
+    def put_ramp(self, request: RampRequest) -> None:
+        self.records.append(request)
 
 
 class Trips:
@@ -122,11 +122,11 @@ class Ramp:
         self.trips = trips
         self.url = gw.url
 
-    def start(self, candidate_url: str, weight: float, salt: int = 7) -> Rollout:
+    def start(self, candidate_url: str, weight: float, salt: int = 7) -> Split:
         cfg = self.gw.app[RAMP]  # the route exists: the router is wired into the proxy
         assert cfg.router is self.router
         endpoint = config_from({"live_url": candidate_url}).live.endpoint(candidate_url)
-        rollout = Rollout(GENERATION, salt, weight, LiveTarget(endpoint), "ramping")
+        rollout = Split(GENERATION, salt, weight, LiveTarget(endpoint), "ramping")
         self.router.swap(rollout)
         return rollout
 
@@ -241,12 +241,11 @@ async def test_candidate_failing_before_the_first_byte_is_covered_by_production(
     requests = await metric_lines(r.url, "canary_rollout_requests_total")
     assert 'canary_rollout_requests_total{arm="candidate",outcome="fallback"} 1' in requests
     assert 'canary_rollout_requests_total{arm="production",outcome="ok"} 0' in requests
-    [record] = r.sink.records
-    generation, arm, session, got_status, got_kind, ttft, e2e, finished, _ = record
-    assert (generation, arm, session, got_status, got_kind) == (
+    [rec] = r.sink.records
+    assert (rec.generation, rec.arm, rec.session, rec.status, rec.error_kind) == (
         GENERATION, 1, session_hash("one"), status, kind,
     )  # fmt: skip
-    assert math.isnan(ttft) and e2e > 0 and not finished
+    assert rec.ttft_s is None and rec.e2e_s is not None and rec.e2e_s > 0 and not rec.finished
     assert r.trips.calls == []
 
 
@@ -265,7 +264,8 @@ async def test_without_retry_the_client_sees_the_candidates_failure(
         assert resp.status == 500
     requests = await metric_lines(r.url, "canary_rollout_requests_total")
     assert 'canary_rollout_requests_total{arm="candidate",outcome="error"} 1' in requests
-    assert r.sink.records[0][3:5] == (500, ErrorKind.HTTP_5XX)
+    rec = r.sink.records[0]
+    assert (rec.status, rec.error_kind) == (500, ErrorKind.HTTP_5XX)
 
 
 async def test_candidate_dying_mid_stream_cuts_the_client(
@@ -296,9 +296,9 @@ async def test_candidate_dying_mid_stream_cuts_the_client(
             assert resp.status == 200
             with pytest.raises(aiohttp.ClientPayloadError):
                 await resp.read()
-    [record] = r.sink.records
-    assert record[1] == 1 and record[4] == ErrorKind.RESET and record[7] is False
-    assert record[5] > 0  # the first token arrived before the cut
+    [rec] = r.sink.records
+    assert rec.arm == 1 and rec.error_kind == ErrorKind.RESET and rec.finished is False
+    assert rec.ttft_s is not None and rec.ttft_s > 0  # the first token arrived before the cut
     assert 'canary_rollout_fallbacks_total{reason="reset"} 0' in await metric_lines(
         r.url, "canary_rollout_fallbacks_total"
     )
@@ -348,12 +348,12 @@ async def test_sink_gets_one_record_per_request_with_its_arm(
                 served.append((key, int(resp.headers["X-Upstream"] == "candidate")))
     assert {arm for _, arm in served} == {0, 1}
     assert len(r.sink.records) == len(served)
-    for (key, arm), record in zip(served, r.sink.records, strict=True):
-        generation, got_arm, session, status, kind, ttft, e2e, finished, at = record
-        assert (generation, got_arm, session, status, kind) == (
+    for (key, arm), rec in zip(served, r.sink.records, strict=True):
+        assert (rec.generation, rec.arm, rec.session, rec.status, rec.error_kind) == (
             GENERATION, arm, session_hash(key), 200, None,
         )  # fmt: skip
-        assert 0 < ttft <= e2e and finished and at > 0
+        assert rec.ttft_s is not None and rec.e2e_s is not None
+        assert 0 < rec.ttft_s <= rec.e2e_s and rec.finished and rec.at > 0
 
 
 async def test_only_production_arm_requests_reach_the_tee(

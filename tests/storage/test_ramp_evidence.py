@@ -19,8 +19,6 @@ from storage.reports import ramp
 from storage.reports.ramp import RAMP_COLUMNS, ramp_requests
 from storage.writer import ObservationWriter
 
-NAN = math.nan
-
 
 def rec(
     at: float,
@@ -30,11 +28,14 @@ def rec(
     *,
     generation: int = 6,
     error: str | None = None,
-    ttft: float = 0.1,
-    e2e: float = 1.0,
+    ttft: float | None = 0.1,
+    e2e: float | None = 1.0,
 ) -> RampRecord:
     status = 200 if error is None else 502
-    return RampRecord(generation, arm, session, turn, status, error, ttft, e2e, True, at, "h1")
+    return RampRecord(
+        status=status, error_kind=error, ttft_s=ttft, e2e_s=e2e, finished=True,
+        generation=generation, arm=arm, session=session, at=at, turn=turn, replica="h1",
+    )  # fmt: skip
 
 
 def writer(engine: AsyncEngine, **kw: int | float) -> ObservationWriter:
@@ -98,8 +99,8 @@ async def test_writer_stores_ramp_records_and_ramp_requests_reads_them(
         rec(10.0, 1, 0, 1, ttft=0.2),
         rec(11.0, 2, 1, 1, ttft=0.4),
         rec(12.0, 1, 0, 2, ttft=0.1),
-        rec(13.0, 2, 1, 2, error="http_5xx", ttft=NAN, e2e=NAN),
-        rec(14.0, big, 1, 1, error="client_disconnect", ttft=NAN, e2e=0.3),
+        rec(13.0, 2, 1, 2, error="http_5xx", ttft=None, e2e=None),
+        rec(14.0, big, 1, 1, error="client_disconnect", ttft=None, e2e=0.3),
         rec(15.0, 2, 1, 3, ttft=0.3),
         rec(16.0, 3, 0, 1, ttft=0.5),
         rec(50.0, 3, 0, 2),  # after the window

@@ -14,9 +14,10 @@ import asyncio
 import operator
 import os
 import shutil
-import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
+
+from domain.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from gateway.cli.client import AdminClient
@@ -68,51 +69,26 @@ def _token() -> str | None:
 
 
 def call_admin(args: argparse.Namespace, action: Action) -> int:
-    """Run `action(client, args)`; print its result; map API errors to exit codes."""
-    from gateway.cli.client import AdminAPIError, AdminClient, AdminUnreachable
+    """Run `action(client, args)` and print its result (an int is the exit code); what it
+    raises is the CLI edge's to map (`gateway.cli.errors.cli_errors`)."""
+    from gateway.cli.client import AdminClient
     from gateway.cli.escape import terminal_safe
     from gateway.config.load import check_http_url
 
-    prog = f"canary {args.command}"
     if reason := check_http_url(args.admin_url):
-        print(f"{prog}: error: --admin-url {args.admin_url!r}: {reason}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--admin-url {args.admin_url!r}: {reason}")
     token = _token()
 
     async def go() -> Any:
-        async with AdminClient(args.admin_url, token) as client:
+        async with AdminClient(args.admin_url, token, token_source=TOKEN_ENV) as client:
             return await action(client, args)
 
-    try:
-        out = asyncio.run(go())
-    except AdminUnreachable as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except AdminAPIError as exc:
-        hint = f" (set {TOKEN_ENV})" if exc.status == 401 and token is None else ""
-        # An error message may quote what the server (or a hostile proxy) sent: escape it.
-        print(terminal_safe(f"{prog}: error: {exc}{hint}"), file=sys.stderr)
-        for line in _detail_lines(exc):
-            print(terminal_safe(line), file=sys.stderr)
-        return exc.exit_code
+    out = asyncio.run(go())
     if isinstance(out, int):
         return out
     if out is not None:
         print(terminal_safe(str(out)))  # stored strings predate today's validation, maybe
-    return 0
-
-
-def _detail_lines(exc: Any) -> list[str]:
-    """A refused promote's reasons, one per line (the verdict line is already in the message)."""
-    detail = exc.error.detail if exc.error is not None else None
-    if not detail or not isinstance(detail.get("reasons"), list):
-        return []
-    lines = [
-        f"  {r.get('metric', '?'):<14}{r.get('status', ''):<14}{r.get('reason', '')}"
-        for r in detail["reasons"]
-        if isinstance(r, dict) and r.get("metric") != "verdict"
-    ]
-    return [*lines, "use --force to promote anyway (the audit log records it)"]
+    return EXIT_OK
 
 
 def dump_json(obj: object) -> str:

@@ -1,8 +1,8 @@
 """`canary capacity NAME`: the capacity of a candidate and its reference at an SLO, measured by
-replaying captured conversations at a ramp of offered loads.
+replaying captured conversations at a sweep of offered loads.
 
 The reference is the candidate's control when there is one, else `--reference URL`; the live
-endpoint is refused unless `--allow-live` (a ramp drives it to its limit). The result is
+endpoint is refused unless `--allow-live` (a load sweep drives it to its limit). The result is
 printed (`--format text|json|html`) and stored, so the promotion report's cost metric uses it.
 Exit codes: 0 a result was produced, 2 bad input (unknown candidate, no captured sessions, an
 SLO that does not parse, a refused live endpoint), 1 the database failed.
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from domain.errors import UsageError
+from domain.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from domain.endpoint import Endpoint
@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="capacity at an SLO of a candidate and its reference, on replayed sessions",
         description=(
             "Replay captured conversations (capture = true in the gateway config) against the "
-            "candidate and its reference - the control, else --reference URL - at a ramp of "
+            "candidate and its reference - the control, else --reference URL - at a sweep of "
             "concurrent conversations, keeping each conversation's turn order and think times. "
             "At each load the two arms run one after the other (order swapped every load). "
             "Reports per step and arm goodput (requests meeting every SLO per second, as "
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--allow-live",
         action="store_true",
-        help="allow the live endpoint as an arm (the ramp drives it past its SLO)",
+        help="allow the live endpoint as an arm (the load sweep drives it past its SLO)",
     )
     p.add_argument(
         "--slo",
@@ -166,8 +166,8 @@ async def _measure(
     url: str, args: argparse.Namespace, slo: Slo, loads: tuple[int, ...]
 ) -> CapacityResult:
     from evaluators.capacity.estimate import ArmInput, StepData, estimate
-    from gateway.capacity.ramp import RampPlan, run_ramp
     from gateway.capacity.replay import Arm
+    from gateway.capacity.sweep import SweepPlan, run_sweep
     from gateway.cli.commands.report import parse_time
     from gateway.cli.progress import Progress
     from storage import queries
@@ -207,8 +207,8 @@ async def _measure(
             for role, arm_url in (("candidate", cand.url), ("reference", ref_url)):
                 if _same(arm_url, live.url):
                     raise UsageError(
-                        f"the {role} {arm_url} is the live endpoint; a ramp drives it past its "
-                        "SLO - pass --allow-live to do it anyway"
+                        f"the {role} {arm_url} is the live endpoint; a load sweep drives it past "
+                        "its SLO - pass --allow-live to do it anyway"
                     )
         since = parse_time(args.since) if args.since else None
         pool = await load_sessions(engine, since=since, limit=args.max_sessions)
@@ -217,7 +217,7 @@ async def _measure(
                 "no captured sessions to replay: turn capture on (capture = true in the gateway "
                 "config) and let traffic through, or widen --since"
             )
-        plan = RampPlan(
+        plan = SweepPlan(
             loads=loads,
             step_s=args.step_seconds,
             timeout_s=args.timeout,
@@ -232,7 +232,7 @@ async def _measure(
             bar.advance()
 
         with bar:
-            outcome = await run_ramp(
+            outcome = await run_sweep(
                 Arm(name=cand.name, url=cand.url, model=cand.model, token=_token(cand)),
                 Arm(name=ref_name, url=ref_url, model=None, token=ref_token),
                 pool,
@@ -303,4 +303,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"{result.candidate.endpoint}: capacity result written to {args.out}")
     else:
         sys.stdout.write(text)
-    return 0
+    return EXIT_OK

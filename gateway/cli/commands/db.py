@@ -11,7 +11,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from domain.errors import UsageError
+from domain.errors import EXIT_OK, UsageError
 
 _URL_HELP = (
     "database URL, e.g. sqlite+aiosqlite:///./canary.db or "
@@ -85,4 +85,4 @@ def run(args: argparse.Namespace) -> int:
             asyncio.run(_act(args.db_action, url, args.revision))
     except CommandError as exc:  # Alembic's own (an unknown revision): the operator's input
         raise UsageError(str(exc)) from exc
-    return 0
+    return EXIT_OK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from domain.errors import UsageError
+from domain.errors import EXIT_INTERRUPTED, UsageError
 
 EPILOG = """\
 what it does:
@@ -134,4 +134,4 @@ def run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         # Ctrl-C or SIGTERM: run_demo has already stopped every process it started.
         print("canary demo: interrupted; every process it started has been stopped", flush=True)
-        return 130
+        return EXIT_INTERRUPTED

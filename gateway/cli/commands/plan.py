@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from domain.errors import CanaryError, UsageError
+from domain.errors import EXIT_FAILURE, EXIT_OK, CanaryError, UsageError
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -31,7 +31,7 @@ MAX_RAMP_SESSIONS = 10_000_000
 class GatewayUnreadable(CanaryError):
     """The gateway's /metrics could not be read."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILURE
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -522,4 +522,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
     else:
         sys.stdout.write(render_text(result))
-    return 0
+    return EXIT_OK

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from domain.errors import UsageError
+from domain.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from evaluators.judge.settings import VerdictSettings
@@ -170,4 +170,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"{report.candidate}: {report.verdict} (report written to {args.out})")
     else:
         sys.stdout.write(text)
-    return 0
+    return EXIT_OK

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import sys
 from typing import TYPE_CHECKING, Any
 
+from domain.errors import UsageError
 from gateway.cli.commands.candidates import (
     add_admin_options,
     call_admin,
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 ACTIONS = {
     "pause": "hold the weight where it is; the controller stops judging",
     "resume": "let a paused rollout run again",
-    "advance": "move to the next step now, whatever the dwell",
+    "advance": "move a running rollout to the next step now, whatever the dwell",
     "abort": "send every session back to production at once and close the rollout",
 }
 EVENTS_SHOWN = 10
@@ -70,7 +70,6 @@ def _text(r: RolloutView) -> str:
 
 
 def _steps(text: str) -> list[float]:
-    from domain.errors import UsageError
     from domain.records import check_steps
 
     try:
@@ -89,8 +88,7 @@ def _out(args: argparse.Namespace, r: RolloutView) -> str:
 
 async def _start(c: AdminClient, args: argparse.Namespace) -> str | int:
     if args.force and not args.reason.strip():
-        print("canary rollout: error: --force needs a --reason", file=sys.stderr)
-        return 2
+        raise UsageError("rollout start: --force needs a --reason")
     body: dict[str, Any] = {"force": args.force, "reason": args.reason}
     if args.steps is not None:
         body["steps"] = args.steps

@@ -9,7 +9,7 @@ import signal
 import sys
 from typing import Any
 
-from domain.errors import UsageError
+from domain.errors import EXIT_OK, UsageError
 
 # Static so that `canary --help` needs no import of the simulator; a test checks it lists every
 # profile in gateway.sim.profiles.PROFILES.
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(_serve(profile, args.host, args.port, args.seed))
     else:
         uvloop.run(_serve(profile, args.host, args.port, args.seed))
-    return 0
+    return EXIT_OK
 
 
 async def _serve(profile: Any, host: str, port: int, seed: int) -> None:

@@ -168,7 +168,8 @@ def openapi_document(settings: CredentialsConfig | None = None) -> dict[str, Any
     actions = {
         "pause": "Hold the weight where it is (the controller stops judging)",
         "resume": "Let a paused rollout run again",
-        "advance": "Move to the next step now (an operator's override of the dwell)",
+        "advance": "Move a running rollout to the next step now (an operator's override of "
+        "the dwell; a paused one answers 409 not_running: resume it first)",
         "abort": "Send every session back to production at once and close the rollout",
     }
     rollout_paths = {

@@ -88,7 +88,7 @@ class EndpointView(Endpoint, frozen=True, kw_only=True, forbid_unknown_fields=Fa
 
 
 class Counters(msgspec.Struct, kw_only=True):
-    """This replica's copy accounting for one candidate (DESIGN.md §3.4):
+    """This replica's copy accounting for one candidate (docs/design.md, "The mirror path"):
     sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload + sent + pending
     and sent = observed_ok + observed_error + timed_out."""
 

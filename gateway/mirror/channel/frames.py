@@ -8,19 +8,23 @@ Worker -> mirror: COPY (a sampled or undecided request), RESULT (production's me
 a copy that was handed off), RELOAD (the registry moved), IDLE (answer IDLE_ACK once every copy
 before it is finished), ELIGIBLE (about once a second: how many requests on mirrored routes the
 worker served, sampled or not), RAMP (one request of an open rollout: its arm, session and
-outcome, struct-packed in a fixed 45-byte meta, no msgpack, no body). Mirror -> worker: STATS
+outcome, a `domain.records.RampRequest` struct-packed in a fixed 45-byte meta whose layout is
+derived from that declaration; no msgpack, no body). Mirror -> worker: STATS
 (host-wide counters and metrics), IDLE_ACK, RATES (the adaptive sampling references and the
 instant they apply, sent on connect and whenever they change). This module never does IO.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Final
 
 import msgspec
 
+from domain.observation import Field, describe
 from domain.outcomes import ERROR_KINDS, ErrorKind
+from domain.records import RampRequest
 from gateway.server.meter import MeterResult
 
 __all__ = [
@@ -36,9 +40,11 @@ __all__ = [
     "KIND_STATS",
     "RAMP",
     "RAMP_FRAME",
+    "RAMP_LAYOUT",
     "CopyMeta",
     "EligibleMeta",
     "IdleMeta",
+    "RampLayout",
     "RatesMeta",
     "ResultMeta",
     "StatsMeta",
@@ -58,13 +64,74 @@ KIND_ELIGIBLE: Final = 7
 KIND_RATES: Final = 8
 KIND_RAMP: Final = 9
 
-# A RAMP frame's meta: generation, arm, session (signed xxh3_64), status, error code (0 = none,
-# else 1 + its index in domain.outcomes.ERROR_KINDS), ttft_s, e2e_s, finished, at.
-RAMP: Final = struct.Struct("!qBqHBdd?d")
-# Header and meta packed in one call on the worker (the body is always empty).
-RAMP_FRAME: Final = struct.Struct("!BII" + RAMP.format[1:])
+
+def _code(field: Field) -> str:
+    """A declared field's packed form: an integer by its width (8 and 16 bits unsigned, 64
+    signed, else 32 signed), a float a double (None as NaN), a bool a byte, a string an error
+    kind's code (0 = none, else 1 + its index in domain.outcomes.ERROR_KINDS)."""
+    if field.type is int:
+        return {8: "B", 16: "H", 64: "q"}.get(field.quantity.bits, "i")
+    return {float: "d", bool: "?", str: "B"}[field.type]
+
+
+class RampLayout:
+    """The RAMP meta's packed layout, derived from a declared request record (one field after
+    another, in declaration order): `pack` and `unpack` are the only conversions between the
+    record (None where absent) and the wire (NaN, code 0)."""
+
+    __slots__ = ("_clamp", "_codes", "_floats", "cls", "meta", "names")
+
+    def __init__(self, cls: type[msgspec.Struct]) -> None:
+        fields = describe(cls)
+        self.cls = cls
+        self.names = tuple(f.name for f in fields)
+        self.meta = struct.Struct("!" + "".join(_code(f) for f in fields))
+        self._floats = tuple(i for i, f in enumerate(fields) if f.type is float and f.nullable)
+        self._codes = tuple(i for i, f in enumerate(fields) if f.type is str)
+        # Unsigned fields are clamped into their range (a status above 65535 is none of HTTP's).
+        self._clamp = tuple(
+            (i, (1 << f.quantity.bits) - 1)
+            for i, f in enumerate(fields)
+            if f.type is int and f.quantity.bits in (8, 16)
+        )
+
+    def values(self, record: msgspec.Struct) -> list[object]:
+        """The record's packed values, in layout order (a record of exactly `cls`; about
+        0.2 µs for RampRequest, the worker's cost per request of an open rollout)."""
+        out: list[object] = list(_astuple(record))
+        for i in self._floats:
+            if out[i] is None:
+                out[i] = _NAN
+        for i in self._codes:
+            kind = out[i]
+            out[i] = 0 if kind is None else _ERROR_CODES.get(kind, _OTHER)  # type: ignore[call-overload]
+        for i, top in self._clamp:
+            value = out[i]
+            if not 0 <= value <= top:  # type: ignore[operator]
+                out[i] = min(max(value, 0), top)  # type: ignore[call-overload]
+        return out
+
+    def fields(self, meta: bytes) -> dict[str, object]:
+        """A packed meta's fields by name (NaN back to None, a code back to its error kind);
+        raises struct.error when it is not one."""
+        values: list[object] = list(self.meta.unpack(meta))
+        for i in self._floats:
+            if values[i] != values[i]:  # NaN
+                values[i] = None
+        for i in self._codes:
+            values[i] = ramp_error_kind(values[i])  # type: ignore[arg-type]
+        return dict(zip(self.names, values, strict=True))
+
+
+_NAN: Final = math.nan
+_astuple: Final = msgspec.structs.astuple
 _ERROR_CODES: Final = {kind.value: n for n, kind in enumerate(ERROR_KINDS, 1)}
 _OTHER: Final = _ERROR_CODES[ErrorKind.OTHER.value]
+RAMP_LAYOUT: Final = RampLayout(RampRequest)
+# A RAMP frame's meta, as declared by domain.records.RampRequest.
+RAMP: Final = RAMP_LAYOUT.meta
+# Header and meta packed in one call on the worker (the body is always empty).
+RAMP_FRAME: Final = struct.Struct("!BII" + RAMP.format[1:])
 
 
 class CopyMeta(msgspec.Struct, array_like=True, frozen=True):
@@ -134,33 +201,9 @@ def headers_nbytes(headers: list[tuple[str, str]]) -> int:
     return sum(len(k) + len(v) + 4 for k, v in headers)
 
 
-def ramp_frame(
-    generation: int,
-    arm: int,
-    session: int,
-    status: int,
-    error_kind: str | None,
-    ttft_s: float,
-    e2e_s: float,
-    finished: bool,
-    at: float,
-) -> bytes:
+def ramp_frame(request: RampRequest) -> bytes:
     """One RAMP frame, header included (an unknown error kind travels as `other`)."""
-    code = 0 if error_kind is None else _ERROR_CODES.get(error_kind, _OTHER)
-    return RAMP_FRAME.pack(
-        KIND_RAMP,
-        RAMP.size,
-        0,
-        generation,
-        arm,
-        session,
-        min(max(status, 0), 0xFFFF),
-        code,
-        ttft_s,
-        e2e_s,
-        finished,
-        at,
-    )
+    return RAMP_FRAME.pack(KIND_RAMP, RAMP.size, 0, *RAMP_LAYOUT.values(request))
 
 
 def ramp_error_kind(code: int) -> str | None:

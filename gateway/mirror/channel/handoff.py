@@ -31,7 +31,7 @@ second (ELIGIBLE). The mirror process answers with the sampling references (RATE
 instant they apply; this worker swaps its thresholds at that instant, as every other worker of
 the host does, so a key's decision never depends on which worker served it.
 
-Ramp evidence (`put_ramp`, the worker's `gateway.server.hooks.RampSink`): each request of an
+Ramp evidence (`put_ramp`, the worker's `gateway.server.ramp.hooks.RampSink`): each request of an
 open rollout becomes one fixed-size RAMP frame (struct-packed, no body), queued with the other
 frames under the same cap as production's results; while the channel is down or full it is
 `ramp_dropped`, counted, never waited for.
@@ -53,6 +53,7 @@ from domain.accounting import GAUGE_FIELDS, IDENTITY_FIELDS
 from domain.endpoint import Endpoint
 from domain.exposition import Exposed, Family
 from domain.ids import uuid7
+from domain.records import RampRequest
 from gateway.config.sections import MirrorConfig
 from gateway.mirror.channel import frames
 from gateway.mirror.replay.lane import MIRROR_HEADER
@@ -335,23 +336,10 @@ class Handoff:
         if not self._send_small(frames.KIND_RESULT, meta):
             self.process["results_dropped"] += 1
 
-    def put_ramp(
-        self,
-        generation: int,
-        arm: int,
-        session: int,
-        status: int,
-        error_kind: str | None,
-        ttft_s: float,
-        e2e_s: float,
-        finished: bool,
-        at: float,
-    ) -> None:
+    def put_ramp(self, request: RampRequest) -> None:
         """One request of an open rollout to the mirror process (`RampSink`); never waits."""
         transport = self._transport
-        frame = frames.ramp_frame(
-            generation, arm, session, status, error_kind, ttft_s, e2e_s, finished, at
-        )
+        frame = frames.ramp_frame(request)
         size = len(frame)
         if transport is None or (
             transport.get_write_buffer_size() + self._pending_bytes + size

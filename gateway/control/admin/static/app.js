@@ -530,7 +530,7 @@ function rampAllowed(r) {
     start: Boolean(r) && !open,
     pause: r?.state === "running",
     resume: r?.state === "paused",
-    advance: open && num(r.step) !== null && r.step < steps.length - 1,
+    advance: r?.state === "running" && num(r.step) !== null && r.step < steps.length - 1,
     abort: open,
   };
 }

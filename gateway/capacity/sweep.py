@@ -1,4 +1,4 @@
-"""The ramp: both arms at each offered load in turn, from low to high, until each arm breaks
+"""The load sweep: both arms at each offered load in turn, from low to high, until each arm breaks
 the SLO or the ceiling is reached.
 
 Arms are driven alike and one at a time: at every load the candidate and the reference run the
@@ -26,7 +26,7 @@ from gateway.capacity.replay import Arm, StepRun, run_step, send_turn
 from gateway.capacity.scrape import hit_rate, scrape
 
 
-class RampPlan(msgspec.Struct, frozen=True, kw_only=True):
+class SweepPlan(msgspec.Struct, frozen=True, kw_only=True):
     loads: tuple[int, ...]  # offered loads (concurrent conversations), increasing
     step_s: float  # length of one step
     timeout_s: float  # per request
@@ -64,22 +64,22 @@ class _Pooled:
         )
 
 
-class RampOutcome(msgspec.Struct, kw_only=True):
+class SweepOutcome(msgspec.Struct, kw_only=True):
     candidate: list[StepData]
     reference: list[StepData]
     replays: int  # conversations started, both arms
     repeated: int  # conversations replayed again at a later load after the pool ran out
 
 
-async def run_ramp(
+async def run_sweep(
     candidate: Arm,
     reference: Arm,
     pool: Sequence[CapturedSession],
-    plan: RampPlan,
+    plan: SweepPlan,
     *,
     on_step: Callable[[str, StepData, bool], None] | None = None,
     on_sample: Callable[[], None] | None = None,
-) -> RampOutcome:
+) -> SweepOutcome:
     """Drive both arms through `plan.loads`; see the module docstring."""
     steps: dict[str, list[StepData]] = {"candidate": [], "reference": []}
     broken: set[str] = set()
@@ -131,7 +131,7 @@ async def run_ramp(
                     on_step(role, data, passed)
             if len(broken) == 2:
                 break
-    return RampOutcome(
+    return SweepOutcome(
         candidate=steps["candidate"],
         reference=steps["reference"],
         replays=replays,

@@ -3,7 +3,7 @@
 `SessionArms` is the host's session memory: a fixed-size table in a named shared-memory file,
 created by the supervisor before it spawns the workers and opened by path in each of them (they
 are spawned, not forked: an anonymous mapping would not be inherited). `ArmRouter` holds the
-rollout as one immutable `Rollout` snapshot that the control plane swaps whole, and answers
+split as one immutable `Split` snapshot that the control plane swaps whole, and answers
 `arm_for(session_key)` synchronously, in O(1), from the key alone.
 
 The rules: a session stays on the arm it started on; only new sessions follow the weight, which
@@ -74,7 +74,7 @@ Arm = Literal[0, 1]
 PRODUCTION: Arm = 0
 CANDIDATE: Arm = 1
 
-RolloutState = Literal["idle", "ramping", "rolled_back"]
+SplitState = Literal["idle", "ramping", "rolled_back"]
 
 
 def _map(fd: int, size: int) -> mmap.mmap:
@@ -258,7 +258,7 @@ class SessionArms:
 
 
 @dataclass(frozen=True, slots=True)
-class Rollout:
+class Split:
     """One state of the ramp, swapped whole. `generation` changes when a rollout starts and when
     it is rolled back or aborted, never between steps; `salt` seeds the hash that splits new
     sessions; `weight` is the share of new sessions sent to `candidate` (any object the proxy
@@ -268,7 +268,7 @@ class Rollout:
     salt: int = 0
     weight: float = 0.0
     candidate: object = None
-    state: RolloutState = "idle"
+    state: SplitState = "idle"
     # A new session goes to the candidate when its salted 64-bit hash is below this.
     threshold: int = field(init=False, repr=False, compare=False)
 
@@ -279,20 +279,20 @@ class Rollout:
             raise UsageError("a rollout weight above 0 needs a candidate and state 'ramping'")
         object.__setattr__(self, "threshold", round(self.weight * 2**64))
 
-    def step(self, weight: float) -> Rollout:
+    def step(self, weight: float) -> Split:
         """The next step of this rollout: same generation and salt, a weight that only rises."""
         if weight < self.weight:
             raise UsageError(f"a rollout's weight only rises ({self.weight} -> {weight})")
         return replace(self, weight=weight)
 
-    def held(self) -> Rollout:
+    def held(self) -> Split:
         """New sessions to production while the store is lost (`gateway.control.registry`); the
         same generation, so sessions already on the candidate keep it."""
         return replace(self, weight=0.0)
 
-    def rolled_back(self) -> Rollout:
+    def rolled_back(self) -> Split:
         """Everything back to production at once: a new generation at weight 0."""
-        return Rollout(self.generation + 1, state="rolled_back")
+        return Split(self.generation + 1, state="rolled_back")
 
 
 class ArmRouter:
@@ -304,20 +304,20 @@ class ArmRouter:
 
     __slots__ = ("_rollout", "_table", "candidate", "production")
 
-    def __init__(self, table: SessionArms, rollout: Rollout | None = None) -> None:
+    def __init__(self, table: SessionArms, rollout: Split | None = None) -> None:
         self._table = table
-        self._rollout = rollout if rollout is not None else Rollout(0)
+        self._rollout = rollout if rollout is not None else Split(0)
         self.production = 0  # decisions per arm
         self.candidate = 0
 
     @property
-    def rollout(self) -> Rollout:
+    def rollout(self) -> Split:
         return self._rollout
 
-    def swap(self, rollout: Rollout) -> None:
+    def swap(self, rollout: Split) -> None:
         """Install the control plane's new snapshot. Within a generation the weight only rises
         and the salt and candidate stay (a forgotten session is decided again by the same hash,
-        and the table's arm means the same target), except to 0 (a hold: `Rollout.held`); a
+        and the table's arm means the same target), except to 0 (a hold: `Split.held`); a
         generation never goes back."""
         current = self._rollout
         same = rollout.generation == current.generation
