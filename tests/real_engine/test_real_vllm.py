@@ -110,8 +110,7 @@ def test_timing_is_measured_or_says_it_is_unresolved(real_run: RealRun) -> None:
 def test_identical_texts_are_counted_alike(real_run: RealRun) -> None:
     """Every pair whose two answers are byte-identical has identical token counts by one
     tokenizer (100 %), although the engines packed those tokens into different numbers of SSE
-    events; no answer is counted from events, and the engine's usage is kept beside the count
-    (at least the counted tokens: it also counts the EOS id)."""
+    events; no answer is counted from events, and the engine's usage is kept beside the count."""
     rows = real_run.rows(
         "SELECT p.output_tokens AS pt, c.output_tokens AS ct, p.token_counter AS pm,"
         " c.token_counter AS cm, p.token_events AS pe, c.token_events AS ce,"
@@ -125,9 +124,15 @@ def test_identical_texts_are_counted_alike(real_run: RealRun) -> None:
     unequal = [r for r in rows if r["pt"] != r["ct"] or r["pm"] != r["cm"]]
     assert not unequal, f"{len(unequal)} of {len(rows)} identical pairs counted differently"
     assert all(r["pm"] == "tokenize:control" and r["pt"] is not None for r in rows)
-    assert all(r["cu"] is None or r["cu"] >= r["ct"] for r in rows)
+    # The engine's usage is kept beside the count as information: it counts generated ids,
+    # which re-tokenized text need not reproduce one for one (EOS; merges across pieces).
+    assert all(r["cu"] is not None for r in rows), "the copies asked include_usage"
     packed = sum(1 for r in rows if r["pe"] != r["ce"])
-    print(f"identical pairs {len(rows)}, event counts differing in {packed}")
+    gaps = [r["cu"] - r["ct"] for r in rows]
+    print(
+        f"identical pairs {len(rows)}, event counts differing in {packed}; usage - counted: "
+        f"mean {sum(gaps) / len(gaps):+.2f}, range [{min(gaps)}, {max(gaps)}]"
+    )
 
 
 def test_at_least_98_percent_of_copies_observed(real_run: RealRun) -> None:
