@@ -32,6 +32,7 @@ __all__ = [
     "PER_PAIR",
     "Field",
     "Measured",
+    "Outcome",
     "Quantity",
     "describe",
     "kept_text",
@@ -56,24 +57,45 @@ _TOKENS_PAIR: Final = Quantity("tokens", per_pair=True)
 _NATS_PAIR: Final = Quantity("nats/token", per_pair=True)
 
 
-class Measured(msgspec.Struct, kw_only=True):
+class Outcome(msgspec.Struct, kw_only=True):
+    """How one request went, declared once for the mirror's observation (`Measured` extends
+    it) and the ramp's evidence (`domain.records.RampRequest` extends it): the status, the error
+    kind, TTFT, E2E and whether the answer was delivered whole. Units and the missing-value rule
+    are the observation's: None when absent, NULL in a table; NaN only where None cannot be
+    (inside a packed RAMP frame, in the evaluators' and the ramp step's numpy arrays).
+
+    From this one declaration the ramp derives the RAMP frame's packed layout
+    (`gateway.mirror.channel.frames`), the `rollout_requests` columns
+    (`storage.models.RolloutRequestRow`), the writer's row (`storage.writer`) and the step's
+    per-request float arrays (`storage.reports.ramp.RAMP_COLUMNS`); the mirror derives the
+    `observations` columns and the evaluators' per-pair columns. tests/test_ramp_evidence.py
+    fails when one of these fields is declared a second time, and walks adding a quantity (one
+    field here, the code that fills it, an Alembic revision).
+    """
+
+    status: Annotated[int, Quantity(bits=16)] = 0  # the HTTP status; 0: no response arrived
+    # None when ok; one of domain.outcomes.ERROR_KINDS (an unknown one travels as `other`).
+    error_kind: Annotated[str | None, Quantity(length=32)] = None
+    # First chunk carrying a token (content, text or tool call), from the request sent upstream.
+    ttft_s: Annotated[float | None, _S_PAIR] = None
+    # Last token-carrying chunk (SSE) or last byte (plain JSON).
+    e2e_s: Annotated[float | None, _S_PAIR] = None
+    finished: bool = False  # the stream's final event (or a whole plain answer) was delivered
+
+
+class Measured(Outcome, kw_only=True):
     """The measured quantities of one response, by vLLM `bench serve` conventions (docs/metrics.md).
 
     Durations are seconds from the moment the request was sent upstream.
     """
 
-    status: int = 0  # HTTP status; 0 when no response arrived
     # Time the copy spent in the candidate's ring buffer (the mirror lane's; None from the meter).
     queue_wait_s: Annotated[float | None, _S_PAIR] = None
-    # First chunk carrying a token (content, text or tool call).
-    ttft_s: Annotated[float | None, _S_PAIR] = None
     # (e2e - ttft) / (output_tokens - 1) with the *counted* tokens, output_tokens > 1: set by
     # the mirror plane's token counter (gateway/mirror/replay/tokens.py), never by the meter,
     # since an SSE event is not a token. None when not counted (`output_tokens` None) or when
     # the span was below the clock's resolution (domain.timing says which).
     tpot_s: Annotated[float | None, _S_PAIR] = None
-    # Last token-carrying chunk (SSE) or last byte (plain JSON).
-    e2e_s: Annotated[float | None, _S_PAIR] = None
     # Inter-event latency: the gaps between SSE events that carried tokens (token events - 1; a
     # read's gap spread over the events it carried). A per-token figure only where every event
     # carried one token: vLLM packs several tokens into one event when its engine runs ahead of

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from domain.errors import UsageError
-from domain.observation import Measured, Quantity
+from domain.observation import Measured, Outcome, Quantity
 
 Arm = Literal["production", "candidate"]
 
@@ -50,8 +50,6 @@ class ObservationRecord(Measured, kw_only=True):
     endpoint: Annotated[str, Quantity(length=63)]
     arm: Annotated[Arm, Quantity(length=16)]
     started_at: Annotated[float, Quantity("epoch s")]
-    # None when ok; one of domain.outcomes.ERROR_KINDS (connect, timeout, http_5xx, ...).
-    error_kind: Annotated[str | None, Quantity(length=32)] = None
     output_text: str | None = None  # domain.observation.kept_text; None when store_text=false
     tool_calls: str | None = None  # JSON: [{"name": ..., "arguments": ...}]
 
@@ -59,28 +57,7 @@ class ObservationRecord(Measured, kw_only=True):
 # --- the ramp's evidence: how one live request of an open rollout went ------------------------
 
 
-class Outcome(msgspec.Struct, kw_only=True, frozen=True):
-    """How one request went, as the ramp keeps it: declared here once, with the observation's
-    units and missing-value rule: None when absent, NULL in a table; NaN only where None cannot
-    be (inside a packed RAMP frame, and in the step's numpy arrays).
-
-    The ramp derives everything from this declaration and its two extensions below: the RAMP
-    frame's packed layout (`gateway.mirror.channel.frames.RAMP`), the `rollout_requests`
-    columns (`storage.models.RolloutRequestRow`), the writer's row (`storage.writer`) and the
-    step's per-request float arrays (`storage.reports.ramp.RAMP_COLUMNS`). tests/
-    test_ramp_evidence.py fails when one of these fields is declared a second time, and walks
-    adding a quantity (one field here, the proxy's code that fills it, an Alembic revision).
-    """
-
-    status: Annotated[int, Quantity(bits=16)] = 0  # the HTTP status sent; 0: none
-    # None when ok; one of domain.outcomes.ERROR_KINDS (an unknown one travels as `other`).
-    error_kind: Annotated[str | None, Quantity(length=32)] = None
-    ttft_s: Annotated[float | None, Quantity("s")] = None  # first token (SSE) or first byte
-    e2e_s: Annotated[float | None, Quantity("s")] = None  # from sent upstream to the end
-    finished: bool = False  # the stream's final event (or a whole plain answer) went out
-
-
-class RampRequest(Outcome, kw_only=True, frozen=True):
+class RampRequest(Outcome, kw_only=True):
     """What a worker hands the mirror process per request of an open rollout (a RAMP frame):
     the outcome, the rollout's `generation` (`gateway.server.ramp.arms.Split.generation`), the
     `arm` (0 production, 1 candidate), the `session` (the unsalted xxh3_64 of the session key
@@ -92,7 +69,7 @@ class RampRequest(Outcome, kw_only=True, frozen=True):
     at: Annotated[float, Quantity("epoch s")]
 
 
-class RampRecord(RampRequest, kw_only=True, frozen=True):
+class RampRecord(RampRequest, kw_only=True):
     """One live request of an open rollout, as the ramp's evidence stores it: the worker's
     `RampRequest`, its 1-based `turn` among the session's requests of this rollout and the
     host's `replica` (both filled in by the mirror process)."""

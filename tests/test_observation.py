@@ -44,7 +44,9 @@ def test_the_record_is_the_meter_result_by_one_conversion() -> None:
     record = observation(
         "x", "live", "production", 1.0, result, None, store_text=True, max_chars=100
     )
-    expected = values | {"status": 200, "queue_wait_s": None}
+    # The error kind is the observation's verdict on the answer (the transport's, else
+    # `observe.classify`), never the meter's: this healthy answer has none.
+    expected = values | {"status": 200, "queue_wait_s": None, "error_kind": None}
     assert {name: getattr(record, name) for name in MEASURED} == expected
     waited = observation(
         "x", "c", "candidate", 1.0, result, None, store_text=True, max_chars=100, queue_wait_s=0.5

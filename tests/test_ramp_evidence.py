@@ -1,8 +1,9 @@
-"""The ramp's evidence is declared once (domain/records.py: `Outcome`, `RampRequest`,
-`RampRecord`): the RAMP frame, the `rollout_requests` table, the writer's row and the step's
-arrays follow from it; a second declaration anywhere in the ramp's code fails here; and adding a
-quantity is one declaration, its use and a migration (walked with a synthetic field, as a
-quantity such as the inter-event latency would be added)."""
+"""The ramp's evidence is declared once (domain/observation.py: `Outcome`, which the mirror's
+observation extends too; domain/records.py: `RampRequest`, `RampRecord`): the RAMP frame, the
+`rollout_requests` table, the writer's row and the step's arrays follow from it; a second
+declaration anywhere in the ramp's code fails here; and adding a quantity is one declaration,
+its use and a migration (walked with a synthetic field, as a quantity such as the inter-event
+latency would be added)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from alembic.operations import Operations
 from sqlalchemy import Column, Connection, Float, Index, MetaData, Table, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from domain.observation import Measured, Quantity, describe
-from domain.records import Outcome, RampRecord, RampRequest
+from domain.observation import Measured, Outcome, Quantity, describe
+from domain.records import ObservationRecord, RampRecord, RampRequest
 from gateway.mirror.channel import frames
 from storage.models import BigId, RolloutRequestRow, declared_columns
 from storage.reports.ramp import RAMP_COLUMNS, evidence_columns
@@ -30,12 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("domain", "gateway", "evaluators", "storage")
 OUTCOME = tuple(f.name for f in describe(Outcome))
 EVIDENCE = frozenset(f.name for f in describe(RampRecord))
-DECLARATIONS = {("domain.records", name) for name in ("Outcome", "RampRequest", "RampRecord")}
-# The observation declares status, ttft_s and e2e_s for the mirror's pairs. Until it derives
-# from `Outcome` (class Measured(Outcome), its three fields removed: the lead's change at merge,
-# since its fields are being renamed now), the two are kept equal by
-# test_the_observation_measures_the_outcome_as_declared below.
-SHARED_WITH_THE_OBSERVATION = {("domain.observation", "Measured")}
+DECLARATIONS = {("domain.observation", "Outcome")} | {
+    ("domain.records", name) for name in ("RampRequest", "RampRecord")
+}
+# Nothing shares the outcome's fields by declaring them again: the observation extends it
+# (`class Measured(Outcome)`), as the ramp's records do.
+SHARED_WITH_THE_OBSERVATION: set[tuple[str, str]] = set()
 # The ramp's pure statistic takes the step's arrays as parameters named as RAMP_COLUMNS names
 # them (checked by test_the_step_arrays_are_the_declared_durations).
 NAMED_AS_THE_ARRAYS = {("evaluators.ramp.arms", "session_units")}
@@ -64,7 +65,7 @@ def _carries_the_record(tree: ast.Module) -> bool:
     """The module imports the ramp's declared record (the evidence's path)."""
     return any(
         isinstance(node, ast.ImportFrom)
-        and node.module == "domain.records"
+        and node.module in ("domain.records", "domain.observation")
         and bool({a.name for a in node.names} & {"Outcome", "RampRequest", "RampRecord"})
         for node in ast.walk(tree)
     )
@@ -169,28 +170,26 @@ def test_the_step_arrays_are_the_declared_durations() -> None:
     assert [a.arg for a in fn.args.args] == list(RAMP_COLUMNS)
 
 
-def test_the_observation_measures_the_outcome_as_declared() -> None:
-    """Until the observation derives from `Outcome`, the fields both declare agree on type,
-    nullability and unit (the error kind is the observation record's, as declared there)."""
-    outcome = {f.name: f for f in describe(Outcome)}
-    for f in describe(Measured):
-        if f.name in outcome:
-            o = outcome[f.name]
-            assert (f.type, f.nullable, f.quantity.unit) == (
-                o.type, o.nullable, o.quantity.unit,
-            ), f.name  # fmt: skip
+def test_the_observation_and_the_ramp_share_one_outcome() -> None:
+    """The mirror's observation and the ramp's request both extend `Outcome`: status, error
+    kind, TTFT, E2E and finished are declared once, and each of their tables carries them."""
+    assert issubclass(Measured, Outcome) and issubclass(RampRequest, Outcome)
+    assert ObservationRecord is not None and issubclass(ObservationRecord, Outcome)
+    observed = [f.name for f in describe(ObservationRecord)]
+    assert observed[: len(OUTCOME)] == list(OUTCOME)
+    assert [f.name for f in describe(RampRecord)][: len(OUTCOME)] == list(OUTCOME)
 
 
 # --- the walk: adding a quantity to the ramp's evidence -----------------------------------------
 
 
-class WalkRequest(RampRequest, kw_only=True, frozen=True):
-    """1. The declaration: one field (in the product, on `Outcome` in domain/records.py)."""
+class WalkRequest(RampRequest, kw_only=True):
+    """1. The declaration: one field (in the product, on `Outcome` in domain/observation.py)."""
 
     inter_event_p50_s: Annotated[float | None, Quantity("s")] = None
 
 
-class WalkRecord(WalkRequest, kw_only=True, frozen=True):
+class WalkRecord(WalkRequest, kw_only=True):
     """RampRecord's own fields on top, as RampRecord adds them to RampRequest."""
 
     turn: int

@@ -48,8 +48,7 @@ class ArmObs(Measured, kw_only=True):
     """One arm's answer to one exchange: the measured fields (`domain.observation.Measured`)
     and what the evaluators read besides them. Defaults: an answered request."""
 
-    status: int = 200
-    error_kind: str | None = None
+    status: int = 200  # the default here is an answered request (the declaration's is 0)
     started_at: float = 0.0
     output_text: str | None = None
     tool_calls: str | None = None  # JSON: [{"name": ..., "arguments": ...}]

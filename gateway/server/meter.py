@@ -35,7 +35,6 @@ class MeterResult(Measured, kw_only=True):
     every field but `queue_wait_s`) and what the meter saw on the way (for classification).
     """
 
-    status: int
     is_sse: bool
     last_byte_s: float | None = None
     # True when the answer carried more than one token event but they all reached the meter
@@ -413,6 +412,11 @@ class ResponseMeter:
             res.e2e_s = (self._last_token if self.is_sse else self._last_byte or now) - t0
         elif self._last_byte is not None:
             res.e2e_s = self._last_byte - t0
+        res.finished = (
+            self.final_event_seen()
+            if self.is_sse
+            else bool(self.bytes_total and not self.parse_errors)
+        )
         # The engine's count is kept as information; tokens are counted from the text later,
         # by one tokenizer for both arms (domain.observation: output_tokens, token_counter).
         res.usage_tokens = self.completion_tokens

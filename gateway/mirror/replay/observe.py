@@ -68,7 +68,7 @@ def observation(
         result.text, result.text_truncated, store_text=store_text, max_chars=max_chars
     )
     fields = measured(result)
-    fields.update(queue_wait_s=queue_wait_s, text_truncated=truncated)
+    fields.update(queue_wait_s=queue_wait_s, text_truncated=truncated, error_kind=error_kind)
     tools = result.tool_calls
     return ObservationRecord(
         **fields,
@@ -76,7 +76,6 @@ def observation(
         endpoint=endpoint,
         arm=arm,
         started_at=started_at,
-        error_kind=error_kind,
         output_text=text,
         tool_calls=(
             None

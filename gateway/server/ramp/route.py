@@ -162,7 +162,7 @@ class RampRoute:
         self, active: Split, arm: int, key: str, label: str | None = None, /, **outcome: Any
     ) -> None:
         """One request of the ramp is over, its `outcome` given by the fields of
-        `domain.records.Outcome` (declared there, never spelled here): count it under `label`
+        `domain.observation.Outcome` (declared there, never spelled here): count it under `label`
         (else ok or error), hand its record to the sink, and feed the guard with a candidate's
         outcome (tripping it rolls this worker back at once)."""
         request = RampRequest(
