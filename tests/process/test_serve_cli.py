@@ -175,13 +175,17 @@ async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> N
 
 async def test_workers_exit_when_the_supervisor_is_killed(tmp_path: Path) -> None:
     """A supervisor killed with SIGKILL leaves no worker behind holding the port."""
+    # A worker's shutdown waits up to `drain_timeout_s` three times (in-flight requests, the
+    # mirror's drain, the writer's last flush), as the supervisor allows it (workers._join_all);
+    # the supervisor's `wait()` also waits for its stderr pipe, which its workers hold.
+    within_s = 3 * ServerConfig().drain_timeout_s + 5.0 + SETTLE_S
     proc, url = await start_serve(tmp_path, "--workers", "2")
     try:
         async with aiohttp.ClientSession() as http, http.get(url + "/healthz") as resp:
             worker = (await resp.json())["pid"]
     finally:
         proc.kill()
-        await proc.wait()
+        await asyncio.wait_for(proc.wait(), within_s)
 
     async def gone() -> bool:  # the kernel signals the workers; their drain takes a moment
         try:
@@ -190,13 +194,7 @@ async def test_workers_exit_when_the_supervisor_is_killed(tmp_path: Path) -> Non
             return True
         return False
 
-    # A worker drains for `drain_timeout_s` at most, then exits.
-    with contextlib.suppress(AssertionError):
-        await until(
-            gone, what="the worker exited", within_s=ServerConfig().drain_timeout_s + SETTLE_S
-        )
-    with pytest.raises(ProcessLookupError):
-        os.kill(worker, 0)
+    await until(gone, what=f"worker {worker} exited", within_s=within_s)
 
 
 async def test_sigterm_while_workers_start_is_a_clean_stop(tmp_path: Path) -> None:
