@@ -35,6 +35,15 @@ class UpstreamState:
 STATE = web.AppKey("upstream_state", UpstreamState)
 
 
+def cancelled(state: UpstreamState) -> Callable[[], Awaitable[list[float]]]:
+    """A probe for `tests.waiting.until`: the times the upstream's requests were cancelled."""
+
+    async def probe() -> list[float]:
+        return state.cancelled_at
+
+    return probe
+
+
 async def _echo(request: web.Request) -> web.Response:
     body = await request.read()
     return web.json_response(

@@ -1,7 +1,9 @@
 """What the browser tests run against: a real `canary serve` process (SQLite, admin token, or
 an open admin API with `insecure_admin = true`)
 proxying to a simulated live engine and mirroring to a simulated A/A control and a simulated
-bi-KV candidate, plus Playwright's chromium (the system's, `executable_path`). Holds no tests.
+bi-KV candidate, plus Playwright's chromium (the system's, `executable_path`), and how a test
+waits for the page: for the read of the API the page says has ended (`read_after`), never for
+its timer. Holds no tests.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +26,32 @@ from gateway.sim.profiles import get_profile
 from gateway.sim.server import SimServer, start_sim
 from tests.browser.conftest import CHROMIUM
 from tests.upstreams import free_port
+from tests.waiting import IMPORTS_S, MIRROR_START_S, until_ready
 
 TOKEN = "ui-test-token-5d1c8e2b7a"  # labelled "ops" in the audit log
+# What the tests expect of the product, as the settings written below promise it. A report
+# (and so a read of the page, a promote, a ramp's start) is answered within
+# `[reports] timeout_s`, by the report or by a 503 saying why; `canary serve` serves once its
+# report process listens, or after `[reports] start_wait_s`, and once its mirror process
+# listens (a worker waits `MIRROR_START_S` for it, then exits).
+REPORT_TIMEOUT_S = 120.0
+REPORT_START_S = 120.0
+# A copy is answered or given up within its candidate's `timeout_s`; the mirror's counters
+# reach the store every `[storage] counters_flush_interval_s` (the default, 5 s).
+COPY_TIMEOUT_S = 30.0
+COUNTERS_FLUSH_S = 5.0
+# A gateway that starts: its imports, the mirror process, then the report process (their
+# imports are what a busy host slows; the product bounds the two waits above, not the imports,
+# so this bound is generous and the test's own timeout is the backstop).
+START_WITHIN_S = IMPORTS_S + MIRROR_START_S + REPORT_START_S
+# One read of the page: a report, and the small calls made beside it.
+READ_WITHIN_S = REPORT_TIMEOUT_S + 30.0
+# Makes the tab hidden or visible as a browser does when the operator switches tabs; shown
+# again, the page reads the API at once (app.js, the visibilitychange listener).
+VISIBILITY = """hidden => {
+    Object.defineProperty(document, "hidden", {configurable: true, get: () => hidden});
+    document.dispatchEvent(new Event("visibilitychange"));
+}"""
 TIME_SCALE = 0.15
 CANDIDATE = "kv"
 # Margins for ~100 sessions (the README's "Margins by volume" for small experiments), and a
@@ -48,6 +75,18 @@ class Stack:
     url: str  # the proxy (and, under /admin, the admin API and the page)
     sims: dict[str, SimServer]
     proc: asyncio.subprocess.Process
+    token: str | None  # None: the admin API is open
+
+    async def report(self, name: str) -> dict[str, Any]:
+        """The candidate's report as the admin API answers it (what the page reads)."""
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=READ_WITHIN_S)) as http,
+            http.get(f"{self.url}/admin/candidates/{name}/report", headers=headers) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+            body: dict[str, Any] = await resp.json()
+            return body
 
     @property
     def ui(self) -> str:
@@ -83,6 +122,8 @@ def config_text(db: Path, sims: dict[str, SimServer], *, insecure: bool = False)
         'priority = "normal"',
         "[reports]",
         'priority = "normal"',
+        f"timeout_s = {REPORT_TIMEOUT_S}",
+        f"start_wait_s = {REPORT_START_S}",
         "[verdict]",
         *(f"{k} = {_toml(v)}" for k, v in VERDICT.items()),
     ]
@@ -95,24 +136,22 @@ def config_text(db: Path, sims: dict[str, SimServer], *, insecure: bool = False)
             "sample_rate = 1.0",
             'sampling = "session"',
             "concurrency = 16",
+            f"timeout_s = {COPY_TIMEOUT_S}",
         ]
     return "\n".join(lines) + "\n"
 
 
 async def _ready(url: str, proc: asyncio.subprocess.Process, log: Path) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(1200):  # up to 60 s on a loaded 2-core machine
-            if proc.returncode is not None:
-                break
-            with contextlib.suppress(aiohttp.ClientConnectionError):
-                async with http.get(url + "/readyz") as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.05)
-    proc.kill()
-    await proc.wait()
-    text = await asyncio.to_thread(log.read_text)
-    raise AssertionError(f"canary serve did not become ready: {text[-2000:]}")
+    """Until `/readyz` answers 200 (the report process listening: `start_wait_s`); the
+    gateway's log when it does not."""
+    try:
+        await until_ready(url + "/readyz", proc, within_s=START_WITHIN_S)
+    except AssertionError as exc:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        text = await asyncio.to_thread(log.read_text)
+        raise AssertionError(f"canary serve did not become ready ({exc}): {text[-2000:]}") from exc
 
 
 @contextlib.asynccontextmanager
@@ -137,7 +176,7 @@ async def running_stack(tmp: Path, *, token: bool = True) -> AsyncIterator[Stack
             )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         await _ready(url, proc, log)
-        yield Stack(url, sims, proc)
+        yield Stack(url, sims, proc, TOKEN if token else None)
     finally:
         if proc is not None and proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
@@ -163,3 +202,39 @@ async def chromium() -> AsyncIterator[Any]:
             yield browser
         finally:
             await browser.close()
+
+
+async def new_page(browser: Any, viewport: dict[str, int]) -> tuple[Any, Any]:
+    """A fresh context and page whose waits are bounded by one read of the page (a wait on
+    the page that lasts longer is the product breaking its promise, not a slow host)."""
+    context = await browser.new_context(viewport=viewport)
+    context.set_default_timeout(READ_WITHIN_S * 1000)
+    return context, await context.new_page()
+
+
+async def read_after(page: Any, action: Callable[[], Awaitable[Any]] | None = None) -> None:
+    """Do `action` (by default: hide the tab and show it again, the page's own way to read at
+    once) and wait until the page says a read of the API begun after it has ended well, for the
+    view then shown (`#updated`'s data-read and data-outcome, app.js `markRead`). A read that
+    failed (a 503 of a busy store or report process says "retry shortly") is made again at once,
+    as the tab shown again would, within the one bound of a read."""
+    deadline = time.monotonic() + READ_WITHIN_S
+    outcome, said = None, ""
+    while outcome != "ok":
+        left = deadline - time.monotonic()
+        assert left > 0, f"no read of the page ended well within {READ_WITHIN_S:g} s: {said}"
+        begun = await page.evaluate("Number(document.getElementById('updated').dataset.begun || 0)")
+        if action is None:
+            await page.evaluate(VISIBILITY, True)
+            await page.evaluate(VISIBILITY, False)
+        else:
+            await action()
+            action = None  # a failed read is made again by showing the tab again
+        await page.wait_for_function(
+            "n => Number(document.getElementById('updated').dataset.read || 0) > n",
+            arg=begun,
+            polling=50,
+            timeout=left * 1000,
+        )
+        outcome = await page.get_attribute("#updated", "data-outcome")
+        said = f"{outcome}: {await page.inner_text('#updated')}"

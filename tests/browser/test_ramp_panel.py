@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from evaluators.ramp.twosample import Comparison
 from storage.rollouts import transition
-from tests.browser.stack import CANDIDATE, TOKEN, chromium, running_stack
+from tests.browser.stack import CANDIDATE, TOKEN, chromium, new_page, read_after, running_stack
 
 # A real gateway and a browser on a shared host: longer than the suite's 120 s default.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -53,21 +53,20 @@ async def test_ramp_panel_starts_pauses_and_aborts_a_forced_ramp(tmp_path: Path)
     its tests' intervals drawn; Pause leaves Resume, Advance and Abort; Abort shows aborted at
     0 % with every action disabled and Start enabled again; the events list newest first."""
     async with running_stack(tmp_path) as stack, chromium() as browser:
-        context = await browser.new_context(viewport=VIEWPORT)
-        page = await context.new_page()
+        context, page = await new_page(browser, VIEWPORT)
         errors: list[str] = []
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
         await page.goto(stack.ui)
         await page.fill("#token", TOKEN)
-        await page.click("#login-go")
+        await read_after(page, lambda: page.click("#login-go"))
         await page.wait_for_selector("#ramp-summary[data-state='none']")
         assert await page.inner_text("#ramp-summary") == "no ramp yet"
         assert await enabled(page) == set()
 
-        await page.click(f"a[href='#/c/{CANDIDATE}']")
-        await page.wait_for_selector("#d-verdict[data-verdict='hold']")
-        await page.wait_for_selector("#ramp-start:not([disabled])")
+        await read_after(page, lambda: page.click(f"a[href='#/c/{CANDIDATE}']"))
+        assert await page.get_attribute("#d-verdict", "data-verdict") == "hold"
+        assert await page.is_enabled("#ramp-start")
         await page.click("#ramp-start")
         await page.wait_for_selector("#confirm[open]")
         assert await page.is_visible("#c-ramp-rows") and await page.is_visible("#c-force-row")
@@ -98,7 +97,8 @@ async def test_ramp_panel_starts_pauses_and_aborts_a_forced_ramp(tmp_path: Path)
             )
         finally:
             await engine.dispose()
-        await page.wait_for_selector("#ramp-step:has-text('step 3 of 5')")
+        await read_after(page)  # the page reads the stored ramp at once, not at its next poll
+        assert await page.inner_text("#ramp-step") == "step 3 of 5"
         rows = page.locator("#ramp-evidence .evidence[data-kind='advance'] tbody tr")
         assert await rows.count() == 2
         first = await rows.nth(0).inner_text()
@@ -122,7 +122,8 @@ async def test_ramp_panel_starts_pauses_and_aborts_a_forced_ramp(tmp_path: Path)
         )
         assert kinds == ["abort", "pause", "advance", "advance", "start"]
 
-        await page.click(f"a[href='#/c/{CANDIDATE}']")  # closed: a new ramp may start
-        await page.wait_for_selector("#ramp-start:not([disabled])")
+        # Closed: a new ramp may start.
+        await read_after(page, lambda: page.click(f"a[href='#/c/{CANDIDATE}']"))
+        assert await page.is_enabled("#ramp-start")
         await context.close()
     assert len(errors) == 1 and "409" in errors[0], errors

@@ -10,6 +10,7 @@ the render test skips and the files are validated one by one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import os
@@ -29,6 +30,7 @@ from kubernetes_validate.utils import ValidationError
 from gateway.config.load import load_config, settings_variables
 from tests.fixtures_net import Served
 from tests.upstreams import free_port, scripted_app
+from tests.waiting import SERVE_START_S, until, until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "k8s"
@@ -197,29 +199,22 @@ async def test_the_pod_runs_as_described(serve: Any, tmp_path: Path) -> None:
     try:
         async with aiohttp.ClientSession() as http:
             for probe in ("readinessProbe", "livenessProbe"):
-                path = pod[probe]["httpGet"]["path"]
-                for _ in range(1200):  # two workers and the mirror process on a busy machine
-                    try:
-                        async with http.get(base + path) as resp:
-                            if resp.status == 200:
-                                break
-                    except aiohttp.ClientConnectionError:
-                        pass
-                    await asyncio.sleep(0.05)
-                else:
-                    raise AssertionError(f"{path} never answered 200")
+                # Two workers and the mirror process: the start the product bounds.
+                await until_ready(base + pod[probe]["httpGet"]["path"], proc)
             # A probe is answered by whichever worker listens first: wait for both before the
             # pod is stopped (one still starting is stopped cleanly, but logs nothing to read).
             pids: set[int] = set()
             # A connection per request: the kernel spreads connections, not requests.
             fresh = aiohttp.TCPConnector(force_close=True)
             async with aiohttp.ClientSession(connector=fresh) as one_shot:
-                for _ in range(3000):
+
+                async def both() -> bool:
                     async with one_shot.get(base + "/healthz") as resp:
                         pids.add((await resp.json())["pid"])
-                    if len(pids) == 2:
-                        break
-                    await asyncio.sleep(0.01)
+                    return len(pids) == 2
+
+                with contextlib.suppress(AssertionError):  # the assertion below says who
+                    await until(both, what="both workers answering", within_s=SERVE_START_S)
             assert len(pids) == 2, pids
             admin = f"http://127.0.0.1:{admin_port}/admin/status"
             async with http.get(admin) as resp:

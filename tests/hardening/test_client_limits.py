@@ -19,6 +19,7 @@ from aiohttp import web
 
 from tests import fixtures_net
 from tests.upstreams import raw_upstream, scripted_app
+from tests.waiting import SETTLE_S, until
 
 pytest_plugins = ("tests.fixtures_net",)
 pytestmark = fixtures_net.BOTH_LOOPS
@@ -67,10 +68,11 @@ async def test_bodies_in_flight_are_bounded(gateway: Any, upstream: str, http: A
     reader, writer = await _open(gw.url)
     writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 800\r\n\r\n" + b"a" * 10)
     await writer.drain()
-    for _ in range(200):  # wait until the gateway has reserved the first body
-        if "canary_proxy_body_bytes_in_flight 800" in await _metrics(http, gw):
-            break
-        await asyncio.sleep(0.02)
+
+    async def reserved() -> bool:  # the gateway has reserved the first body
+        return "canary_proxy_body_bytes_in_flight 800" in await _metrics(http, gw)
+
+    await until(reserved, what="the first body reserved", within_s=SETTLE_S)
     second = await _exchange(
         gw.url, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 300\r\n\r\n" + b"b" * 300
     )
@@ -156,13 +158,15 @@ async def test_connection_limit_refuses_with_503(
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     for _, writer in busy:
         writer.close()
-    for _ in range(100):
+
+    async def served() -> bytes | None:  # a slot frees once the gateway sees the closes
         raw = await _exchange(
             gw.url, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         )
-        if _status(raw) == 200:
-            break
-        await asyncio.sleep(0.05)
+        return raw if _status(raw) == 200 else None
+
+    raw = await until(served, what="a request served again", within_s=SETTLE_S)
+    assert raw is not None
     assert b'canary_connections_refused_total{listener="proxy"} ' in raw
     assert b'canary_connections_refused_total{listener="proxy"} 0' not in raw
 
@@ -295,11 +299,14 @@ async def test_a_client_that_stops_reading_is_its_own_fault(
     writer.write(b"POST /firehose HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
     await writer.drain()
     text = ""
-    for _ in range(600):  # never read: wait until the gateway gives up on this client
+
+    async def cut() -> bool:  # never read: the gateway gives up after client_write_timeout_s
+        nonlocal text
         text = await _metrics(http, gw)
-        if 'canary_proxy_upstream_errors_total{kind="client_slow_reader"} 1' in text:
-            break
-        await asyncio.sleep(0.05)
+        return 'canary_proxy_upstream_errors_total{kind="client_slow_reader"} 1' in text
+
+    with contextlib.suppress(AssertionError):  # the assertions below say what was counted
+        await until(cut, what="the slow reader cut", within_s=0.5 + SETTLE_S)
     writer.close()
     assert 'canary_proxy_upstream_errors_total{kind="client_slow_reader"} 1' in text
     assert 'canary_proxy_upstream_errors_total{kind="timeout_idle"} 0' in text

@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import pytest_asyncio
 
 from gateway.server.limits import plan_limits
 from tests.upstreams import free_port
+from tests.waiting import LISTEN_S, until_ready, until_sync
 
 NOFILE = 1024
 CHAT = {
@@ -45,17 +45,12 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 async def _wait_ready(url: str, proc: asyncio.subprocess.Process, path: str) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(1200):  # up to 60 s on a loaded 2-core machine
-            if proc.returncode is not None:
-                break
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(url + path) as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"{url} did not become ready")
+    try:
+        await until_ready(url + path, proc)
+    except AssertionError:
+        if proc.returncode is None:
+            proc.kill()
+        raise
 
 
 class Served:
@@ -92,12 +87,13 @@ def sim() -> Iterator[str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
     )  # fmt: skip
     try:
-        for _ in range(1200):  # up to 60 s on a loaded 2-core machine
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
+
+        def listening() -> bool:
             assert proc.poll() is None, "canary sim exited"
-            time.sleep(0.05)
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", port)) == 0
+
+        until_sync(listening, what="canary sim listening", within_s=LISTEN_S)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()

@@ -15,6 +15,7 @@ from gateway.config.sections import GatewayConfig
 from gateway.mirror.channel import frames
 from gateway.mirror.channel.handoff import Handoff
 from gateway.server.hooks import LiveTarget
+from tests.waiting import SETTLE_S, until
 
 CHAT = "/v1/chat/completions"
 
@@ -72,11 +73,12 @@ async def test_frames_of_several_copies_arrive_in_one_write(tmp_path: Path) -> N
         for _ in range(3):  # loop iterations that poll the socket: an early write would arrive
             await asyncio.sleep(0)
         assert peer.reads == []  # nothing written yet: the frames wait for one write
-        for _ in range(100):
-            if peer.reads:
-                break
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.02)
+
+        async def read() -> bool:
+            return bool(peer.reads)
+
+        await until(read, what="the frames written", within_s=SETTLE_S, every_s=0.005)
+        await asyncio.sleep(0.02)  # a second write, were there one, would have arrived
         data = b"".join(peer.reads)
         assert _frames(data) == [frames.KIND_RELOAD] + [frames.KIND_COPY] * 5
         assert len(peer.reads) == 1, "the six frames were written (and read) apart"

@@ -30,6 +30,7 @@ from storage.engine import make_engine
 from storage.models import ExchangeRow
 from tests.deploy.test_balancers import nginx_binary, nginx_conf
 from tests.upstreams import free_port
+from tests.waiting import until_ready
 
 pytestmark = pytest.mark.slow
 
@@ -41,19 +42,13 @@ PG_ONLY = pytest.mark.parametrize(
 )
 
 
-async def _wait_http(url: str, what: str, proc: Any = None) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(1200):  # up to 60 s on a busy 2-core machine
-            try:
-                async with http.get(url) as resp:
-                    if resp.status < 500:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            if proc is not None and proc.returncode is not None:
-                break
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"{what} did not come up at {url}")
+async def _wait_http(url: str, what: str, proc: Any) -> None:
+    """Until `url` answers below 500 (a gateway: its start as the product bounds it) or `proc`
+    ends."""
+    try:
+        await until_ready(url, proc, ok=lambda status: status < 500)
+    except AssertionError as exc:
+        raise AssertionError(f"{what} did not come up at {url}: {exc}") from exc
 
 
 @asynccontextmanager

@@ -10,6 +10,7 @@ copy reaches its simulator and every request in its log is one it served for a c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ from storage.rollouts import current_rollout
 from tests.process.test_fleet import _cli, _env, _wait_http
 from tests.process.test_serve_cli import spawn_serve, stop, until_serving
 from tests.upstreams import free_port
+from tests.waiting import SETTLE_S, until
 
 # Whole processes (a supervisor, a worker, the mirror and report processes, two engines) on a
 # shared two-core machine: start-up alone can take tens of seconds.
@@ -189,6 +191,32 @@ class Sessions:
         await self.client.close()
 
 
+# What the config below promises: the controller looks every `controller_interval_s` (0.5 s)
+# and each worker's guard decides on its next candidate failures; the stored decision reaches
+# the admin API at once. The bound is the controller's looks and a worker's decision on a busy
+# host (each a few turns of a loop), generously.
+DECIDE_WITHIN_S = 0.5 + SETTLE_S
+# The mirror's writer stores a partial batch after `writer_flush_interval_s` (0.5 s).
+WRITE_WITHIN_S = 0.5 + SETTLE_S
+
+
+async def _rollout_left_running(
+    http: aiohttp.ClientSession, url: str, *, within_s: float
+) -> dict[str, Any]:
+    """The rollout once it is no longer running (completed or rolled back), as the admin API
+    shows it; the last view seen if it did not leave `running` within `within_s`."""
+    view: dict[str, Any] = {}
+
+    async def left() -> bool:
+        nonlocal view
+        view = await _admin(http, url, "/admin/rollout")
+        return bool(view["state"] != "running")
+
+    with contextlib.suppress(AssertionError):  # the caller's assertions say what was seen
+        await until(left, what="the rollout leaving running", within_s=within_s, every_s=0.1)
+    return view
+
+
 async def _stored_arms(
     db: Path, generation: int, expect_rows: int, since: float = 0.0
 ) -> dict[int, set[int]]:
@@ -198,13 +226,18 @@ async def _stored_arms(
     engine = make_engine(f"sqlite+aiosqlite:///{db}")
     r = RolloutRequestRow
     query = select(r.session, r.arm).where(r.generation == generation, r.at >= since)
+    rows: list[Any] = []
+
+    async def stored() -> bool:
+        nonlocal rows
+        async with engine.connect() as conn:
+            rows = list((await conn.execute(query)).all())
+        return len(rows) >= expect_rows
+
     try:
-        for _ in range(300):
-            async with engine.connect() as conn:
-                rows = (await conn.execute(query)).all()
-            if len(rows) >= expect_rows:
-                break
-            await asyncio.sleep(0.1)
+        # The writer stores a partial batch after `writer_flush_interval_s`.
+        with contextlib.suppress(AssertionError):  # the assertion below says what was stored
+            await until(stored, what=f"{expect_rows} rows stored", within_s=WRITE_WITHIN_S)
     finally:
         await engine.dispose()
     assert len(rows) >= expect_rows, (len(rows), expect_rows)
@@ -298,11 +331,7 @@ async def test_forced_ramp_advanced_by_hand_keeps_every_session_on_one_engine(
                 assert weights == [1.0, 5.0, 25.0, 50.0, 100.0]
                 await _admin(http, url, "/admin/rollout/resume", {"reason": "turns done"})
                 # At 100 % there is no next step: the controller completes after the dwell.
-                for _ in range(200):
-                    view = await _admin(http, url, "/admin/rollout")
-                    if view["state"] != "running":
-                        break
-                    await asyncio.sleep(0.1)
+                view = await _rollout_left_running(http, url, within_s=5.0 + DECIDE_WITHIN_S)
                 assert view["state"] == "completed", view
                 kinds = [e["kind"] for e in view["events"]]
                 assert kinds[-3:] == ["pause", "resume", "complete"], kinds
@@ -383,11 +412,7 @@ async def test_a_candidate_killed_at_25_percent_is_rolled_back_without_client_er
                     await asyncio.sleep(0.5)
                     cand.proc.kill()  # mid-turn: some of its requests are in flight
                     await cand.proc.wait()
-                    for _ in range(200):
-                        view = await _admin(http, url, "/admin/rollout")
-                        if view["state"] != "running":
-                            break
-                        await asyncio.sleep(0.1)
+                    view = await _rollout_left_running(http, url, within_s=DECIDE_WITHIN_S)
                     await asyncio.sleep(1.0)  # more turns, all on production now
                 finally:
                     stop_turns.set()

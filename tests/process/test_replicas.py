@@ -16,6 +16,7 @@ import aiohttp
 
 from gateway.sim.server import start_sim
 from tests.upstreams import free_port
+from tests.waiting import until, until_ready
 
 TOKEN = "ops:replica-test-token"
 AUTH = {"Authorization": "Bearer replica-test-token"}
@@ -38,17 +39,7 @@ async def replica(db_url: str, live_url: str) -> AsyncIterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(1200):
-                try:
-                    async with http.get(url + "/readyz") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("replica did not become ready")
+        await until_ready(url + "/readyz", proc)
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -60,9 +51,7 @@ async def replica(db_url: str, live_url: str) -> AsyncIterator[str]:
 async def _until(probe: Any, limit_s: float) -> float:
     """Seconds until `await probe()` is true; fails past `limit_s`."""
     start = time.monotonic()
-    while not await probe():
-        assert time.monotonic() - start < limit_s, "change not applied in time"
-        await asyncio.sleep(0.05)
+    await until(probe, what="the change applied", within_s=limit_s)
     return time.monotonic() - start
 
 

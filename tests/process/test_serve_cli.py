@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,9 @@ import aiohttp
 import pytest
 
 from gateway.cli.main import main
+from gateway.config.sections import ServerConfig
 from tests.upstreams import free_port
+from tests.waiting import SERVE_START_S, SETTLE_S, until, until_ready
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -92,19 +95,12 @@ async def start_serve(tmp: Path, *args: str) -> tuple[asyncio.subprocess.Process
 
 
 async def until_serving(proc: asyncio.subprocess.Process, port: int) -> str:
-    """The URL of a spawned `canary serve` once its /readyz answers 200 (60 s at most)."""
+    """The URL of a spawned `canary serve` once its /readyz answers 200 (within the start the
+    product bounds: `tests.waiting.SERVE_START_S`); its stderr when it does not."""
     url = f"http://127.0.0.1:{port}"
-    async with aiohttp.ClientSession() as http:
-        for _ in range(1200):  # up to 60 s: spawning workers on a loaded 2-core machine
-            if proc.returncode is not None:  # it gave up: say why
-                break
-            try:
-                async with http.get(url + "/readyz") as resp:
-                    if resp.status == 200:
-                        return url
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
+    with contextlib.suppress(AssertionError):
+        await until_ready(url + "/readyz", proc)
+        return url
     if proc.returncode is None:
         proc.kill()
     assert proc.stderr is not None
@@ -154,12 +150,14 @@ async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> N
     proc, url = await start_serve(tmp_path, "--workers", "2", "--config", str(config))
     pids: set[int] = set()
     try:
-        for _ in range(3000):  # workers come up one after the other; up to ~30 s
+
+        async def both_answered() -> bool:  # workers come up one after the other
             async with aiohttp.ClientSession() as http, http.get(url + "/healthz") as resp:
                 pids.add((await resp.json())["pid"])
-            if len(pids) == 2:
-                break
-            await asyncio.sleep(0.01)
+            return len(pids) == 2
+
+        with contextlib.suppress(AssertionError):  # the assertions below say what was seen
+            await until(both_answered, what="both workers answering", within_s=SERVE_START_S)
         [table] = arms.iterdir()
         assert table.name.startswith(f"canary-arms-{proc.pid}-")
         for pid in pids:
@@ -177,21 +175,26 @@ async def test_two_workers_share_the_port_and_stop_together(tmp_path: Path) -> N
 
 async def test_workers_exit_when_the_supervisor_is_killed(tmp_path: Path) -> None:
     """A supervisor killed with SIGKILL leaves no worker behind holding the port."""
+    # A worker's shutdown waits up to `drain_timeout_s` three times (in-flight requests, the
+    # mirror's drain, the writer's last flush), as the supervisor allows it (workers._join_all);
+    # the supervisor's `wait()` also waits for its stderr pipe, which its workers hold.
+    within_s = 3 * ServerConfig().drain_timeout_s + 5.0 + SETTLE_S
     proc, url = await start_serve(tmp_path, "--workers", "2")
     try:
         async with aiohttp.ClientSession() as http, http.get(url + "/healthz") as resp:
             worker = (await resp.json())["pid"]
     finally:
         proc.kill()
-        await proc.wait()
-    for _ in range(300):  # the kernel signals the workers; their drain takes a moment
+        await asyncio.wait_for(proc.wait(), within_s)
+
+    async def gone() -> bool:  # the kernel signals the workers; their drain takes a moment
         try:
             os.kill(worker, 0)
         except ProcessLookupError:
-            break
-        await asyncio.sleep(0.1)
-    with pytest.raises(ProcessLookupError):
-        os.kill(worker, 0)
+            return True
+        return False
+
+    await until(gone, what=f"worker {worker} exited", within_s=within_s)
 
 
 async def test_sigterm_while_workers_start_is_a_clean_stop(tmp_path: Path) -> None:

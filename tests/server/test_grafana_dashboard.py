@@ -7,6 +7,7 @@ outcome fails here instead of leaving an empty panel."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import pkgutil
@@ -26,6 +27,7 @@ from gateway.config.load import load_config
 from gateway.process.runtime import running
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim
+from tests.waiting import IMPORTS_S, until
 
 DASHBOARD = Path(__file__).parents[2] / "deploy/grafana/canary-gateway.json"
 TOKEN = "grafana-test-token-0c4e9a1f"
@@ -170,12 +172,15 @@ async def _scrape_running_gateway(tmp: Path) -> tuple[str, list[Family]]:
                     assert r.status == 200
                     await r.read()
             text = ""
-            for _ in range(200):
+
+            async def observed() -> bool:  # the mirror process's counters, at idle priority
+                nonlocal text
                 async with http.get(f"{parts.url}/metrics") as resp:
                     text = await resp.text()
-                if 'canary_mirror_copies_total{candidate="cand",outcome="observed_ok"} 3' in text:
-                    break
-                await asyncio.sleep(0.1)
+                return 'copies_total{candidate="cand",outcome="observed_ok"} 3' in text
+
+            with contextlib.suppress(AssertionError):  # the caller's checks say what is missing
+                await until(observed, what="3 copies observed", within_s=IMPORTS_S, every_s=0.1)
             return text, parts.metrics.families()
     finally:
         await cand.close()

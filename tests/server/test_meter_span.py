@@ -4,6 +4,7 @@ tokens share a read, and a stream that delivered its final event counts as answe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ from gateway.mirror.replay.observe import classify, observation
 from gateway.server.meter import CLOCK_RESOLUTION_S, MeterResult, ResponseMeter
 from tests import fixtures_net
 from tests.server.test_proxy_streams import RecordingTee
+from tests.waiting import SETTLE_S, until
 
 pytestmark = fixtures_net.BOTH_LOOPS
 event_loop_policy = fixtures_net.both_loops_policy
@@ -146,10 +148,11 @@ async def _read_then_leave(url: str, until: bytes) -> None:
 
 
 async def _responses(tee: RecordingTee, n: int) -> list[tuple[object, MeterResult, str | None]]:
-    for _ in range(300):
-        if len(tee.responses) >= n:
-            break
-        await asyncio.sleep(0.01)
+    async def recorded() -> bool:
+        return len(tee.responses) >= n
+
+    with contextlib.suppress(AssertionError):  # the caller's assertions say what was recorded
+        await until(recorded, what=f"{n} responses recorded", within_s=SETTLE_S)
     return tee.responses
 
 

@@ -14,12 +14,14 @@ from tests import fixtures_net
 from tests.upstreams import (
     SSE_EVENTS,
     STATE,
+    cancelled,
     decode,
     free_port,
     raw_upstream,
     rst,
     scripted_app,
 )
+from tests.waiting import SETTLE_S, until
 
 pytestmark = fixtures_net.BOTH_LOOPS
 event_loop_policy = fixtures_net.both_loops_policy
@@ -93,10 +95,7 @@ async def test_ttfb_timeout_is_504_and_aborts_upstream(
         assert resp.status == 504
         assert_openai_error(await resp.read(), "upstream_timeout")
     state = up.app[STATE]
-    for _ in range(100):
-        if state.cancelled_at:
-            break
-        await asyncio.sleep(0.01)
+    await until(cancelled(state), what="the hung upstream request aborted", within_s=SETTLE_S)
     assert state.cancelled_at, "the hung upstream request was not aborted"
     lines = await metric_lines(http, gw.url, "canary_proxy_upstream_errors_total")
     assert 'canary_proxy_upstream_errors_total{kind="timeout_ttfb"} 1' in lines

@@ -4,6 +4,7 @@ bodies, and the tee contract (same body object, exactly one on_response, errors 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import time
 from collections.abc import Awaitable, Callable
@@ -18,7 +19,8 @@ from gateway.server.meter import MeterResult
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim
 from tests import fixtures_net
-from tests.upstreams import STATE, decode, free_port, scripted_app
+from tests.upstreams import STATE, cancelled, decode, free_port, scripted_app
+from tests.waiting import SETTLE_S, until
 
 pytestmark = fixtures_net.BOTH_LOOPS
 event_loop_policy = fixtures_net.both_loops_policy
@@ -44,10 +46,7 @@ async def test_client_disconnect_aborts_upstream_within_a_second(
         assert await resp.content.readany()
         left_at = time.monotonic()
         resp.close()  # the client goes away mid-stream
-    for _ in range(100):
-        if state.cancelled_at:
-            break
-        await asyncio.sleep(0.01)
+    await until(cancelled(state), what="the upstream request cancelled", within_s=SETTLE_S)
     assert state.cancelled_at, "the upstream kept streaming after the client left"
     assert state.cancelled_at[0] - left_at < 1.0
     assert state.active == 0
@@ -68,10 +67,7 @@ async def test_client_disconnect_before_first_byte_aborts_upstream(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    for _ in range(100):
-        if state.cancelled_at:
-            break
-        await asyncio.sleep(0.01)
+    await until(cancelled(state), what="the upstream request cancelled", within_s=SETTLE_S)
     assert state.cancelled_at and state.cancelled_at[0] - left_at < 1.0
 
 
@@ -87,12 +83,15 @@ async def test_client_disconnect_stops_simulated_generation(
             )
             assert await resp.content.readany()
             resp.close()
-        for _ in range(100):
+
+        async def aborted() -> dict[str, Any] | None:
             stats = await sim_stats(http, sim.url)
-            if stats["aborted"] == 1:
-                break
-            await asyncio.sleep(0.01)
-        assert stats["aborted"] == 1 and stats["active"] == 0
+            return stats if stats["aborted"] == 1 else None
+
+        stats = await until(
+            aborted, what="the simulator counting the stream aborted", within_s=SETTLE_S
+        )
+        assert stats["active"] == 0
 
 
 async def test_200_concurrent_streams(gateway: Callable[..., Awaitable[Any]]) -> None:
@@ -202,10 +201,12 @@ async def test_tee_is_told_about_failures_once(
         resp = await client.post(gw2.url + "/forever", data=b"{}")
         await resp.content.readany()
         resp.close()
-    for _ in range(100):
-        if len(tee.responses) == 3:
-            break
-        await asyncio.sleep(0.01)
+
+    async def three() -> bool:
+        return len(tee.responses) >= 3
+
+    with contextlib.suppress(AssertionError):  # the assertions below say what was recorded
+        await until(three, what="three responses recorded", within_s=SETTLE_S)
     assert [kind for _, _, kind in tee.responses] == ["connect", "timeout", "client_disconnect"]
     assert [token for token, _, _ in tee.responses] == [1, 2, 3]
 

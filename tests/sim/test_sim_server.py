@@ -22,6 +22,7 @@ from aiohttp import web
 
 from gateway.sim.profiles import PROFILES, get_profile
 from gateway.sim.server import SimServer, build_sim_app, start_sim
+from tests.waiting import SETTLE_S, until
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"
@@ -83,13 +84,19 @@ async def _stats(http: aiohttp.ClientSession, sim: SimServer) -> dict[str, int]:
 
 
 async def _wait_for(
-    http: aiohttp.ClientSession, sim: SimServer, key: str, value: int, within: float = 2.0
+    http: aiohttp.ClientSession, sim: SimServer, key: str, value: int, within: float = SETTLE_S
 ) -> dict[str, int]:
-    deadline = time.monotonic() + within
-    while (stats := await _stats(http, sim))[key] != value:
-        assert time.monotonic() < deadline, stats
-        await asyncio.sleep(0.01)
-    return stats
+    """The simulator's stats once `key` reads `value` (its own loop's next turns)."""
+
+    async def reached() -> dict[str, int] | None:
+        stats = await _stats(http, sim)
+        return stats if stats[key] == value else None
+
+    found = await until(
+        reached, what=f"the simulator's {key} at {value}", within_s=within, every_s=0.01
+    )
+    assert found is not None
+    return found
 
 
 def _openai(sim: SimServer) -> openai.AsyncOpenAI:

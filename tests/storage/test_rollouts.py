@@ -30,6 +30,7 @@ from storage.rollouts import (
     transition,
 )
 from tests.fixtures_db import fresh_database, terminate_backends
+from tests.waiting import SETTLE_S
 
 LIVE = Endpoint(name="prod", url="http://127.0.0.1:9000", role="live")
 
@@ -339,7 +340,7 @@ async def test_listen_returns_at_once_on_sqlite(tmp_path: Path) -> None:
     """On SQLite there is no push: listen returns immediately without calling on_change."""
     calls: list[int] = []
     url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
-    await asyncio.wait_for(listen(url, lambda: calls.append(1)), timeout=1)
+    await asyncio.wait_for(listen(url, lambda: calls.append(1)), timeout=SETTLE_S)
     assert calls == []
 
 
@@ -372,7 +373,7 @@ async def _listening(url: str, stats: ListenStats) -> AsyncIterator[asyncio.Queu
         listen(url, lambda: seen.put_nowait(time.perf_counter()), reconnect_s=0.1, stats=stats)
     )
     try:
-        await asyncio.wait_for(seen.get(), timeout=5)  # the catch-up call after connecting
+        await asyncio.wait_for(seen.get(), timeout=SETTLE_S)  # the catch-up call after connecting
         yield seen
     finally:
         task.cancel()
@@ -392,14 +393,14 @@ async def test_listener_sees_another_engines_changes(tmp_path: Path) -> None:
             await queries.seed(writer, LIVE, [cand("a")])
             async with _listening(url, stats) as seen:
                 await start(writer)
-                await asyncio.wait_for(seen.get(), timeout=5)
+                await asyncio.wait_for(seen.get(), timeout=SETTLE_S)
                 delays, after_ack = [], []
                 for i in range(20):
                     t0 = time.perf_counter()
                     kind = "pause" if i % 2 == 0 else "resume"
                     await transition(writer, kind=kind, actor="t", reason="r")  # type: ignore[arg-type]
                     acked = time.perf_counter()
-                    heard = await asyncio.wait_for(seen.get(), timeout=5)
+                    heard = await asyncio.wait_for(seen.get(), timeout=SETTLE_S)
                     delays.append(heard - t0)
                     after_ack.append(heard - acked)
                 assert seen.empty()
@@ -429,5 +430,5 @@ async def test_listener_reconnects_and_catches_up(tmp_path: Path) -> None:
             finally:
                 await writer.dispose()
             # reconnects is counted before the catch-up call this waits for.
-            await asyncio.wait_for(seen.get(), timeout=5)
+            await asyncio.wait_for(seen.get(), timeout=SETTLE_S)
         assert stats.reconnects >= 1 and stats.last_error is not None

@@ -3,8 +3,6 @@ outages (the batch is retried, the bounded queue drops and counts), refused rows
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -20,6 +18,7 @@ from storage.sql import EXCHANGES, OBSERVATIONS
 from storage.textguard import text_hash
 from storage.writer import ObservationWriter
 from tests.fixtures_db import Outage, terminate_backends
+from tests.waiting import SETTLE_S, until
 
 
 def exchange(i: int, **kw: Any) -> ExchangeRecord:
@@ -65,12 +64,13 @@ async def writer_factory(db_engine: AsyncEngine) -> AsyncIterator[WriterFactory]
         await writer.close(timeout_s=2.0)
 
 
-async def wait_until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
+async def wait_until(cond: Callable[[], bool], timeout_s: float = SETTLE_S) -> None:
+    """Until the writer's `cond` holds (its own loop's next turns: tests.waiting)."""
+
+    async def probe() -> bool:
+        return cond()
+
+    await until(probe, what="the writer's condition", within_s=timeout_s, every_s=0.01)
 
 
 async def test_writes_exchanges_and_observations(

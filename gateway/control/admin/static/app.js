@@ -31,6 +31,7 @@ const state = {
   verdicts: new Map(), // name -> last verdict shown (the list and the detail agree)
   confirmAction: null,
   rollout: null, // the last GET /admin/rollout answer ({state: "none"} before the first ramp)
+  reads: 0, // reads of the API begun (each tick is one); see markRead
 };
 
 // --- small helpers ----------------------------------------------------------------------------
@@ -190,10 +191,25 @@ function schedule(ms) {
   state.timer = setTimeout(tick, ms);
 }
 
+// The page says which of its reads of the API has ended and how, on #updated: data-begun is
+// the number of the newest read begun, data-read that of the newest read ended for the view
+// shown (an answer for a view left meanwhile is not one), data-outcome how it ended ("ok",
+// "failed", "refused"). A client of the page (a browser test, a monitor) waits for this
+// instead of guessing how long a poll takes; the tab shown again reads at once.
+function markRead(read, outcome) {
+  const status = $("updated");
+  if (read <= Number(status.dataset.read || 0)) return; // a newer read ended first
+  status.dataset.read = String(read);
+  status.dataset.outcome = outcome;
+}
+
 async function tick() {
   const generation = state.generation;
+  const read = ++state.reads;
+  $("updated").dataset.begun = String(read);
   const started = performance.now();
   let next;
+  let outcome = "ok";
   try {
     next = state.view === "detail" ? await pollDetail(generation) : await pollList(generation);
     state.failures = 0;
@@ -201,13 +217,16 @@ async function tick() {
   } catch (err) {
     if (err instanceof Unauthorized) {
       showLogin("The admin API refused the token (401). Type it again.");
+      markRead(read, "refused");
       return;
     }
     state.failures += 1;
+    outcome = "failed";
     $("updated").textContent = `update failed: ${err.message || err}; retrying`;
     next = Math.min(MAX_BACKOFF_MS, DETAIL_MS * 2 ** state.failures);
   }
   if (generation !== state.generation) return; // navigated meanwhile: route() rescheduled
+  markRead(read, outcome);
   const took = performance.now() - started;
   schedule(Math.max(next, REPORT_COST * took));
 }
