@@ -1,2 +1,3 @@
 """Metric evaluators, one module per family (`cost`, `divergence`, `errors`, `latency`,
-`quality`, `throughput`); `catalog` holds the one EVALUATORS list."""
+`preference` (a model upgrade judged by an LLM grader), `quality`, `throughput`); `catalog`
+holds the one EVALUATORS list."""
