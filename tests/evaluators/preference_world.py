@@ -16,6 +16,7 @@ answer that much more often (a verbosity bias the length-controlled estimate sho
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ class Grader:
     max_turns: int = 3
     length_pull: float = 0.0  # extra preference for the longer answer, per doubling
     length_sd: float = 0.0  # sd of log2 length ratio between the arms' answers
+    length_ratio: float = 1.0  # the candidate's answers are this much longer, typically
 
     @property
     def net(self) -> float:
@@ -67,7 +69,7 @@ def draw(grader: Grader, sessions: int, rng: np.random.Generator) -> Gradings:
     received = session_of * 100.0 + turn_of
     swapped_pair = rng.random(n_pairs) < grader.swap_rate
     first_order = rng.random(n_pairs) < 0.5  # the candidate shown first
-    log_ratio = rng.normal(0.0, grader.length_sd, n_pairs)
+    log_ratio = math.log2(grader.length_ratio) + rng.normal(0.0, grader.length_sd, n_pairs)
     # Verdict rows: each pair once, the swapped ones again in the other order, in pair order.
     reps = np.where(swapped_pair, 2, 1)
     pair = np.repeat(np.arange(n_pairs), reps)

@@ -4,8 +4,6 @@ bias and flip rate it reports, the length-controlled estimate, and the report pa
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -140,25 +138,22 @@ def test_flip_rate_of_a_grader_that_always_picks_the_first_answer() -> None:
 
 
 def test_length_controlled_estimate_removes_a_verbosity_bias() -> None:
-    """A grader indifferent at equal length but preferring the longer answer (+15 pp per
-    doubling) shows a net preference for a candidate that answers 1.5x longer; the
-    length-controlled estimate (the intercept on the log length ratio) is near 0."""
-    grader = Grader(b=0.0, t=0.2, p=0.5, length_pull=0.15, length_sd=0.6)
-    rng = np.random.default_rng(6)
-    g = draw(grader, 3_000, rng)
-    g = Gradings(**{**_fields(g), "candidate_chars": (g.candidate_chars * 1.5).astype(np.int64)})
+    """A grader indifferent at equal length but preferring the longer answer (+15 pp of p per
+    doubling) shows a net preference of about +14 pp for a candidate that answers 1.5x longer;
+    the length-controlled estimate (the intercept on the log length ratio) is near 0 and its
+    slope near the planted 24 pp per doubling."""
+    grader = Grader(b=0.0, t=0.2, p=0.5, length_pull=0.15, length_sd=0.6, length_ratio=1.5)
+    g = draw(grader, 3_000, np.random.default_rng(6))
     ps = preference.pair_scores(g)
-    lr = np.log2((g.candidate_chars + 1.0) / (g.reference_chars + 1.0))
     per_pair = np.zeros(g.pairs)
-    per_pair[g.pair] = lr
-    # The world drew its preference from the length ratio before the 1.5x: centre on that.
+    per_pair[g.pair] = np.log2((g.candidate_chars + 1.0) / (g.reference_chars + 1.0))
     naive = float(np.mean(ps.score))
-    fit = preference.length_controlled(per_pair - math.log2(1.5), ps.score)
+    fit = preference.length_controlled(per_pair, ps.score)
     assert fit is not None
     intercept, se, slope = fit
-    assert abs(intercept) <= 3 * se + 0.01
-    assert slope > 0.1
-    assert abs(naive) < 0.05  # centred lengths: the world itself is indifferent on average
+    assert naive > 0.1
+    assert abs(intercept) <= 3 * se
+    assert abs(slope - 2 * 0.8 * 0.15) <= 0.06
 
 
 def test_report_path_gates_on_preference_and_informs_on_agreement() -> None:
