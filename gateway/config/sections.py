@@ -263,6 +263,18 @@ class MirrorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     score_max_pending: Annotated[
         PosInt, _d("Scoring jobs held at once; past it a pair is not scored (score_dropped).")
     ] = 256
+    grading_max_pending: Annotated[
+        PosInt,
+        _d(
+            "Pairs waiting for an LLM grader (for their answers or in its queue) at once; past "
+            "it a pair is not graded (canary_grading_dropped_total)."
+        ),
+    ] = 256
+    grading_timeout_s: Annotated[PosFloat, _d("Seconds one call to a grader may take.")] = 60.0
+    grading_max_chars: Annotated[
+        PosInt,
+        _d("Characters of the conversation and of each answer shown to a grader at most."),
+    ] = 8000
 
 
 class ReportsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
