@@ -91,7 +91,7 @@ def preference_spec(s: VerdictSettings) -> MetricSpec:
         scale="difference",
         delta=s.preference_delta,
         critical=s.preference_critical,
-        unit="net",
+        unit="rate",
     )
 
 
@@ -344,7 +344,7 @@ def _bias_result(g: Gradings, s: VerdictSettings, by_session: bool) -> MetricRes
         role="diagnostic",
         harm="both",
         scale="difference",
-        unit="share",
+        unit="rate",
     )
     found = position_bias(g, s.alpha, by_session=by_session, idle_s=s.session_idle_s)
     if found is None:
@@ -363,7 +363,7 @@ def _aa_result(g: Gradings, s: VerdictSettings, by_session: bool) -> MetricResul
         role="diagnostic",
         harm="both",
         scale="difference",
-        unit="net",
+        unit="rate",
     )
     v, _ = unit_scores(g, by_session=by_session, idle_s=s.session_idle_s)
     res = empty_result(spec, "production", "")
