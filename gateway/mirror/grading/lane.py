@@ -154,6 +154,8 @@ class Grading:
         self._environ = environ
         self._busy = busy
         self._pairs: dict[tuple[str, str], _Pair] = {}
+        # The candidates waiting for an exchange's production answer (bounded with _pairs).
+        self._by_exchange: dict[str, list[str]] = {}
         self._queue: deque[_Pair] = deque()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # set while nothing is queued or in flight
@@ -199,16 +201,19 @@ class Grading:
             pair = _Pair(exchange_id, body, name, reference, spec, received_at)
             key = (exchange_id, name)
             self._pairs[key] = pair
+            self._by_exchange.setdefault(exchange_id, []).append(name)
             pair.timer = asyncio.get_running_loop().call_later(
                 timeout_s + _DEADLINE_SLACK_S, self._expire, key
             )
 
     def answer(self, exchange_id: str, text: str | None) -> None:
         """Production's answer (None: it failed, called tools or kept no text)."""
-        for key in [k for k in self._pairs if k[0] == exchange_id] if self._pairs else ():
-            pair = self._pairs[key]
-            pair.answer = text
-            self._arrived(key, pair, "production")
+        for name in self._by_exchange.pop(exchange_id, ()):
+            key = (exchange_id, name)
+            pair = self._pairs.get(key)
+            if pair is not None:
+                pair.answer = text
+                self._arrived(key, pair, "production")
 
     def observed(self, record: ObservationRecord) -> None:
         """A candidate's finished observation, on its way to the sink (never held)."""
@@ -238,6 +243,11 @@ class Grading:
         pair = self._pairs.pop(key, None)
         if pair is not None:
             self._count(pair.candidate).dropped += 1
+        waiting = self._by_exchange.get(key[0])
+        if waiting is not None and key[1] in waiting:
+            waiting.remove(key[1])
+            if not waiting:
+                del self._by_exchange[key[0]]
 
     # ------------------------------------------------------------------ the grader calls
 
@@ -385,6 +395,7 @@ class Grading:
             self._count(pair.candidate).dropped += 1
         self._queue.clear()
         self._pairs.clear()
+        self._by_exchange.clear()
         if self._session is not None:
             await self._session.close()
 
