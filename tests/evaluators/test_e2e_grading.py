@@ -26,9 +26,9 @@ from storage.engine import make_engine
 pytestmark = pytest.mark.slow
 
 TIME_SCALE = 0.25
-SESSIONS = 200
+SESSIONS = 300
 CAP = 5  # the capped candidate's grader calls per minute
-# Verdict margins a 200-session test can show (as tests/evaluators/test_e2e_verdicts.py); this
+# Verdict margins a 300-session test can show (as tests/evaluators/test_e2e_verdicts.py); this
 # test is about preference, so latency gets a 10 % margin too.
 LOOSE = {
     "error_delta": 0.05,
@@ -45,7 +45,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _grader(sim: SimServer, **extra: Any) -> dict[str, Any]:
-    # Uncapped unless asked: the test grades ~750 pairs in well under a minute.
+    # Uncapped unless asked: the default 60 a minute would grade a fraction of the pairs.
     cap = {"max_per_minute": 1_000_000}
     return {"url": sim.url, "model": "sim-model", "price_per_mtok": 1.0, **cap, **extra}
 
@@ -87,10 +87,11 @@ async def _scenario(tmp: Path) -> dict[str, Any]:
                         "name": "upgrade",
                         "url": sims["upgrade"].url,
                         "kind": "model-upgrade",
-                        # 200 sessions show a net preference within 15 pp (canary plan
-                        # --graded, at the per-session sd of six averaged pairs).
-                        "verdict": {"preference_delta": 0.15},
-                        "grader": _grader(sims["fair-grader"]),
+                        # 300 sessions show a net preference of 0 within 25 pp in 99 % of
+                        # runs of tests/evaluators/preference_world.py (every pair graded both
+                        # ways: the position bias cancels within a pair).
+                        "verdict": {"preference_delta": 0.25},
+                        "grader": _grader(sims["fair-grader"], swap_rate=1.0),
                         **cand,
                     },
                     {
@@ -98,7 +99,7 @@ async def _scenario(tmp: Path) -> dict[str, Any]:
                         "url": sims["worse"].url,
                         "kind": "model-upgrade",
                         "verdict": {"preference_delta": 0.02},
-                        "grader": _grader(sims["strict-grader"]),
+                        "grader": _grader(sims["strict-grader"], swap_rate=1.0),
                         **cand,
                     },
                     {
@@ -135,7 +136,7 @@ async def _scenario(tmp: Path) -> dict[str, Any]:
 
 
 def test_production_served_every_turn(outcome: dict[str, Any]) -> None:
-    """Production answered all 1,200 turns while three graded upgrades and a control ran."""
+    """Production answered all 1,800 turns while three graded upgrades and a control ran."""
     assert (outcome["summary"].requests, outcome["summary"].errors) == (SESSIONS * 6, 0)
 
 
@@ -144,7 +145,7 @@ def test_indifferent_grader_promotes_an_upgrade_exact_match_would_reject(
 ) -> None:
     """Every text answer of the upgrade differs from production's (tool calls aside), so exact
     match is far past its critical margin; it is information, and the net preference near 0 is
-    shown within its 15 pp margin."""
+    shown within its 25 pp margin."""
     report: Report = outcome["upgrade"]
     exact = report.metrics["exact_match"]
     assert exact.status == "ungated" and exact.ci_low is not None
@@ -160,8 +161,9 @@ def test_indifferent_grader_promotes_an_upgrade_exact_match_would_reject(
 
 def test_grader_preferring_production_rejects(outcome: dict[str, Any]) -> None:
     """A grader that prefers production's answers 65:35 (planted net -18 pp) rejects the
-    upgrade on net preference at a 2 pp margin (a stricter margin than the default 5 pp: 200
-    sessions do not show a 13 pp gap through Holm's correction over every guardrail)."""
+    upgrade on net preference at a 2 pp margin (stricter than the default 5 pp: 300 sessions
+    graded both ways show the 16 pp gap through Holm's correction over every guardrail in 99 %
+    of the world's runs; a 13 pp gap would need more)."""
     report: Report = outcome["worse"]
     pref = report.metrics["preference"]
     assert pref.estimate is not None and pref.estimate < -0.08
