@@ -288,7 +288,9 @@ def preference(ctx: EvalContext) -> list[MetricResult]:
     spec = preference_spec(s)
     price = grader.price_per_mtok if grader is not None else 0.0
     if g is None or g.n == 0:
-        return [empty_result(spec, "production", "no graded pair yet")]
+        # Quality of a graded candidate gates on preference alone: without a verdict it must
+        # not be promoted (a grader that is down never lets an upgrade through).
+        return [ungate(empty_result(spec, "production", ""), "no graded pair yet", blocks=True)]
     by_session = _by_session(ctx, g)
     as_of = math.inf if ctx.as_of is None or ctx.planned_look else ctx.as_of
     ps = pair_scores(g)
@@ -310,9 +312,9 @@ def preference(ctx: EvalContext) -> list[MetricResult]:
     units = _units(ps, by_session=by_session, as_of=as_of, idle_s=s.session_idle_s)
     v, sizes, _ = units.means(ps.score[ok], np.ones(int(np.count_nonzero(ok)), dtype=bool))
     if len(v) == 0:
-        res = empty_result(spec, "production", "no closed unit of graded pairs yet")
+        res = empty_result(spec, "production", "")
         res.detail = detail
-        return [res]
+        return [ungate(res, "no closed unit of graded pairs yet", blocks=True)]
     res = judge_bounded_units(
         spec,
         v,

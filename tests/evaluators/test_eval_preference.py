@@ -214,3 +214,20 @@ def _fields(g: Gradings) -> dict[str, np.ndarray]:
 
 def _subset(g: Gradings, keep: np.ndarray) -> Gradings:
     return Gradings(**{f: v[keep] for f, v in _fields(g).items()})
+
+
+def test_a_graded_candidate_without_gradings_cannot_be_promoted() -> None:
+    """A candidate with a grader but no graded pair (its grader down) has preference ungated and
+    blocking: with agreement information only, nothing else would gate its quality."""
+    cand = CandidateSpec(
+        name="upgrade",
+        url="http://127.0.0.1:9",
+        grader=GraderSpec(url="http://127.0.0.1:10", model="judge"),
+    ).to_endpoint()
+    for g in (None, Gradings.empty()):
+        ctx = EvalContext(pairs=PairSet.empty(0), settings=SETTINGS, candidate=cand, gradings=g)
+        (res,) = preference.preference(ctx)
+        assert res.status == "ungated" and res.ungated_blocks and "no graded pair" in res.ungated
+    plain = CandidateSpec(name="plain", url="http://127.0.0.1:9").to_endpoint()
+    ctx = EvalContext(pairs=PairSet.empty(0), settings=SETTINGS, candidate=plain)
+    assert preference.preference(ctx) == []
