@@ -512,6 +512,7 @@ FLAT_KEYS: Final[dict[str, str]] = {
     )},
     **{k: f"mirror.{k}" for k in (
         "dedup_window_s", "score_logprobs", "score_concurrency", "score_max_pending",
+        "grading_max_pending", "grading_timeout_s", "grading_max_chars",
     )},
     "report_process": "reports.enabled",
     **{f"report_{k}": f"reports.{k}" for k in (
