@@ -127,6 +127,8 @@ PATTERN_REASONS = {
     "model": "must not contain control characters",
     "reason": "must not contain NUL characters",
     "verdict": "keys must be verdict setting names (lowercase letters, digits, _)",
+    "prompt": "must contain both answers' placeholders {answer_a} and {answer_b} (and "
+    "{conversation} for the user's conversation), and no NUL characters",
 }
 
 
@@ -135,6 +137,60 @@ def _doc(text: str, metavar: str = "", unit: str = "") -> Meta:
     optionally the CLI's metavar and the unit its parse error names."""
     extra = {k: v for k, v in (("metavar", metavar), ("unit", unit)) if v}
     return Meta(description=text, extra=extra or None)
+
+
+# --- the grader of a model upgrade (DESIGN.md §10, docs/grading.md) --------------------------
+
+# The defaults of a grader: every pair graded, a quarter of them in both orders, at most one
+# grader call a second, two million tokens a day.
+DEFAULT_GRADER_RATE = 1.0
+DEFAULT_SWAP_RATE = 0.25
+DEFAULT_GRADER_MAX_PER_MINUTE = 60
+DEFAULT_GRADER_DAILY_TOKENS = 2_000_000
+# Placeholders a grading prompt template fills in (gateway.mirror.grading.request).
+PROMPT_FIELDS = ("conversation", "answer_a", "answer_b")
+# Both answers must appear in a template: a grader shown one answer cannot prefer either.
+_PROMPT_PATTERN = r"^(?=[\s\S]*\{answer_a\})(?=[\s\S]*\{answer_b\})[^\x00]*$"
+GradeRate = Annotated[float, Meta(gt=0.0, le=1.0)]
+
+
+class GraderSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An LLM grader of a candidate that answers differently on purpose (a model upgrade): an
+    OpenAI-compatible endpoint shown each graded pair blind, in an order decided by hash; the
+    candidate then gates quality on preference (evaluators.metrics.preference)."""
+
+    url: Url
+    model: Annotated[Model, _doc("Model name sent to the grader")]
+    rate: Annotated[
+        GradeRate, _doc("Share of complete pairs graded, by hash (nested like sampling)", "0..1")
+    ] = DEFAULT_GRADER_RATE
+    swap_rate: Annotated[
+        Rate, _doc("Share of graded pairs graded in both orders (position bias, flips)", "0..1")
+    ] = DEFAULT_SWAP_RATE
+    max_per_minute: Annotated[
+        Annotated[int, Meta(ge=1, le=1_000_000)], _doc("Grader calls per minute at most")
+    ] = DEFAULT_GRADER_MAX_PER_MINUTE
+    daily_token_budget: Annotated[
+        Annotated[int, Meta(ge=1, le=1 << 40)],
+        _doc("Grader tokens (prompt + completion) per UTC day at most", unit="tokens"),
+    ] = DEFAULT_GRADER_DAILY_TOKENS
+    price_per_mtok: Annotated[
+        Price, _doc("Price of one million grader tokens, in USD (the report's cost)", "USD")
+    ] = 0.0
+    credentials_env: EnvName | None = None
+    prompt: (
+        Annotated[
+            str,
+            Meta(
+                min_length=1,
+                max_length=20_000,
+                pattern=_PROMPT_PATTERN,
+                description="Prompt template with {conversation}, {answer_a} and {answer_b} "
+                "(null: the documented default rubric)",
+            ),
+        ]
+        | None
+    ) = None
 
 
 # --- the declaration --------------------------------------------------------------------------
@@ -204,6 +260,8 @@ class CandidateSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ] = False
     state: Annotated[State, _doc("paused: registered, not mirrored")] = "active"
     verdict: Verdict = msgspec.field(default_factory=dict)
+    # A model upgrade's grader: with one, quality gates on preference (docs/grading.md).
+    grader: GraderSpec | None = None
 
     def to_endpoint(self) -> Endpoint:
         return Endpoint(role="candidate", **msgspec.structs.asdict(self))

@@ -105,3 +105,22 @@ def significant(value: float) -> str:
 
 def integer(value: float) -> str:
     return str(int(value))
+
+
+# --- the LLM grader of a model upgrade (gateway.mirror.grading.lane), per candidate ---------------
+
+_GRADING_HELP = {
+    "sampled": "Pairs selected for grading by the grader's rate.",
+    "dropped": "Selected pairs not graded: queue full, an answer missing or failed, or late.",
+    "calls": "Requests sent to the grader (an unparseable answer's retry is a second call).",
+    "graded": "Gradings with a verdict (A, B or tie).",
+    "tie": "Gradings whose verdict was a tie.",
+    "unparseable": "Gradings whose answer was not the requested JSON object, after one retry.",
+    "failed": "Gradings whose call failed (connection, timeout, non-200 status).",
+    "over_cap": "Gradings not sent: max_per_minute or the daily token budget reached.",
+    "tokens": "Prompt and completion tokens the grader reported.",
+}
+GRADING_FAMILIES: dict[str, Family] = {
+    key: Family(f"canary_grading_{key}_total", "counter", text, ("candidate",))
+    for key, text in _GRADING_HELP.items()
+}

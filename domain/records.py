@@ -159,3 +159,41 @@ def check_steps(steps: Sequence[float]) -> None:
             raise UsageError(f"rollout steps: not strictly increasing ({a:g} then {b:g})")
     if steps[-1] != 100:
         raise UsageError(f"rollout steps: the last step is {steps[-1]:g}, not 100")
+
+
+# --- the grader of a model upgrade: one verdict per row (docs/grading.md) -----------------------
+
+GradingOutcome = Literal["graded", "unparseable", "failed", "over_cap"]
+# What the grader preferred, mapped back from the labels A/B it saw.
+GradingWinner = Literal["candidate", "reference", "tie"]
+GRADING_OUTCOMES: Final[tuple[GradingOutcome, ...]] = (
+    "graded",
+    "unparseable",
+    "failed",
+    "over_cap",
+)
+
+
+class GradingRecord(msgspec.Struct, kw_only=True):
+    """One grading of one pair in one order: the candidate's answer against the reference arm's
+    (production's, or the control's for the grader's own A/A), shown to the grader as A and B.
+    The `gradings` table's columns are generated from this declaration (storage.models)."""
+
+    exchange_id: Annotated[str, Quantity(length=36)]
+    endpoint: Annotated[str, Quantity(length=63)]  # the graded candidate (or the control)
+    reference: Annotated[str, Quantity(length=63)]  # the arm it was compared with
+    graded_at: Annotated[float, Quantity("epoch s")]
+    candidate_first: bool  # the candidate's answer was shown as A
+    swapped: bool  # this is the second order of a pair graded both ways
+    outcome: Annotated[GradingOutcome, Quantity(length=16)]
+    # None unless outcome is graded.
+    winner: Annotated[GradingWinner | None, Quantity(length=16)] = None
+    # Lengths of the two answers in characters: a grader's length bias is measured on them
+    # (tokens of two different models are not comparable).
+    candidate_chars: Annotated[int, Quantity("chars")] = 0
+    reference_chars: Annotated[int, Quantity("chars")] = 0
+    prompt_tokens: Annotated[int, Quantity("tokens")] = 0
+    completion_tokens: Annotated[int, Quantity("tokens")] = 0
+    latency_s: Annotated[float | None, Quantity("s")] = None
+    attempts: int = 1  # calls made: 2 when an unparseable answer was retried once
+    error_kind: Annotated[str | None, Quantity(length=32)] = None

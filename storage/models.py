@@ -38,7 +38,7 @@ from sqlalchemy.types import TypeEngine
 
 from domain.endpoint import Endpoint
 from domain.observation import describe
-from domain.records import ObservationRecord, RampRecord
+from domain.records import GradingRecord, ObservationRecord, RampRecord
 
 # SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL wants BIGINT for large tables.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -59,7 +59,7 @@ def _column_type(t: msgspec.inspect.Type) -> tuple[TypeEngine[Any], bool]:
     """The SQL type of an `Endpoint` field's msgspec type, and whether NULL is allowed: strings
     bounded to 255 or less are VARCHAR(max_length), longer ones TEXT; literals VARCHAR(16);
     integers bounded to 32 bits INTEGER, others BIGINT; a dict is a JSON object in TEXT (NULL
-    when empty); `T | None` is nullable."""
+    when empty), so is a sub-struct (the grader; NULL when none); `T | None` is nullable."""
     mi = msgspec.inspect
     nullable = False
     if isinstance(t, mi.UnionType):
@@ -80,7 +80,7 @@ def _column_type(t: msgspec.inspect.Type) -> tuple[TypeEngine[Any], bool]:
         return Float(), nullable
     if isinstance(t, mi.BoolType):
         return Boolean(), nullable
-    if isinstance(t, mi.DictType):
+    if isinstance(t, mi.DictType | mi.StructType):
         return Text(), True
     raise TypeError(f"no column type for {t!r}")
 
@@ -179,6 +179,20 @@ class ObservationRow(Base):
         *declared_columns(ObservationRecord),
         UniqueConstraint("exchange_id", "endpoint"),
         Index("ix_observations_endpoint_exchange", "endpoint", "exchange_id"),
+    )
+
+
+class GradingRow(Base):
+    """One grading of one pair in one order by a candidate's LLM grader:
+    `domain.records.GradingRecord`'s fields, as declared there, plus a surrogate id."""
+
+    __table__ = Table(
+        "gradings",
+        Base.metadata,
+        Column("id", BigId, primary_key=True, autoincrement=True),
+        *declared_columns(GradingRecord),
+        Index("ix_gradings_endpoint_exchange", "endpoint", "exchange_id"),
+        Index("ix_gradings_endpoint_graded_at", "endpoint", "graded_at"),
     )
 
 

@@ -80,7 +80,8 @@ def _short(exc: BaseException) -> str:
 
 
 _FIELDS = tuple(f.name for f in msgspec.structs.fields(Endpoint))
-# Dict fields (the verdict overrides) are stored as a JSON object in TEXT, NULL when empty.
+# Dict fields (the verdict overrides) are stored as a JSON object in TEXT, NULL when empty;
+# sub-structs (the grader) as a JSON object, NULL when None.
 _JSON_FIELDS = tuple(
     f.name
     for f in msgspec.structs.fields(Endpoint)
@@ -88,6 +89,14 @@ _JSON_FIELDS = tuple(
         getattr(t := msgspec.inspect.type_info(f.type), "type", t), msgspec.inspect.DictType
     )
 )
+
+
+def _is_struct(type_: Any) -> bool:
+    info = msgspec.inspect.type_info(type_)
+    return any(isinstance(m, msgspec.inspect.StructType) for m in getattr(info, "types", (info,)))
+
+
+_STRUCT_FIELDS = {f.name: f.type for f in msgspec.structs.fields(Endpoint) if _is_struct(f.type)}
 # What an update may change: identity and bookkeeping are storage's.
 MUTABLE_FIELDS = frozenset(_FIELDS) - {"name", "version", "created_at", "updated_at"}
 json_encoder = msgspec.json.Encoder()
@@ -118,6 +127,8 @@ def row_to_endpoint(row: RowMapping) -> Endpoint:
     data = {name: row[name] for name in _FIELDS}
     for name in _JSON_FIELDS:
         data[name] = msgspec.json.decode(raw) if (raw := data[name]) else {}
+    for name, type_ in _STRUCT_FIELDS.items():
+        data[name] = msgspec.json.decode(raw, type=type_) if (raw := data[name]) else None
     # Not re-validated: a row stored before today's bounds still loads (writes are validated).
     return Endpoint(**data)
 
@@ -126,6 +137,9 @@ def endpoint_values(ep: Endpoint) -> dict[str, Any]:
     values = {name: getattr(ep, name) for name in _FIELDS}
     for name in _JSON_FIELDS:
         values[name] = json_encoder.encode(value).decode() if (value := values[name]) else None
+    for name in _STRUCT_FIELDS:
+        value = values[name]
+        values[name] = None if value is None else json_encoder.encode(value).decode()
     return values
 
 

@@ -1,6 +1,7 @@
 """ObservationWriter: the bounded, batched path from the mirror to the database, a
 `storage.batch.BatchWriter` with two streams (exchanges, observations) under one queue bound,
-and a third, the ramp's evidence (`put_ramp`: `rollout_requests`), under a bound of its own.
+and a third, the ramp's evidence (`put_ramp`: `rollout_requests`), under a bound of its own;
+an LLM grader's verdicts (`put_grading`: `gradings`) share the first bound.
 
 `put_exchange` / `put_observation` are synchronous, O(1) and never wait: they append to a queue
 bounded by `queue_max` records (so a database outage costs bounded memory) and, when it is
@@ -32,7 +33,7 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.exposition import Family, Kind, Sample
-from domain.records import ExchangeRecord, ObservationRecord, RampRecord
+from domain.records import ExchangeRecord, GradingRecord, ObservationRecord, RampRecord
 from storage.batch import WRITER_KEYS, BatchWriter, Stream
 from storage.models import Base
 from storage.sql import EXCHANGES, OBSERVATIONS
@@ -46,6 +47,8 @@ _STAT_KEYS: Final = (
     "exchanges_dropped",
     "written_ramp",
     "ramp_dropped",
+    "written_gradings",
+    "gradings_dropped",
     *WRITER_KEYS,
 )
 _HELP: Final[dict[str, tuple[Kind, str]]] = {
@@ -56,6 +59,8 @@ _HELP: Final[dict[str, tuple[Kind, str]]] = {
     "exchanges_dropped": ("counter", "Exchanges dropped: queue full or shutdown deadline."),
     "written_ramp": ("counter", "Ramp evidence records written (rollout_requests)."),
     "ramp_dropped": ("counter", "Ramp evidence dropped: its queue full or shutdown deadline."),
+    "written_gradings": ("counter", "LLM grader verdicts written (gradings)."),
+    "gradings_dropped": ("counter", "Gradings dropped: queue full or shutdown deadline."),
     "rows_rejected": ("counter", "Records the database refused for their content."),
     "batches": ("counter", "Batches committed."),
     "retries": ("counter", "Batch retries while the database was unavailable."),
@@ -109,9 +114,23 @@ class ObservationWriter(BatchWriter):
             "ramp_dropped",
             queue_max=evidence_queue_max,
         )
+        # An LLM grader's verdicts (gateway.mirror.grading): few (capped per minute), under the
+        # observations' bound.
+        self._grading_stream = Stream(
+            "grading",
+            Base.metadata.tables["gradings"],
+            msgspec.structs.asdict,
+            "written_gradings",
+            "gradings_dropped",
+        )
         super().__init__(
             engine,
-            (self._exchange_stream, self._observation_stream, self._ramp_stream),
+            (
+                self._exchange_stream,
+                self._observation_stream,
+                self._ramp_stream,
+                self._grading_stream,
+            ),
             batch_size=batch_size,
             flush_interval_s=flush_interval_s,
             queue_max=queue_max,
@@ -130,6 +149,10 @@ class ObservationWriter(BatchWriter):
     def put_ramp(self, record: RampRecord) -> None:
         """One request of an open rollout (from the mirror process's RAMP frames)."""
         self.put(self._ramp_stream, record)
+
+    def put_grading(self, record: GradingRecord) -> None:
+        """One grading by a candidate's LLM grader (from the mirror process)."""
+        self.put(self._grading_stream, record)
 
     # ---- numbers
     def stats(self) -> dict[str, int]:

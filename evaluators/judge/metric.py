@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
+from evaluators.pairs.gradings import Gradings
 from evaluators.pairs.types import PairSet
 from evaluators.stats.sequential import PLOT_XTOL, BoundedStat, MeanStat, pairs_needed
 from evaluators.stats.units import Units, build_units
@@ -186,6 +187,10 @@ class EvalContext:
     trajectories: bool = True
     # The newest recent `canary capacity` result of the candidate, when there is one (cost).
     capacity: CapacitySummary | None = None
+    # The candidate's LLM gradings (a model upgrade, evaluators.metrics.preference), and the
+    # control's against production (the grader's A/A); None when not loaded.
+    gradings: Gradings | None = None
+    control_gradings: Gradings | None = None
     units: Units = field(init=False)
 
     def __post_init__(self) -> None:
@@ -436,21 +441,45 @@ def judge_bounded(
     detail: Detail | None = None,
 ) -> MetricResult:
     """Judge the mean of a per-pair statistic in [-1, 1]; `d` holds the values of `use`."""
-    v, sizes, n = _unit_values(d, use, ctx)
+    v, sizes, _ = _unit_values(d, use, ctx)
     if len(v) == 0:
         return _no_units(spec, ctx, reference, len(d))
+    used = d[ctx.units.rank[use] >= 0]
+    detail = {
+        **(detail or {}),
+        "discordant_share": float(np.count_nonzero(used) / len(used)) if len(used) else None,
+    }
+    return judge_bounded_units(
+        spec,
+        v,
+        sizes,
+        alpha=ctx.settings.alpha,
+        reference=reference,
+        detail=detail,
+        trajectories=ctx.trajectories,
+    )
+
+
+def judge_bounded_units(
+    spec: MetricSpec,
+    v: NDArray[np.float64],
+    sizes: NDArray[np.int64],
+    *,
+    alpha: float,
+    reference: str,
+    detail: Detail | None = None,
+    trajectories: bool = True,
+) -> MetricResult:
+    """Judge the mean of unit values `v` in [-1, 1] (closed units in closing order, `sizes`
+    pairs each): for a statistic whose units are not the PairSet's (the grader's verdicts,
+    evaluators.metrics.preference). `v` must not be empty."""
 
     def make(looks: NDArray[np.int64]) -> BoundedStat:
         return BoundedStat(v, looks)
 
-    a = ctx.settings.alpha
-    used = d[ctx.units.rank[use] >= 0]
-    detail = {
-        **(detail or {}),
-        "unit_sd": _sd(v),
-        "discordant_share": float(np.count_nonzero(used) / len(used)) if len(used) else None,
-    }
-    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail, a)
-    if ctx.trajectories and spec.role != "diagnostic":
-        res.trajectory = _trajectory(spec, make, sizes, a)
+    n = int(sizes.sum())
+    detail = {**(detail or {}), "unit_sd": _sd(v)}
+    res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail, alpha)
+    if trajectories and spec.role != "diagnostic":
+        res.trajectory = _trajectory(spec, make, sizes, alpha)
     return res

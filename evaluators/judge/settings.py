@@ -61,6 +61,15 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # on the same pairs. bfloat16 against float32 on real vLLM: about +1 pp.
     score_delta: float = 0.005
     score_critical: float = 0.05
+    # Preference (a candidate with an LLM grader, evaluators.metrics.preference): the
+    # order-averaged net preference, wins minus losses in [-1, 1]; the candidate may lose at
+    # most this much net (0.05: 5 points more losses than wins); past the critical margin it is
+    # rejected at any look.
+    preference_delta: float = 0.05
+    preference_critical: float = 0.25
+    # Share of the grader's attempts that may be unparseable or failed before preference stops
+    # gating (missing verdicts are not ties: past this share they could be anything).
+    grading_failure_max: float = 0.10
     # Output length ratio (two-sided: longer or shorter are both harm).
     length_delta: float = 1.10
     length_critical: float = 1.50
@@ -161,6 +170,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             ("agreement_delta", "agreement_critical"),
             ("similarity_delta", "similarity_critical"),
             ("score_delta", "score_critical"),
+            ("preference_delta", "preference_critical"),
         ):
             if not 0.0 < getattr(self, lo) <= getattr(self, hi) < 1.0:
                 problems.append(f"need 0 < {lo} <= {hi} < 1")
@@ -182,6 +192,8 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         )
         if not 0.0 <= self.planned_share <= 0.95:
             problems.append("planned_share must be in [0, 0.95]")
+        if not 0.0 <= self.grading_failure_max < 1.0:
+            problems.append("grading_failure_max must be in [0, 1)")
         if not 0.0 <= self.min_coverage <= 1.0:
             problems.append("min_coverage must be in [0, 1]")
         positive = (

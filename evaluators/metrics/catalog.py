@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from evaluators.judge.metric import EvalContext, MetricResult
-from evaluators.metrics import cost, divergence, errors, latency, quality, throughput
+from evaluators.metrics import (
+    cost,
+    divergence,
+    errors,
+    latency,
+    preference,
+    quality,
+    throughput,
+)
 
 Evaluator = Callable[[EvalContext], list[MetricResult]]
 
@@ -42,6 +50,8 @@ EVALUATORS: tuple[Evaluator, ...] = (
     quality.finish_reason,
     quality.output_length,
     divergence.logprob_divergence,
+    # a model upgrade's quality: preference from its LLM grader
+    preference.preference,
     # throughput
     throughput.decode_speed,
 )
@@ -50,9 +60,11 @@ EVALUATORS: tuple[Evaluator, ...] = (
 def run_all(ctx: EvalContext, evaluators: tuple[Evaluator, ...] = EVALUATORS) -> list[MetricResult]:
     """Every evaluator's results, in registry order. After each, the pages of file-backed
     columns it read are released (`PairSet.release`): a spilled report holds one metric's
-    columns at a time."""
+    columns at a time. For a candidate with a grader, agreement and output length are then
+    marked as information (`preference.informational`)."""
     results: list[MetricResult] = []
     for evaluate in evaluators:
         results += evaluate(ctx)
         ctx.pairs.release()
+    preference.informational(results, ctx)
     return results

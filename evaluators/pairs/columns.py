@@ -117,7 +117,7 @@ def sample_fraction(suffixes: tuple[str, ...] | None) -> float:
     return 1.0 if suffixes is None else len(suffixes) / len(_SUFFIXES)
 
 
-def _session_id(key: str | None) -> int:
+def session_id(key: str | None) -> int:
     if not key:
         return 0
     try:
@@ -203,7 +203,7 @@ class PairSetBuilder:
         ps.received_at[sl] = np.asarray(get["received_at"], dtype=np.float64)
         ps.stream[sl] = np.asarray(get["stream"], dtype=bool)
         ps.temperature[sl] = np.asarray(get["temperature"], dtype=np.float32)
-        ps.session[sl] = np.fromiter(map(_session_id, get["session_key"]), np.uint64, k)
+        ps.session[sl] = np.fromiter(map(session_id, get["session_key"]), np.uint64, k)
         ps.turn[sl] = np.nan_to_num(np.asarray(get["turn_index"], dtype=np.float64))
         ps.json_requested[sl] = np.asarray(get["json_requested"], dtype=bool)
         ps.tools_requested[sl] = np.asarray(get["tools_requested"], dtype=bool)

@@ -42,9 +42,12 @@ from evaluators.pairs.columns import (
     sample_size,
     sample_suffixes,
 )
+from evaluators.pairs.gradings import COLUMNS as GRADING_COLUMNS
+from evaluators.pairs.gradings import Gradings
 from evaluators.pairs.segments import Assembly
 from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import PairSet, ProgressFactory
+from storage.reports import gradings as grading_store
 from storage.reports import pairs as store
 from storage.reports import segments as seg_store
 from storage.reports.pairs import RowLayout
@@ -164,6 +167,16 @@ async def load_pairs(
         close()
     mark_split(ps)
     return ps
+
+
+async def load_gradings(
+    engine: Engine, endpoint: str, *, since: float | None = None, until: float | None = None
+) -> Gradings:
+    """The LLM grader's verdicts of `endpoint` for exchanges received in [since, until)."""
+    rows = await grading_store.grading_rows(
+        engine, endpoint, GRADING_COLUMNS, since=since, until=until
+    )
+    return Gradings.from_rows(rows)
 
 
 def _nothing() -> None:

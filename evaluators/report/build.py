@@ -20,6 +20,7 @@ from evaluators.judge.settings import VerdictSettings
 from evaluators.judge.verdict import Reason, judge, summary
 from evaluators.metrics import cost, latency, throughput, tokens
 from evaluators.metrics.catalog import run_all
+from evaluators.pairs.gradings import Gradings
 from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import PairSet, ProgressFactory
 from evaluators.report.model import SCHEMA_VERSION, PairsSummary, Report
@@ -190,8 +191,12 @@ def build_report(
     as_of: float | None = None,
     trajectories: bool = True,
     capacity: CapacitySummary | None = None,
+    gradings: Gradings | None = None,
+    control_gradings: Gradings | None = None,
 ) -> Report:
     """The report for one candidate over the given pairs (pure: no IO, no clock but the stamp).
+    `gradings`: its LLM grader's verdicts (a model upgrade), `control_gradings` the control's
+    against production (the grader's A/A).
 
     The candidate's own `verdict` are applied on top of `settings`. `as_of` is "now"
     for deciding which sessions are over and which copies may still answer (None: all of the
@@ -209,6 +214,8 @@ def build_report(
         as_of=as_of,
         trajectories=trajectories,
         capacity=capacity,
+        gradings=gradings,
+        control_gradings=control_gradings,
     )
     results = run_all(ctx)
     _, _, ok = latency.both_ok(ctx)
@@ -303,6 +310,13 @@ async def evaluate(
     newest = float(np.nanmax(ps.received_at[: ps.n])) if ps.n else now
     as_of = max(now, newest)
     capacity = await store.load_capacity(engine, candidate_name)
+    gradings = control_gradings = None
+    if cand.grader is not None:
+        gradings = await store.load_gradings(engine, candidate_name, since=start, until=until)
+        if control is not None:
+            control_gradings = await store.load_gradings(
+                engine, control.name, since=start, until=until
+            )
     # The statistics are CPU work: run them off the event loop, so a report requested from a
     # running gateway (admin API, rollout gate) never stalls the proxy for its whole duration.
     return await asyncio.to_thread(
@@ -316,4 +330,6 @@ async def evaluate(
         planned_look=planned_look,
         as_of=as_of,
         capacity=capacity,
+        gradings=gradings,
+        control_gradings=control_gradings,
     )

@@ -142,6 +142,7 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
     header = ["arm", "requests", "req/s", "in flight", "out tok/s", "decode tok/s", "$/1M tok"]
     out.append(("Load of each arm (mirrored load, not capacity)", header, rows, "<>>>>>>"))
     out += _token_sections(report)
+    out.extend(_grader_sections(report))
     ttft = report.metrics.get("ttft")
     if ttft is not None and ttft.slices:
         rows = [
@@ -156,6 +157,78 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
         ]
         header = ["slice", "n", "TTFT ratio", "always-valid interval", "adj. p"]
         out.append(("Diagnostic slices (not gating)", header, rows, "<>>><"))
+    return out
+
+
+def _grader_sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]]:
+    """The LLM grader's tables (a model upgrade): what it said, its biases, what it cost."""
+    pref = report.metrics.get("preference")
+    if pref is None:
+        return []
+    d = pref.detail
+    bias = report.metrics.get("grader_position_bias")
+    aa = report.metrics.get("grader_aa")
+    rows = [
+        ["pairs graded", _num(d.get("pairs_graded"))],
+        [
+            "win / tie / loss (candidate)",
+            " / ".join(_num(d.get(k), ".1%") for k in ("win_share", "tie_share", "loss_share")),
+        ],
+    ]
+    if bias is not None and bias.estimate is not None:
+        rows.append(
+            [
+                "position bias (first shown wins − ½)",
+                f"{bias.estimate:+.1%} {_interval(bias)} over {bias.n:,} decisive verdicts",
+            ]
+        )
+    rows.append(
+        [
+            "flip rate (pairs graded both ways)",
+            f"{_num(d.get('flip_rate'), '.1%')} of {_num(d.get('pairs_both_orders'))}; decisive "
+            f"flips {_num(d.get('decisive_flip_rate'), '.1%')}",
+        ]
+    )
+    if d.get("length_controlled") is not None:
+        rows.append(
+            [
+                "length-controlled net (not gating)",
+                f"{_num(d.get('length_controlled'), '+.1%')} ± "
+                f"{_num(d.get('length_controlled_se'), '.1%')} (fixed-sample SE); "
+                f"{_num(d.get('length_slope_per_doubling'), '+.1%')} per doubling of length",
+            ]
+        )
+    if aa is not None and aa.estimate is not None:
+        rows.append(["grader A/A (control vs production)", f"{aa.estimate:+.1%} {_interval(aa)}"])
+    rows.append(
+        [
+            "gradings: graded / unparseable / failed / over cap",
+            " / ".join(
+                _num(d.get(f"gradings_{k}"))
+                for k in ("graded", "unparseable", "failed", "over_cap")
+            ),
+        ]
+    )
+    rows.append(
+        [
+            "grader tokens and cost",
+            f"{_num(d.get('grader_tokens'))} tokens, ${_num(d.get('grader_cost_usd'), ',.2f')}",
+        ]
+    )
+    out = [("LLM grader (a model upgrade judged by preference)", ["", ""], rows, "<<")]
+    if pref.slices:
+        rows = [
+            [str(x["slice"]), _num(x.get("n")), _num(x.get("estimate"), "+.1%")]
+            for x in pref.slices
+        ]
+        out.append(
+            (
+                "Net preference by answer length (not gating)",
+                ["bucket", "pairs", "net"],
+                rows,
+                "<>>",
+            )
+        )
     return out
 
 

@@ -223,6 +223,13 @@ def _check_semantics(cfg: GatewayConfig, source: str) -> None:
             reason := credential_env_refusal(cfg.credentials, cand.credentials_env)
         ):
             raise ConfigError(f"{where}.credentials_env': {reason}")
+        if (grader := cand.grader) is not None:
+            if reason := check_http_url(grader.url):
+                raise ConfigError(f"{where}.grader.url': {reason}")
+            if grader.credentials_env and (
+                reason := credential_env_refusal(cfg.credentials, grader.credentials_env)
+            ):
+                raise ConfigError(f"{where}.grader.credentials_env': {reason}")
         if cand.name in seen or cand.name == cfg.live.name:
             raise ConfigError(f"{where}.name': duplicate endpoint name {cand.name!r}")
         seen.add(cand.name)

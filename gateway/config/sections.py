@@ -288,6 +288,18 @@ class MirrorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         PosInt,
         _d("Counts remembered by text hash (identical answers are counted once per tokenizer)."),
     ] = 65_536
+    grading_max_pending: Annotated[
+        PosInt,
+        _d(
+            "Pairs waiting for an LLM grader (for their answers or in its queue) at once; past "
+            "it a pair is not graded (canary_grading_dropped_total)."
+        ),
+    ] = 256
+    grading_timeout_s: Annotated[PosFloat, _d("Seconds one call to a grader may take.")] = 60.0
+    grading_max_chars: Annotated[
+        PosInt,
+        _d("Characters of the conversation and of each answer shown to a grader at most."),
+    ] = 8000
 
 
 class ReportsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -553,6 +565,7 @@ FLAT_KEYS: Final[dict[str, str]] = {
         "dedup_window_s", "score_logprobs", "score_concurrency", "score_max_pending",
         "token_counter", "tokenize_concurrency", "tokenize_max_pending", "tokenize_timeout_s",
         "tokenize_cache_entries",
+        "grading_max_pending", "grading_timeout_s", "grading_max_chars",
     )},
     "report_process": "reports.enabled",
     **{f"report_{k}": f"reports.{k}" for k in (

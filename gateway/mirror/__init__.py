@@ -9,6 +9,9 @@
   in-memory sink), `splits` (conversations split across replicas)
 - `scoring/` — teacher-forced scoring: `forced` (the pure requests and answers), `jobs` (the
   scoring copies the mirror process runs)
+- `grading/` — the LLM grader of a model upgrade: `request` (which pairs, which order, the blind
+  A/B request and the parse of its answer, pure), `lane` (the bounded, capped lane toward the
+  grader)
 - `plane` — what the host's mirror process runs; `tee` — `Mirror`, owning every lane
 - `counters` — the accounting counters and their Prometheus lines (pure)
 - `evidence` — the ramp's evidence: RAMP frames to records with their turn, for the writer

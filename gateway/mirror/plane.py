@@ -81,15 +81,17 @@ _decode_eligible = msgspec.msgpack.Decoder(frames.EligibleMeta).decode
 
 
 class _Stored:
-    """The mirror's `ObservationSink`: the writer's, and each exchange's session told to the
-    split-session watch (this replica's sessions, without reading them back from the store)."""
+    """The mirror's `ObservationSink` (and `GradingSink`): the writer's, and each exchange's
+    session told to the split-session watch (this replica's sessions, without reading them back
+    from the store)."""
 
-    __slots__ = ("put_observation", "splits", "writer")
+    __slots__ = ("put_grading", "put_observation", "splits", "writer")
 
     def __init__(self, writer: ObservationWriter, splits: SplitWatch) -> None:
         self.writer = writer
         self.splits = splits
         self.put_observation = writer.put_observation
+        self.put_grading = writer.put_grading
 
     def put_exchange(self, record: ExchangeRecord) -> None:
         self.writer.put_exchange(record)

@@ -36,11 +36,12 @@ from multidict import CIMultiDictProxy
 from domain.endpoint import Endpoint
 from domain.exposition import Exposed
 from domain.ids import uuid7
-from domain.records import ExchangeRecord
+from domain.records import ExchangeRecord, ObservationRecord
 from gateway.config.sections import CredentialsConfig, MirrorConfig, StorageConfig, UpstreamConfig
 from gateway.mirror import counters as counters_mod
 from gateway.mirror.capture import CaptureSink
 from gateway.mirror.counters import MirrorCounters
+from gateway.mirror.grading.lane import Grading, GradingSink, targets_of
 from gateway.mirror.replay.lane import MIRROR_HEADER, Copy, Lane
 from gateway.mirror.replay.observe import observation
 from gateway.mirror.replay.order import TurnOrder
@@ -126,6 +127,15 @@ class Mirror:
         self.order = TurnOrder()
         # Scoring copies (scorer.py): production's answer scored by the candidate and control.
         self.scorer = Scorer(mirror, self._sink)
+        # A model upgrade's LLM grader (grading/lane.py): after both answers, at idle priority
+        # (nothing is sent while the guard sheds copies). Only a sink that stores gradings.
+        self.grading = Grading(
+            mirror,
+            sink if isinstance(sink, GradingSink) else None,
+            credentials,
+            max_chars=mirror.grading_max_chars,
+            busy=lambda: self.guard.shedding,
+        )
         self._lanes: dict[str, Lane] = {}
         self._offers: tuple[Offer, ...] = ()
         self._any_session = False  # some offer samples by session (its key may need the body)
@@ -161,7 +171,7 @@ class Mirror:
                     storage=self._storage_cfg,
                     credentials=self._credentials_cfg,
                 )
-                lane.hold = self.scorer.hold
+                lane.hold = self._hold
                 self._lanes[name] = lane
                 if self._started:
                     lane.start()
@@ -171,6 +181,13 @@ class Mirror:
         self.adaptive.forget(wanted)
         self._offers = offers_for(wanted.values(), self.adaptive.refs)
         self._any_session = any(o.session_mode for o in self._offers)
+
+    def _hold(self, record: ObservationRecord) -> bool:
+        """A candidate's finished observation: the grader reads its answer (never holds it),
+        the scorer may hold it until its pair is scored."""
+        if self.grading.pending:
+            self.grading.observed(record)
+        return self.scorer.hold(record)
 
     def _retire(self, lane: Lane) -> None:
         lane.stop_offers_and_clear()
@@ -199,6 +216,7 @@ class Mirror:
             return
         self._started = True
         self.guard.start()
+        self.grading.start()
         for lane in self._lanes.values():
             lane.start()
         self.adaptive.start()
@@ -220,6 +238,7 @@ class Mirror:
             await lane.close()
         await self.scorer.close(self._drain_timeout_s)
         await self.tokens.close(self._drain_timeout_s)
+        await self.grading.close(self._drain_timeout_s)
         retiring = list(self._retiring)
         for task in retiring:
             task.cancel()
@@ -234,6 +253,7 @@ class Mirror:
             await lane.wait_idle()
         await self.scorer.wait_idle()
         await self.tokens.wait_idle()
+        await self.grading.wait_idle()
 
     # ------------------------------------------------------------------ RequestTee
 
@@ -356,6 +376,7 @@ class Mirror:
         targets = [lane.name for lane in accepted]
         if self._started:
             self.scorer.offer(copy.exchange_id, route, body, accepted)
+            self.grading.offer(copy.exchange_id, body, targets_of(accepted), live_name, received_at)
         record = ExchangeRecord(
             id=copy.exchange_id,
             received_at=received_at,
@@ -401,6 +422,9 @@ class Mirror:
         if self.scorer.pending:
             ok = production.error_kind is None and not production.tool_calls
             self.scorer.answer(record.id, production.output_text if ok else None)
+        if self.grading.pending:
+            ok = production.error_kind is None and not production.tool_calls
+            self.grading.answer(record.id, production.output_text if ok else None)
 
     # ------------------------------------------------------------------ adaptive sampling
 
@@ -427,6 +451,7 @@ class Mirror:
         """Families and samples, for the metrics registry's `add_collector`."""
         yield from self.tokens.prometheus_lines()
         yield from counters_mod.rate_lines(self.rate_stats(), self.adaptive.control.eligible_rps)
+        yield from self.grading.prometheus_lines()
         yield from counters_mod.prometheus_lines(
             self.counters(),
             self.process_counters(),

@@ -46,8 +46,24 @@ _WORDS = (
     "shows keeps sends reads writes runs holds moves starts stops grows falls rises stays"
 ).split()
 
+# A model upgrade's own words (`SimProfile.rephrase`): none of them is one of _WORDS, so every
+# answer differs from the baseline's, and a simulated grader (gateway.sim.grader) can tell the
+# two styles apart.
+NEW_WORDS = (
+    "a reply answer note query piece store prelude conduit delay flow host motor line group "
+    "unroll fill ballast recall slab tier amount outcome initial later following another plain "
+    "tiny big rapid sluggish prompt tardy constant swift thorough lucid brief lengthy fine "
+    "finer finest fresh aged identical distinct all plenty handful further mostly several "
+    "whichever here there them someone us yours single pair trio quartet quintet moment stage "
+    "route burden specimen replica contender origin flux response inquiry client platform "
+    "figures summary trial count cue pane allowance ceiling sequence status shift spot matter "
+    "truth manner portion venue task becomes became owns owned may might ought forms brings "
+    "offers reveals retains delivers parses records executes grips shifts begins halts expands "
+    "drops climbs remains"
+).split()
+
 # Salts that give each hash-derived decision its own independent stream.
-_S_LEN, _S_DIV, _S_AT, _S_ALT, _S_TOOL, _S_PICK, _S_ID, _S_VAL, _S_SESSION = range(1, 10)
+_S_LEN, _S_DIV, _S_AT, _S_ALT, _S_TOOL, _S_PICK, _S_ID, _S_VAL, _S_SESSION, _S_NEW = range(1, 11)
 
 
 def split_pieces(text: str) -> list[str]:
@@ -110,7 +126,15 @@ def embed(text: str) -> list[float]:
     return [x / norm for x in vec]
 
 
-def _words(rng: random.Random, n: int, *, first: bool, capital: bool, run: int) -> list[str]:
+def _words(
+    rng: random.Random,
+    n: int,
+    *,
+    first: bool,
+    capital: bool,
+    run: int,
+    vocabulary: Sequence[str] = _WORDS,
+) -> list[str]:
     """n pieces of sentence-like text; `capital`/`run` carry the sentence state across calls."""
     pieces: list[str] = []
     for _ in range(n):
@@ -118,7 +142,7 @@ def _words(rng: random.Random, n: int, *, first: bool, capital: bool, run: int) 
             piece = "." if rng.random() < 0.6 else ","
             capital, run = piece == ".", 0
         else:
-            word = rng.choice(_WORDS)
+            word = rng.choice(vocabulary)
             word = word.capitalize() if capital else word
             piece = word if first else " " + word
             capital, run = False, run + 1
@@ -136,8 +160,10 @@ def _sentence_state(pieces: Sequence[str]) -> tuple[bool, int]:
     return not pieces, run
 
 
-def _text(seed: int, length: int) -> list[str]:
-    pieces = _words(random.Random(seed), length, first=True, capital=True, run=0)
+def _text(seed: int, length: int, vocabulary: Sequence[str] = _WORDS) -> list[str]:
+    pieces = _words(
+        random.Random(seed), length, first=True, capital=True, run=0, vocabulary=vocabulary
+    )
     if length > 1 and pieces[-2] not in (".", ","):
         pieces[-1] = "."
     return pieces
@@ -152,6 +178,9 @@ def answer_pieces(profile: SimProfile, phash: int, sample_seed: int | None) -> l
     """
     span = profile.max_output_tokens - profile.min_output_tokens + 1
     seed = phash if sample_seed is None else _mix(phash, sample_seed)
+    if profile.rephrase:  # a model upgrade: its own words throughout
+        seed = _mix(seed, _S_NEW)
+        return _text(seed, profile.min_output_tokens + _mix(seed, _S_LEN) % span, NEW_WORDS)
     base = _text(seed, profile.min_output_tokens + _mix(seed, _S_LEN) % span)
     if sample_seed is not None or _unit(phash, _S_DIV) >= profile.divergence or len(base) < 3:
         return base
@@ -373,21 +402,26 @@ class Engine:
         tools: Sequence[ToolSpec] = (),
         tool_choice: str | None = None,
         named_tool: str | None = None,
+        answer: str | None = None,
     ) -> Plan:
-        """Decide the answer and the cache hits for one request, and record its prefill."""
+        """Decide the answer and the cache hits for one request, and record its prefill.
+        `answer`: the text decided elsewhere (a grader's verdict, gateway.sim.grader)."""
         prompt_ids = tokenize(prompt)
         phash = text_hash(prompt)
         sample_seed = None
         if temperature:  # None or 0.0 means greedy
             sample_seed = seed if seed is not None else self._rng.getrandbits(63)
         pieces = answer_pieces(self.profile, phash, sample_seed)
+        if answer is not None:
+            pieces = split_pieces(answer)
+            tools = ()
         tool = choose_tool(phash, tools, tool_choice, named_tool)
         tool_name, call_id = None, ""
         if tool is not None:
             tool_name = tool.name
             call_id = f"chatcmpl-tool-{_mix(phash, _S_ID):016x}{phash:016x}"
             pieces = split_pieces(tool_arguments(tool, pieces, phash))
-        elif json_mode:
+        elif json_mode and answer is None:
             pieces = split_pieces(json_answer(pieces, phash))
         budget = max_tokens if max_tokens is not None else self.profile.max_model_len
         budget -= tool_name is not None

@@ -22,6 +22,7 @@ from aiohttp import web
 from gateway.sim import protocol
 from gateway.sim.engine import Plan, ToolSpec, render_chat, session_of_text
 from gateway.sim.faults import SSE_HEADERS, json_error, replace_answer, reset_connection
+from gateway.sim.grader import VERDICT_SCHEMA, verdict_text
 from gateway.sim.score import prompt_logprobs
 from gateway.sim.state import ClientGone, SimState, pause
 
@@ -200,8 +201,11 @@ async def chat(
     entry["session"] = session
     max_tokens = _max_tokens(req.max_completion_tokens, req.max_tokens)
     fmt = req.response_format.type if req.response_format else "text"
+    schema = req.response_format.json_schema if req.response_format else None
+    prompt = render_chat(messages, tools_text)
+    is_verdict = schema is not None and schema.name == VERDICT_SCHEMA
     plan = st.engine.plan(
-        render_chat(messages, tools_text),
+        prompt,
         session=session,
         max_tokens=max_tokens,
         temperature=req.temperature,
@@ -210,6 +214,7 @@ async def chat(
         tools=tools,
         tool_choice=choice,
         named_tool=named,
+        answer=verdict_text(st.engine.profile, prompt) if is_verdict else None,
     )
     if (too_long := _check_length(st, plan, max_tokens)) is not None:
         return too_long

@@ -60,6 +60,15 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     prompt_logprobs: bool = True
     max_logprobs: int = 20
     logprob_shift: float = 0.0
+    # A model upgrade: every answer in its own words (gateway.sim.engine.NEW_WORDS).
+    rephrase: bool = False
+    # As an LLM grader (a pairwise request with a json_schema response_format, gateway.sim.grader):
+    # pick the answer shown first with probability grader_first; else tie with probability
+    # grader_tie; else prefer the upgrade's words with probability grader_prefers_new. The net
+    # preference it plants for an upgrade: (1 - first)(1 - tie)(2 prefers_new - 1).
+    grader_first: float = 0.0
+    grader_tie: float = 0.2
+    grader_prefers_new: float = 0.5
     # Faults.
     fault: str | None = None
     slow_drip_s_per_chunk: float = 1.0
@@ -70,8 +79,9 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise UsageError("profile name must not be empty")
         if self.fault is not None and self.fault not in FAULTS:
             raise UsageError(f"unknown fault {self.fault!r}; valid faults: {', '.join(FAULTS)}")
-        if not 0.0 <= self.divergence <= 1.0:
-            raise UsageError(f"divergence must be in [0, 1], got {self.divergence}")
+        for key in ("divergence", "grader_first", "grader_tie", "grader_prefers_new"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise UsageError(f"{key} must be in [0, 1], got {getattr(self, key)}")
         delays = {
             "prefill_s_per_token": self.prefill_s_per_token,
             "decode_s_per_token": self.decode_s_per_token,
@@ -121,6 +131,11 @@ PROFILES: dict[str, SimProfile] = {
         divergence=0.3,
         logprob_shift=0.1,
     ),
+    # A model upgrade (a new checkpoint): the baseline's speed, every answer in other words.
+    "upgrade": msgspec.structs.replace(_BASELINE, name="upgrade", rephrase=True),
+    # An LLM grader serving pairwise verdicts, indifferent between the styles but picking the
+    # answer shown first a quarter of the time (a typical position bias).
+    "grader": msgspec.structs.replace(_BASELINE, name="grader", grader_first=0.25),
     # No delays at all, for benchmarks of the gateway itself.
     "fast": msgspec.structs.replace(
         _BASELINE,

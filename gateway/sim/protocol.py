@@ -87,8 +87,13 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
+class JsonSchema(msgspec.Struct):
+    name: str = ""
+
+
 class ResponseFormat(msgspec.Struct):
     type: str = "text"
+    json_schema: JsonSchema | None = None
 
 
 class ChatRequest(msgspec.Struct):

@@ -4,7 +4,7 @@ kind, TTFT and E2E in `domain.observation.Outcome`, as `rollout_requests.finishe
 Rows stored before it are NULL-free: false where they failed, true where they answered.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-04 21:40:00
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

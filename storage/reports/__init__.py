@@ -6,4 +6,5 @@ the evaluators would have to understand).
               candidate's endpoints and capacity result
 - `segments`  stored report segments: stored spans and the counts that say whether they hold
 - `ramp`      a rollout's live requests, as the per-request arrays of the ramp's step judge
+- `gradings`  a candidate's LLM grader verdicts with their exchange's arrival and session
 """

@@ -280,3 +280,30 @@ async def test_plan_states_each_ramp_step_at_the_live_session_rate() -> None:
     assert code == 2 and "--failing-share" in err
     code, _, err = await canary("plan", "--rate", "60", "--session-noise", "-1")
     assert code == 2 and "--session-noise" in err
+
+
+async def test_graded_plan_states_sessions_time_and_cost() -> None:
+    """`--graded` states, for the preference margin and twice and three times it, the graded
+    sessions the sizing core finds, the time at the sampled session rate, the grader calls at
+    the swap rate and their cost; bad grader flags exit 2 naming the flag."""
+    code, out, err = await canary(
+        "plan", "--rate", "20", "--sample-rate", "0.5", "--turns", "1", "--graded",
+        "--grader-price", "1",
+        "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    rows = json.loads(out)["graded"]
+    assert [r["margin"] for r in rows] == pytest.approx([0.05, 0.10, 0.15])
+    (core,) = plan.preference_plan((0.05,), alpha=0.05, price_per_mtok=1.0)
+    assert rows[0]["sessions"] == core.sessions and rows[0]["cost_usd"] == core.cost_usd
+    assert rows[0]["seconds"] == pytest.approx(core.sessions / 10.0)  # type: ignore[operator]
+    assert rows[0]["sessions"] > rows[1]["sessions"] > rows[2]["sessions"]
+    code, out, err = await canary("plan", "--rate", "20", "--graded")
+    assert code == 0 and "graded sessions" in out and "-5 pp" in out, err
+    for args, flag in (
+        (("--grader-sd", "2"), "--grader-sd"),
+        (("--swap-rate", "-1"), "--swap-rate"),
+        (("--preference-delta", "0"), "--preference-delta"),
+    ):
+        code, _out, err = await canary("plan", "--rate", "5", "--graded", *args)
+        assert code == 2 and flag in err and "Traceback" not in err, (args, err)

@@ -171,3 +171,35 @@ async def test_status(tmp_path: Path) -> None:
         assert body["live"]["name"] == "int8"
         assert body["last_promotion"]["to_endpoint"] == "int8"
         assert body["last_promotion"]["actor"] == "ci"
+
+
+async def test_grader_round_trip(tmp_path: Path) -> None:
+    """A candidate registered with a grader keeps it (defaults filled in) through storage and a
+    reload, the registry snapshot carries it, and PATCH `grader: null` removes it."""
+    grader = {
+        "url": "http://127.0.0.1:9002",
+        "model": "judge-7b",
+        "price_per_mtok": 0.2,
+        "credentials_env": "CANARY_CANDIDATE_JUDGE_KEY",
+    }
+    async with admin_server(sqlite_url(tmp_path)) as srv, aiohttp.ClientSession() as http:
+        body = {"name": "upgrade", "url": "http://127.0.0.1:9001/", "grader": grader}
+        status, created = await call(http, "POST", srv.admin + "/candidates", json=body)
+        assert status == 201, created
+        assert created["grader"] == {
+            **grader,
+            "rate": 1.0,
+            "swap_rate": 0.25,
+            "max_per_minute": 60,
+            "daily_token_budget": 2_000_000,
+            "prompt": None,
+        }
+        status, got = await call(http, "GET", srv.admin + "/candidates/upgrade")
+        assert status == 200 and got["grader"] == created["grader"]
+        (snap,) = srv.registry.snapshot.candidates
+        assert snap.grader is not None and snap.grader.model == "judge-7b"
+        url = srv.admin + "/candidates/upgrade"
+        status, patched = await call(http, "PATCH", url, json={"grader": None})
+        assert status == 200 and patched["grader"] is None
+        status, got = await call(http, "GET", srv.admin + "/candidates/upgrade")
+        assert got["grader"] is None

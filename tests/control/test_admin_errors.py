@@ -19,6 +19,7 @@ from tests.control.test_admin_harness import LIVE, OPS_TOKEN, TOKEN, admin_serve
 from tests.fixtures_db import Outage
 
 BODY = {"name": "int8", "url": "http://127.0.0.1:9001/"}
+GRADER = {"url": "http://127.0.0.1:9002", "model": "judge"}
 
 
 def sqlite_url(tmp_path: Path) -> str:
@@ -150,6 +151,24 @@ def test_insecure_refused_on_public_listener(host: str | None) -> None:
         ({"verdict": {"alpha": 0.9}}, "verdict", "alpha"),
         ({"verdict": {"Alpha": 0.1}}, "verdict", "verdict setting names"),
         ({"role": "live"}, "role", "unknown field"),
+        ({"grader": {**GRADER, "url": "ftp://judge:21"}}, "grader.url", "http(s)"),
+        ({"grader": {**GRADER, "rate": 0}}, "grader.rate", "> 0"),
+        ({"grader": {**GRADER, "rate": 1.5}}, "grader.rate", "<= 1"),
+        ({"grader": {**GRADER, "swap_rate": -0.1}}, "grader.swap_rate", ">= 0"),
+        ({"grader": {**GRADER, "max_per_minute": -1}}, "grader.max_per_minute", ">= 1"),
+        ({"grader": {**GRADER, "daily_token_budget": -5}}, "grader.daily_token_budget", ">="),
+        ({"grader": {**GRADER, "price_per_mtok": -1.0}}, "grader.price_per_mtok", ">= 0"),
+        (
+            {"grader": {**GRADER, "prompt": "Which is better? {answer_a}"}},
+            "grader.prompt",
+            "{answer_b}",
+        ),
+        (
+            {"grader": {**GRADER, "credentials_env": "DATABASE_URL"}},
+            "grader.credentials_env",
+            "meant for candidates",
+        ),
+        ({"grader": {"url": "http://judge:8000"}}, "grader.model", "missing"),
         ({"api_key": "sk-abc"}, "api_key", "credentials_env"),
         ({"color": "red"}, "color", "unknown field"),
     ],

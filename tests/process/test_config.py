@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from domain.endpoint import GraderSpec
 from domain.errors import ConfigError
 from gateway.config.load import load_config, parse_admin_tokens, settings_variables
 from gateway.config.reference import reference
@@ -33,8 +34,9 @@ def _write(tmp_path: Path, text: str) -> str:
 
 
 def test_example_config_documents_every_key() -> None:
-    """Every setting appears (set or commented) in its own table of the example file, and every
-    candidate setting under the commented `[[candidates]]` table."""
+    """Every setting appears (set or commented) in its own table of the example file, every
+    candidate setting under the commented `[[candidates]]` table, and every grader setting under
+    its `[candidates.grader]` table."""
     text = EXAMPLE.read_text()
     tables = re.split(r"^(#? ?\[+[\w.]+\]+)", text, flags=re.M)
     keys_in: dict[str, set[str]] = {}
@@ -50,10 +52,15 @@ def test_example_config_documents_every_key() -> None:
     missing += [
         f"candidates.{f.name}"
         for f in msgspec.structs.fields(CandidateConfig)
-        if f.name not in keys_in.get("candidates", set()) | {"verdict"}
+        if f.name not in keys_in.get("candidates", set()) | {"verdict", "grader"}
+    ]
+    missing += [
+        f"candidates.grader.{f.name}"
+        for f in msgspec.structs.fields(GraderSpec)
+        if f.name not in keys_in.get("candidates.grader", set())
     ]
     assert missing == []
-    assert {"verdict", "candidates", "candidates.verdict"} <= set(keys_in)
+    assert {"verdict", "candidates", "candidates.verdict", "candidates.grader"} <= set(keys_in)
 
 
 def test_example_config_loads_with_defaults() -> None:

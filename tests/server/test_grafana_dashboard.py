@@ -261,7 +261,8 @@ def test_dashboard_queries_only_what_the_gateway_exports(exported: Exported) -> 
 def test_dashboard_covers_what_operators_watch() -> None:
     """Production latency and errors, copies by outcome, shedding and drops with reasons,
     buffers and the memory budget, the mirror process's CPU and priority, split sessions, and
-    the ramp: weight, state, requests by arm and outcome, fallbacks and rollbacks by reason."""
+    the ramp: weight, state, requests by arm and outcome, fallbacks and rollbacks by reason; a
+    model upgrade's grader: gradings by outcome, tokens."""
     exprs = " ".join(expr for _, expr, _ in dashboard_queries())
     for needed in (
         "canary_proxy_ttft_seconds_bucket",
@@ -283,6 +284,9 @@ def test_dashboard_covers_what_operators_watch() -> None:
         "sum by (arm, outcome) (rate(canary_rollout_requests_total",
         "sum by (reason) (rate(canary_rollout_fallbacks_total",
         "sum by (reason) (increase(canary_rollout_rollbacks_total",
+        "rate(canary_grading_unparseable_total",
+        "rate(canary_grading_over_cap_total",
+        "increase(canary_grading_tokens_total",
     ):
         assert needed in exprs, needed
 

@@ -349,8 +349,11 @@ async def test_rollouts_revision_up_and_down(db_url: str) -> None:
     engine = make_engine(db_url)
     try:
         assert {"rollouts", "rollout_events"} & await tables(engine) == set()
-        await upgrade(db_url, "0008")
+        # Populated by today's queries at the head, then brought down to 0008 (the later
+        # revisions' downgrades keep these rows).
+        await upgrade(db_url)
         await populate(engine)
+        await downgrade(db_url, "0008")
         counts = await row_counts(engine)
         opened = (
             "INSERT INTO rollouts (candidate, live, state, weight, step, steps, min_step_s, "
@@ -373,6 +376,41 @@ async def test_rollouts_revision_up_and_down(db_url: str) -> None:
         assert await row_counts(engine) == counts
         await upgrade(db_url)
         assert await queries.count_rows(engine, "rollouts") == 0
+        assert await row_counts(engine) == counts
+    finally:
+        await engine.dispose()
+
+
+async def test_gradings_revision_up_and_down(db_url: str) -> None:
+    """0011 adds `endpoints.grader` (NULL on existing rows) and the `gradings` table to a
+    populated database; its downgrade drops both and keeps every other row."""
+    await upgrade(db_url)
+    engine = make_engine(db_url)
+    try:
+        await populate(engine)
+        await downgrade(db_url, "0009")
+        counts = await row_counts(engine)
+        assert "gradings" not in await tables(engine)
+        async with engine.connect() as conn:
+            columns = await conn.run_sync(
+                lambda c: {col["name"] for col in inspect(c).get_columns("endpoints")}
+            )
+        assert "grader" not in columns and "verdict" in columns
+        await upgrade(db_url, "0011")
+        assert await row_counts(engine) == counts
+        assert (await queries.get_endpoint(engine, "a")).grader is None
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO gradings (exchange_id, endpoint, reference, graded_at, "
+                    "candidate_first, swapped, outcome, winner, candidate_chars, "
+                    "reference_chars, prompt_tokens, completion_tokens, attempts) VALUES "
+                    "('x0', 'a', 'prod', 1.0, true, false, 'graded', 'tie', 3, 4, 50, 7, 1)"
+                )
+            )
+        assert await queries.count_rows(engine, "gradings") == 1
+        await downgrade(db_url, "0009")
+        assert "gradings" not in await tables(engine)
         assert await row_counts(engine) == counts
     finally:
         await engine.dispose()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import operator
 import os
 import shutil
@@ -187,6 +188,7 @@ def endpoint_rows(ep: EndpointView) -> list[tuple[str, str]]:
         ("credentials", creds),
         ("forward auth", "yes" if ep.forward_auth else "no"),
         ("verdict", _opt(verdict)),
+        ("grader", _grader(ep)),
         *((f.replace("_", " "), _opt(getattr(ep, f))) for f in _plain_fields()),
         ("version", str(ep.version)),
     ]
@@ -199,9 +201,23 @@ _RENDERED = frozenset(
         "name", "role", "state", "url", "kind", "model", "sample_rate", "target_rps",
         "sampling", "buffer_max_items", "buffer_max_bytes", "concurrency", "timeout_s",
         "price_per_hour_usd", "gpus", "credentials_env", "forward_auth", "verdict", "version",
-        "created_at", "updated_at",
+        "created_at", "updated_at", "grader",
     }
 )  # fmt: skip
+
+
+def _grader(ep: EndpointView) -> str:
+    """The grader in one line: model at URL, rates, cap, budget, price, credentials' name."""
+    g = ep.grader
+    if g is None:
+        return "-"
+    creds = f", ${g.credentials_env}" if g.credentials_env else ""
+    prompt = ", custom prompt" if g.prompt else ""
+    return (
+        f"{g.model} at {g.url}: rate {g.rate:g}, swap {g.swap_rate:g}, "
+        f"<= {g.max_per_minute}/min, <= {g.daily_token_budget:,} tokens/day, "
+        f"${g.price_per_mtok:g}/Mtok{creds}{prompt}"
+    )
 
 
 def _plain_fields() -> tuple[str, ...]:
@@ -262,8 +278,9 @@ def list_text(eps: Sequence[EndpointView], rates: dict[str, RateView] | None = N
 # The fields `candidates add|update` take as flags, one per field of
 # `domain.endpoint.CandidateSpec` (type, bounds, choices and help from its declaration), but those
 # with their own commands or arguments (name and url are positional, --url on update; state:
-# pause/resume and --paused; verdict overrides: the repeatable --verdict KEY=VALUE).
-_FLAG_EXCLUDED = frozenset({"name", "url", "state", "verdict"})
+# pause/resume and --paused; verdict overrides: the repeatable --verdict KEY=VALUE; the grader:
+# --grader with its JSON object, or off).
+_FLAG_EXCLUDED = frozenset({"name", "url", "state", "verdict", "grader"})
 
 
 def _add_fields() -> tuple[str, ...]:
@@ -282,6 +299,8 @@ def _body(args: argparse.Namespace) -> dict[str, Any]:
             body[extra] = getattr(args, extra)
     if args.verdict:
         body["verdict"] = dict(args.verdict)
+    if args.grader is not None:
+        body["grader"] = None if args.grader == _OFF else args.grader
     if getattr(args, "paused", False):
         body["state"] = "paused"
     return body
@@ -325,6 +344,20 @@ async def _remove(c: AdminClient, args: argparse.Namespace) -> str:
 
 
 # --- parsers ----------------------------------------------------------------------------------
+
+
+def _grader_object(text: str) -> object:
+    """`--grader`: a JSON object of the grader's fields (checked by the admin API, which names
+    a bad field), or `off` to remove the grader."""
+    if text.strip().lower() == _OFF:
+        return _OFF
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a JSON object or off, got {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object or off, got {text!r}")
+    return value
 
 
 def _verdict_pair(text: str) -> tuple[str, float]:
@@ -416,6 +449,13 @@ def _field_options(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="verdict setting override (repeatable), e.g. --verdict min_pairs=500",
+    )
+    g.add_argument(
+        "--grader",
+        type=_grader_object,
+        metavar="JSON|off",
+        help="LLM grader of a model upgrade (docs/grading.md), e.g. "
+        '\'{"url": "http://judge:8000", "model": "judge-7b", "price_per_mtok": 0.2}\'',
     )
 
 

@@ -129,6 +129,26 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=0.02,
         help="the ramp's production share of sessions with a failed request (default 0.02)",
     )
+    g = p.add_argument_group("a model upgrade judged by an LLM grader (docs/grading.md)")
+    g.add_argument(
+        "--graded",
+        action="store_true",
+        help="the candidate has a grader: state the graded sessions and cost a preference "
+        "decision needs",
+    )
+    g.add_argument(
+        "--preference-delta", type=float, help="net preference margin (0.05 = 5 pp net loss)"
+    )
+    g.add_argument(
+        "--grader-sd",
+        type=float,
+        default=0.9,
+        help="sd of one graded session's mean verdict score (0.9: about 80 %% decisive)",
+    )
+    g.add_argument("--grader-rate", type=float, default=1.0, help="share of pairs graded (1)")
+    g.add_argument("--swap-rate", type=float, default=0.25, help="share graded both ways (0.25)")
+    g.add_argument("--grader-tokens", type=float, default=1500.0, help="tokens per grading (1500)")
+    g.add_argument("--grader-price", type=float, default=0.0, help="USD per 1M grader tokens")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -169,6 +189,18 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--horizon", args.horizon, "in [10, 10000000]")
     if args.goal_ratio is not None and not 0 < args.goal_ratio < 1:
         raise bad("--goal-ratio", args.goal_ratio, "in (0, 1): an improvement")
+    if args.preference_delta is not None and not 0 < args.preference_delta < 1:
+        raise bad("--preference-delta", args.preference_delta, "in (0, 1)")
+    if not (math.isfinite(args.grader_sd) and 0 < args.grader_sd <= 1):
+        raise bad("--grader-sd", args.grader_sd, "in (0, 1]")
+    if not 0 < args.grader_rate <= 1:
+        raise bad("--grader-rate", args.grader_rate, "in (0, 1]")
+    if not 0 <= args.swap_rate <= 1:
+        raise bad("--swap-rate", args.swap_rate, "in [0, 1]")
+    if not (math.isfinite(args.grader_tokens) and args.grader_tokens > 0):
+        raise bad("--grader-tokens", args.grader_tokens, "> 0")
+    if not (math.isfinite(args.grader_price) and args.grader_price >= 0):
+        raise bad("--grader-price", args.grader_price, ">= 0")
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -181,8 +213,9 @@ def _settings(args: argparse.Namespace) -> Any:
         ("agreement_delta", "agreement_delta"),
         ("slo_delta", "slo_exceedance_delta"),
         ("latency_delta", "latency_delta"),
+        ("preference_delta", "preference_delta"),
     ):
-        value = getattr(args, flag)
+        value = getattr(args, flag, None)
         if value is not None:
             overrides[name] = value
     s = VerdictSettings()
@@ -194,6 +227,8 @@ def _settings(args: argparse.Namespace) -> Any:
         overrides["agreement_critical"] = min(0.99, overrides["agreement_delta"])
     if overrides.get("latency_delta", 0) > s.latency_critical:
         overrides["latency_critical"] = overrides["latency_delta"]
+    if overrides.get("preference_delta", 0) > s.preference_critical:
+        overrides["preference_critical"] = min(0.99, overrides["preference_delta"])
     return s.with_overrides(overrides)
 
 
@@ -249,6 +284,17 @@ class RampRow(msgspec.Struct):
     sized_by: str = ""
 
 
+class GradedRow(msgspec.Struct):
+    """A preference margin: graded sessions a decision needs, time, grader calls and cost."""
+
+    margin: float
+    sessions: int | None
+    seconds: float | None
+    gradings: int | None
+    tokens: int | None
+    cost_usd: float | None
+
+
 class Plan(msgspec.Struct, kw_only=True):
     rate_rps: float
     sample_rate: float
@@ -273,6 +319,8 @@ class Plan(msgspec.Struct, kw_only=True):
     ramp: list[RampRow] = msgspec.field(default_factory=list)
     # The whole ramp's expected time (the sum of its steps').
     ramp_seconds: float | None = None
+    # A model upgrade (--graded): the preference margin, then twice and three times it.
+    graded: list[GradedRow] = msgspec.field(default_factory=list)
 
 
 def ramp_rows(
@@ -384,6 +432,9 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
         result.ramp = ramp_rows(rate, turns, args.session_noise, args.failing_share, s)
         if all(r.seconds is not None for r in result.ramp):
             result.ramp_seconds = math.fsum(r.seconds or 0.0 for r in result.ramp)
+        result.ramp = ramp_rows(rate, turns, args.session_noise, s.latency_delta, s.alpha)
+    if args.graded:
+        result.graded = graded_rows(args, s, traffic.pairs_per_s, traffic.turns)
     units: float | None = None
     if args.budget:
         result.budget_s = parse_duration(args.budget)
@@ -397,6 +448,36 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
         result.rate_margin_in_budget = rate_m
         result.latency_margin_in_budget = lat_m
     return result
+
+
+def graded_rows(args: argparse.Namespace, s: Any, pairs_per_s: float, turns: float
+                ) -> list[GradedRow]:  # fmt: skip
+    """The preference test at its margin and at twice and three times it (what a wider margin
+    buys), from the verdict's own sequence (`evaluators.judge.plan.preference_plan`)."""
+    from evaluators.judge import plan as core
+
+    margins = tuple(min(0.9, s.preference_delta * k) for k in (1, 2, 3))
+    found = core.preference_plan(
+        margins,
+        alpha=s.alpha,
+        sd=args.grader_sd,
+        pairs_per_session=turns,
+        swap_rate=args.swap_rate,
+        tokens_per_grading=args.grader_tokens,
+        price_per_mtok=args.grader_price,
+    )
+    sessions_per_s = pairs_per_s * args.grader_rate / max(turns, 1.0)
+    return [
+        GradedRow(
+            p.margin,
+            p.sessions,
+            None if p.sessions is None else p.sessions / sessions_per_s,
+            p.gradings,
+            p.tokens,
+            p.cost_usd,
+        )
+        for p in found
+    ]
 
 
 def render_text(plan: Plan) -> str:
@@ -473,6 +554,25 @@ def render_text(plan: Plan) -> str:
         total = "out of reach" if plan.ramp_seconds is None else fmt_duration(plan.ramp_seconds)
         lines.append(f"the whole ramp: about {total} (100 %: no production arm; it completes")
         lines.append("after its dwell, the guards watching)")
+        lines.append("")
+    if plan.graded:
+        lines.append("a model upgrade: quality gates on the grader's net preference (agreement")
+        lines.append("and output length are information); at a true net of 0, graded sessions")
+        rows = [
+            [
+                f"-{r.margin * 100:g} pp",
+                "out of reach" if r.sessions is None else f"{r.sessions:,}",
+                "" if r.seconds is None else fmt_duration(r.seconds),
+                "" if r.gradings is None else f"{r.gradings:,}",
+                "" if r.tokens is None else f"{r.tokens:,}",
+                "" if r.cost_usd is None else f"${r.cost_usd:,.2f}",
+            ]
+            for r in plan.graded
+        ]
+        header = ["net margin", "graded sessions", "time", "grader calls", "tokens", "cost"]
+        lines.append(table(header, rows, flex=0, align="<>>>>>"))
+        lines.append("a wider margin is quadratically cheaper; a clearly worse candidate is")
+        lines.append("rejected far sooner than a clean one is promoted")
         lines.append("")
     lines.append("floors: a rate within δ needs ≥ log(1/α)/(0.8 δ) units even with no")
     lines.append("discordant unit (≈3.7/δ at α = 0.05), more with background failures; add")

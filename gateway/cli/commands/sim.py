@@ -20,6 +20,9 @@ profiles:
   control           the baseline under another name (an A/A control)
   bi-kv             baseline + per-session KV kept between turns + an 8192-block prefix cache
   quantized         decode 0.6x as long, 30 % of answers diverge from the baseline's
+  upgrade           a model upgrade: the baseline's speed, every answer in its own words
+  grader            an LLM grader (pairwise json_schema requests, docs/grading.md):
+                    indifferent between the styles, picks the first answer 25 % of the time
   fast              no delays at all (for benchmarks of the gateway)
   hang              reads the request, never answers
   reset-mid-stream  sends a few chunks, then resets the TCP connection
@@ -29,8 +32,8 @@ profiles:
   slow-read         reads its request one byte at a time, then answers normally
 
 Answers at temperature 0 depend only on the prompt, so every profile gives the same text
-(except quantized's diverging ones). Observability for tests: GET /sim/stats,
-GET /sim/requests, POST /sim/reset.
+(except quantized's diverging ones and upgrade's own words). Observability for tests:
+GET /sim/stats, GET /sim/requests, POST /sim/reset.
 """
 
 

@@ -145,7 +145,9 @@ def validation_error(exc: msgspec.ValidationError) -> ApiError:
                 )
     top = (field or "").split(".", 1)[0]
     if msg.startswith("Expected `str` matching regex") and field:
-        msg = PATTERN_REASONS.get(top, "has an invalid format")
+        # A sub-struct's field (grader.url) has the reason of the field it is named after.
+        last = field.rsplit(".", 1)[-1]
+        msg = PATTERN_REASONS.get(top) or PATTERN_REASONS.get(last, "has an invalid format")
     elif msg.startswith("Expected `str` of length") and top in _LENGTH_IN_PATTERN:
         msg = PATTERN_REASONS[top]  # the pattern's own length bound, said as the pattern says it
     return ApiError(422, "validation_error", f"{field or 'body'}: {msg}", field=field)

@@ -24,7 +24,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain import errors as se
-from domain.endpoint import CandidatePatch, Endpoint
+from domain.endpoint import CandidatePatch, Endpoint, GraderSpec
 from domain.records import PromotionRecord
 from gateway.config.load import check_http_url, credential_env_refusal
 from gateway.config.sections import AdminConfig, CredentialsConfig, LimitsConfig
@@ -113,16 +113,24 @@ DB_FILE = web.AppKey("canary_admin_db_file", DatabaseFileGuard)
 _WRITES = frozenset(("POST", "PATCH", "PUT", "DELETE"))
 
 
-def _check_credentials_env(request: web.Request, name: str | None) -> None:
+def _check_credentials_env(
+    request: web.Request, name: str | None, where: str = "credentials_env"
+) -> None:
     if name and (reason := credential_env_refusal(request.app[CREDENTIALS], name)):
-        raise ApiError(
-            422, "validation_error", f"credentials_env: {reason}", field="credentials_env"
-        )
+        raise ApiError(422, "validation_error", f"{where}: {reason}", field=where)
 
 
-def _check_url(url: str) -> None:
+def _check_url(url: str, where: str = "url") -> None:
     if reason := check_http_url(url):
-        raise ApiError(422, "validation_error", f"url: {reason}", field="url")
+        raise ApiError(422, "validation_error", f"{where}: {reason}", field=where)
+
+
+def _check_grader(request: web.Request, grader: GraderSpec | None) -> None:
+    """The grader's URL and credentials pass the candidate's own checks (its credentials are
+    confined the same way: a variable meant for candidates, never a client's header)."""
+    if grader is not None:
+        _check_url(grader.url, "grader.url")
+        _check_credentials_env(request, grader.credentials_env, "grader.credentials_env")
 
 
 def _check_verdict(ctx: AdminContext, overrides: dict[str, float]) -> None:
@@ -164,6 +172,7 @@ async def create_candidate(request: web.Request) -> web.Response:
     _check_url(body.url)
     _check_credentials_env(request, body.credentials_env)
     _check_verdict(ctx, body.verdict)
+    _check_grader(request, body.grader)
     created = await q.create_endpoint(ctx.engine, body.to_endpoint())
     await _refresh(ctx)
     log.info("admin: %s registered candidate %s", request[ACTOR], body.name)
@@ -189,6 +198,8 @@ async def update_candidate(request: web.Request) -> web.Response:
         _check_credentials_env(request, changes["credentials_env"])
     if "verdict" in changes:
         _check_verdict(ctx, changes["verdict"])
+    if "grader" in changes:
+        _check_grader(request, changes["grader"])
     if current.role == "live":
         raise ApiError(409, "conflict", f"{name!r} is live: it changes only by promote/rollback")
     if not changes:

@@ -5,20 +5,21 @@ Bounded like every sink must be: past `max_records` new records are dropped and 
 
 from __future__ import annotations
 
-from domain.records import ExchangeRecord, ObservationRecord
+from domain.records import ExchangeRecord, GradingRecord, ObservationRecord
 
 __all__ = ["InMemorySink"]
 
 
 class InMemorySink:
-    """Keeps exchanges and observations in lists, joined on demand by exchange id."""
+    """Keeps exchanges, observations and gradings in lists, joined on demand by exchange id."""
 
-    __slots__ = ("dropped", "exchanges", "max_records", "observations")
+    __slots__ = ("dropped", "exchanges", "gradings", "max_records", "observations")
 
     def __init__(self, max_records: int = 1_000_000) -> None:
         self.max_records = max_records  # bounded: a test that forgets to read cannot eat the host
         self.exchanges: list[ExchangeRecord] = []
         self.observations: list[ObservationRecord] = []
+        self.gradings: list[GradingRecord] = []
         self.dropped = 0
 
     def put_exchange(self, record: ExchangeRecord) -> None:
@@ -32,6 +33,12 @@ class InMemorySink:
             self.dropped += 1
             return
         self.observations.append(record)
+
+    def put_grading(self, record: GradingRecord) -> None:
+        if len(self.gradings) >= self.max_records:
+            self.dropped += 1
+            return
+        self.gradings.append(record)
 
     def pairs(self) -> dict[str, dict[str, ObservationRecord]]:
         """exchange id -> {endpoint name -> observation} (production and candidates)."""

@@ -368,6 +368,7 @@ function renderDetail(r) {
       ]),
     ),
   );
+  renderGrader(r.metrics);
   fill(
     $("d-turns").tBodies[0],
     r.ttft_by_turn.map((t) =>
@@ -387,6 +388,30 @@ function renderDetail(r) {
     Object.entries(r.accounting).map(([k, v]) => row([k, fmt(v)])),
   );
   $("d-caveats").replaceChildren(...r.caveats.map((c) => el("li", {}, c)));
+}
+
+// A model upgrade's grader (docs/grading.md): what it said, its biases, what it cost. Hidden for
+// a candidate without one.
+function renderGrader(metrics) {
+  const pref = metrics.preference;
+  $("d-grader-panel").hidden = !pref;
+  if (!pref) return;
+  const d = pref.detail || {};
+  const bias = metrics.grader_position_bias;
+  const aa = metrics.grader_aa;
+  const interval = (m) => (num(m.ci_low) === null ? "" : ` [${pct(m.ci_low)}, ${pct(m.ci_high)}]`);
+  const rows = [
+    ["pairs graded", fmt(d.pairs_graded)],
+    ["win / tie / loss (candidate)", `${pct(d.win_share)} / ${pct(d.tie_share)} / ${pct(d.loss_share)}`],
+    ["net preference", `${pct(pref.estimate)}${interval(pref)} (margin −${pct(pref.margin)})`],
+    ["position bias (first shown wins − ½)", bias && num(bias.estimate) !== null ? `${pct(bias.estimate)}${interval(bias)} over ${fmt(bias.n)} decisive` : "–"],
+    ["flip rate (pairs graded both ways)", `${pct(d.flip_rate)} of ${fmt(d.pairs_both_orders)}`],
+    ["length-controlled net (not gating)", pct(d.length_controlled)],
+    ["grader A/A (control vs production)", aa && num(aa.estimate) !== null ? `${pct(aa.estimate)}${interval(aa)}` : "–"],
+    ["graded / unparseable / failed / over cap", [d.gradings_graded, d.gradings_unparseable, d.gradings_failed, d.gradings_over_cap].map(fmt).join(" / ")],
+    ["grader tokens, cost", `${fmt(d.grader_tokens)} tokens, $${num(d.grader_cost_usd) === null ? "–" : d.grader_cost_usd.toFixed(2)}`],
+  ];
+  fill($("d-grader").tBodies[0], rows.map(([k, v]) => row([k, v])));
 }
 
 // The horizontal references of a metric's plot: its margins, its goal and no change (as the

@@ -1,0 +1,4 @@
+"""The LLM grader of a model upgrade (docs/grading.md): `request` (which pairs are graded and in
+which order, the blind A/B request with its JSON-schema `response_format`, the answer's parse;
+pure) and `lane` (the bounded, capped, budgeted lane toward the grader endpoint, and its
+accounting). Not to be confused with `evaluators.judge`, which decides promote / hold / reject."""

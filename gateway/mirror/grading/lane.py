@@ -1,0 +1,414 @@
+"""The lane toward each candidate's LLM grader: in the mirror process, after both answers of a
+pair are complete; never on the request path, never before production answered its client.
+
+At the offer (synchronous, inside the mirror's loop) a pair is selected for every accepted
+candidate that has a grader and whose `rate` covers the exchange (`request.is_graded`). It then
+waits, off every latency path, for production's answer (`answer`) and the candidate's finished
+observation (`observed`, a look at the record on its way to the sink: nothing is held or
+delayed). A complete pair joins a bounded queue; one task sends its gradings one at a time, and
+while the mirror sheds load (its loop-lag guard) it sends nothing: grading runs at idle
+priority behind the copies themselves.
+
+Each grading is capped per candidate: at most `max_per_minute` grader calls in any 60 s and
+`daily_token_budget` tokens per UTC day; past either it is recorded `over_cap` without a call.
+An unparseable answer is retried once, never guessed. The grader's credential comes from its
+own `credentials_env` through the candidates' credentials reader (never a client's header).
+
+Bounded: `grading_max_pending` pairs waiting or queued (beyond: `dropped`); a pair whose answers
+do not arrive within the candidate's timeout plus a minute is dropped too; each call is bounded
+by `grading_timeout_s`. Every grading is counted (graded, tie, unparseable, failed, over cap)
+and stored as a `GradingRecord`, with its tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Final, Protocol, runtime_checkable
+
+import aiohttp
+import msgspec
+from yarl import URL
+
+from domain.endpoint import GraderSpec
+from domain.exposition import GRADING_FAMILIES, Exposed
+from domain.records import GradingOutcome, GradingRecord, ObservationRecord
+from gateway.config.sections import CredentialsConfig, MirrorConfig
+from gateway.credentials import candidate_credential
+from gateway.mirror.grading import request as rq
+
+__all__ = ["Grading", "GradingCounters", "GradingSink"]
+
+log = logging.getLogger("canary.mirror.grading")
+
+# A pair's answers must both arrive within the candidate's timeout plus this.
+_DEADLINE_SLACK_S: Final = 60.0
+_WINDOW_S: Final = 60.0  # max_per_minute's window
+_PAUSE_S: Final = 0.05  # how often a paused lane looks again (shedding, or nothing to do)
+_CHAT: Final = "/v1/chat/completions"
+_decode = msgspec.json.Decoder(dict[str, Any]).decode
+
+
+@runtime_checkable
+class GradingSink(Protocol):
+    """Receives finished gradings; never blocks (storage.writer.ObservationWriter)."""
+
+    def put_grading(self, record: GradingRecord) -> None: ...
+
+
+@dataclass(slots=True)
+class GradingCounters:
+    """One candidate's grading accounting (exported as canary_grading_* families)."""
+
+    sampled: int = 0  # pairs selected by the rate
+    dropped: int = 0  # pairs not graded: queue full, an answer missing, failed or late
+    calls: int = 0  # requests sent to the grader (a retry is a second call)
+    graded: int = 0  # gradings with a verdict (ties included)
+    tie: int = 0
+    unparseable: int = 0
+    failed: int = 0
+    over_cap: int = 0
+    tokens: int = 0  # prompt + completion tokens the grader reported
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class _Pair:
+    __slots__ = (
+        "answer",
+        "body",
+        "candidate",
+        "exchange_id",
+        "received_at",
+        "reference",
+        "spec",
+        "text",
+        "timer",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        exchange_id: str,
+        body: bytes,
+        candidate: str,
+        reference: str,
+        spec: GraderSpec,
+        received_at: float,
+    ) -> None:
+        self.exchange_id = exchange_id
+        self.body = body  # a reference to the copy's body (shared, never copied)
+        self.candidate = candidate
+        self.reference = reference
+        self.spec = spec
+        self.received_at = received_at
+        self.answer: str | None = None
+        self.text: str | None = None
+        self.waiting = {"production", "candidate"}
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Cap:
+    """max_per_minute and the daily token budget of one candidate's grader."""
+
+    __slots__ = ("day", "sent", "used")
+
+    def __init__(self) -> None:
+        self.sent: deque[float] = deque()  # monotonic send times within the window
+        self.day = -1
+        self.used = 0
+
+    def allows(self, spec: GraderSpec, now: float, wall: float) -> bool:
+        while self.sent and self.sent[0] <= now - _WINDOW_S:
+            self.sent.popleft()
+        day = int(wall // 86_400)
+        if day != self.day:
+            self.day, self.used = day, 0
+        return len(self.sent) < spec.max_per_minute and self.used < spec.daily_token_budget
+
+
+class Grading:
+    """Every candidate's grader lane of one mirror process."""
+
+    def __init__(
+        self,
+        config: MirrorConfig,
+        sink: GradingSink | None,
+        credentials: CredentialsConfig,
+        *,
+        max_chars: int,
+        busy: Callable[[], bool] = lambda: False,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._max = config.grading_max_pending
+        self._timeout_s = config.grading_timeout_s
+        self._max_chars = max_chars
+        self._sink = sink
+        self._credentials = credentials
+        self._environ = environ
+        self._busy = busy
+        self._pairs: dict[tuple[str, str], _Pair] = {}
+        # The candidates waiting for an exchange's production answer (bounded with _pairs).
+        self._by_exchange: dict[str, list[str]] = {}
+        self._queue: deque[_Pair] = deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set while nothing is queued or in flight
+        self._idle.set()
+        self._counters: dict[str, GradingCounters] = {}
+        self._caps: dict[str, _Cap] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._inflight = False
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._pairs) + len(self._queue)
+
+    def _count(self, name: str) -> GradingCounters:
+        c = self._counters.get(name)
+        if c is None:
+            c = self._counters[name] = GradingCounters()
+        return c
+
+    # ------------------------------------------------------------------ the pair's answers
+
+    def offer(
+        self,
+        exchange_id: str,
+        body: bytes,
+        targets: Iterable[tuple[str, GraderSpec | None, float]],
+        reference: str,
+        received_at: float,
+    ) -> None:
+        """Select the exchange for each (candidate, grader, timeout) whose rate covers it."""
+        if self._closed or self._task is None:
+            return
+        for name, spec, timeout_s in targets:
+            if spec is None or not rq.is_graded(exchange_id, spec.rate):
+                continue
+            c = self._count(name)
+            c.sampled += 1
+            if self.pending >= self._max:
+                c.dropped += 1
+                continue
+            pair = _Pair(exchange_id, body, name, reference, spec, received_at)
+            key = (exchange_id, name)
+            self._pairs[key] = pair
+            self._by_exchange.setdefault(exchange_id, []).append(name)
+            pair.timer = asyncio.get_running_loop().call_later(
+                timeout_s + _DEADLINE_SLACK_S, self._expire, key
+            )
+
+    def answer(self, exchange_id: str, text: str | None) -> None:
+        """Production's answer (None: it failed, called tools or kept no text)."""
+        for name in self._by_exchange.pop(exchange_id, ()):
+            key = (exchange_id, name)
+            pair = self._pairs.get(key)
+            if pair is not None:
+                pair.answer = text
+                self._arrived(key, pair, "production")
+
+    def observed(self, record: ObservationRecord) -> None:
+        """A candidate's finished observation, on its way to the sink (never held)."""
+        key = (record.exchange_id, record.endpoint)
+        pair = self._pairs.get(key)
+        if pair is None:
+            return
+        ok = record.error_kind is None and not record.tool_calls
+        pair.text = record.output_text if ok else None
+        self._arrived(key, pair, "candidate")
+
+    def _arrived(self, key: tuple[str, str], pair: _Pair, who: str) -> None:
+        pair.waiting.discard(who)
+        if pair.waiting:
+            return
+        del self._pairs[key]
+        if pair.timer is not None:
+            pair.timer.cancel()
+        if not pair.answer or not pair.text:
+            self._count(pair.candidate).dropped += 1
+            return
+        self._queue.append(pair)
+        self._idle.clear()
+        self._wake.set()
+
+    def _expire(self, key: tuple[str, str]) -> None:
+        pair = self._pairs.pop(key, None)
+        if pair is not None:
+            self._count(pair.candidate).dropped += 1
+        waiting = self._by_exchange.get(key[0])
+        if waiting is not None and key[1] in waiting:
+            waiting.remove(key[1])
+            if not waiting:
+                del self._by_exchange[key[0]]
+
+    # ------------------------------------------------------------------ the grader calls
+
+    def start(self) -> None:
+        """Open the lane's session and start its task (needs a running loop)."""
+        if self._task is not None or self._closed or self._sink is None:
+            return
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s))
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="mirror-grading")
+
+    async def _run(self) -> None:
+        while True:
+            if not self._queue:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self._busy():  # idle priority: the copies first
+                await asyncio.sleep(_PAUSE_S)
+                continue
+            pair = self._queue.popleft()
+            self._inflight = True
+            try:
+                await self._grade(pair)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a grader's failure never ends the lane
+                log.exception("grading failed", extra={"fields": {"candidate": pair.candidate}})
+            finally:
+                self._inflight = False
+
+    async def _grade(self, pair: _Pair) -> None:
+        try:
+            request = _decode(pair.body)
+        except msgspec.DecodeError:
+            self._count(pair.candidate).dropped += 1
+            return
+        conversation = rq.conversation_text(request, self._max_chars)
+        cand, ref = pair.text or "", pair.answer or ""
+        cand_text, ref_text = cand[: self._max_chars], ref[: self._max_chars]
+        for first, swapped in rq.orders(pair.exchange_id, pair.spec.swap_rate):
+            body = rq.grader_body(
+                pair.spec, conversation, cand_text, ref_text, candidate_shown_first=first
+            )
+            record = await self._one(pair, body, first)
+            record.swapped = swapped
+            record.candidate_chars, record.reference_chars = len(cand), len(ref)
+            if self._sink is not None:
+                self._sink.put_grading(record)
+            await asyncio.sleep(0)  # let the copies' work run between gradings
+
+    async def _one(self, pair: _Pair, body: bytes, first: bool) -> GradingRecord:
+        """One grading in one order: at most two calls (one retry when unparseable)."""
+        c = self._count(pair.candidate)
+        cap = self._caps.setdefault(pair.candidate, _Cap())
+        outcome: GradingOutcome = "failed"
+        label: rq.Label | None = None
+        tokens = [0, 0]
+        attempts = 0
+        error: str | None = None
+        started = time.monotonic()
+        while attempts < 2:
+            if not cap.allows(pair.spec, time.monotonic(), time.time()):
+                outcome = "over_cap" if attempts == 0 else outcome
+                break
+            attempts += 1
+            cap.sent.append(time.monotonic())
+            c.calls += 1
+            try:
+                status, answer = await self._post(pair.spec, pair.candidate, body)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                outcome, error = "failed", "timeout" if isinstance(exc, TimeoutError) else "connect"
+                break
+            if status != 200:
+                outcome, error = "failed", f"http_{status // 100}xx"
+                break
+            parsed = rq.parse_answer(answer)
+            tokens[0] += parsed.prompt_tokens
+            tokens[1] += parsed.completion_tokens
+            spent = parsed.prompt_tokens + parsed.completion_tokens
+            cap.used += spent
+            c.tokens += spent
+            if parsed.label is not None:
+                outcome, label = "graded", parsed.label
+                break
+            outcome = "unparseable"
+        if outcome == "graded":
+            c.graded += 1
+            c.tie += label == "tie"
+        elif outcome == "unparseable":
+            c.unparseable += 1
+        elif outcome == "over_cap":
+            c.over_cap += 1
+        else:
+            c.failed += 1
+        return GradingRecord(
+            exchange_id=pair.exchange_id,
+            endpoint=pair.candidate,
+            reference=pair.reference,
+            graded_at=time.time(),
+            candidate_first=first,
+            swapped=False,
+            outcome=outcome,
+            winner=rq.winner_of(label, first) if label is not None else None,
+            prompt_tokens=tokens[0],
+            completion_tokens=tokens[1],
+            latency_s=time.monotonic() - started if attempts else None,
+            attempts=attempts,
+            error_kind=error,
+        )
+
+    async def _post(self, spec: GraderSpec, candidate: str, body: bytes) -> tuple[int, bytes]:
+        assert self._session is not None
+        headers = {"Content-Type": "application/json"}
+        token = candidate_credential(
+            self._credentials, candidate, spec.credentials_env, self._environ
+        )
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        url = URL(spec.url.rstrip("/") + _CHAT, encoded=True)
+        async with asyncio.timeout(self._timeout_s):
+            async with self._session.post(url, data=body, headers=headers) as resp:
+                return resp.status, await resp.read()
+
+    # ------------------------------------------------------------------ lifecycle, export
+
+    async def wait_idle(self) -> None:
+        """Return once nothing is queued (pairs still waiting for an answer are not awaited)."""
+        if self._task is not None:
+            await self._idle.wait()
+
+    async def close(self, timeout_s: float) -> None:
+        """Grade what is queued for up to `timeout_s`, then stop; the rest counts dropped."""
+        self._closed = True
+        if self._task is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._idle.wait()
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for pair in [*self._queue, *self._pairs.values()]:
+            if pair.timer is not None:
+                pair.timer.cancel()
+            self._count(pair.candidate).dropped += 1
+        self._queue.clear()
+        self._pairs.clear()
+        self._by_exchange.clear()
+        if self._session is not None:
+            await self._session.close()
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        return {name: c.as_dict() for name, c in self._counters.items()}
+
+    def prometheus_lines(self) -> Iterable[Exposed]:
+        yield from GRADING_FAMILIES.values()
+        for name, c in self._counters.items():
+            for key, value in c.as_dict().items():
+                yield GRADING_FAMILIES[key].sample(value, name)
+
+
+def targets_of(lanes: Sequence[Any]) -> list[tuple[str, GraderSpec | None, float]]:
+    """(name, grader, timeout) of each accepted lane (`gateway.mirror.replay.lane.Lane`)."""
+    return [(lane.name, lane.endpoint.grader, lane.endpoint.timeout_s) for lane in lanes]

@@ -1,0 +1,174 @@
+"""The grader lane in the mirror (gateway.mirror.grading.lane), against a real grader endpoint on
+127.0.0.1:0: a pair is graded after both answers, blind and in both orders when swapped, with
+the grader's own credential and a JSON-schema response_format; unparseable answers are retried
+once and never guessed, a grader that is down costs the copies nothing, and the cap holds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from domain.endpoint import Endpoint, GraderSpec
+from gateway.mirror.replay.sinks import InMemorySink
+from gateway.mirror.tee import Mirror
+from gateway.server.meter import MeterResult
+from tests.mirror.test_mirror_lane import chat, headers, make_mirror, quiesce, sim
+
+PRODUCTION_ANSWER = "The parser closes the stream after each line."
+KEY_VAR = "CANARY_CANDIDATE_JUDGE_KEY"
+
+
+class StubGrader:
+    """A grader endpoint: prefers the answer that is not production's (mode "fair"), always
+    answers A ("first"), or answers prose ("garbage"); logs every request."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.requests: list[dict[str, Any]] = []
+        self.auth: list[str | None] = []
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        self.auth.append(request.headers.get("Authorization"))
+        prompt = body["messages"][0]["content"]
+        if self.mode == "garbage":
+            content = "Answer A is clearly better."
+        elif self.mode == "first":
+            content = '{"winner": "A"}'
+        else:
+            a = prompt.split("[Answer A]\n", 1)[1].split("\n\n[Answer B]", 1)[0]
+            content = json.dumps({"winner": "B" if a == PRODUCTION_ANSWER else "A"})
+        return web.json_response(
+            {
+                "choices": [{"message": {"role": "assistant", "content": content}}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 8},
+            }
+        )
+
+
+@asynccontextmanager
+async def grader_server(mode: str) -> AsyncIterator[StubGrader]:
+    stub = StubGrader(mode)
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", stub.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    stub.url = f"http://127.0.0.1:{port}"
+    try:
+        yield stub
+    finally:
+        await runner.cleanup()
+
+
+def _send(mirror: Mirror, i: int) -> None:
+    body = chat(f"question {i} about the stream")
+    token = mirror.on_request("POST", "/v1/chat/completions", headers(), body, f"req-{i}")
+    assert token is not None
+    mirror.on_response(token, MeterResult(status=200, is_sse=False, text=PRODUCTION_ANSWER), None)
+
+
+async def _settle(mirror: Mirror, sink: InMemorySink, want: int) -> None:
+    await quiesce(mirror)
+    async with asyncio.timeout(15):
+        while len(sink.gradings) < want:
+            await asyncio.sleep(0.02)
+            await mirror.grading.wait_idle()
+
+
+async def _run(grader: GraderSpec, n: int, want: int) -> tuple[InMemorySink, Mirror]:
+    upgrade = await sim("baseline")
+    sink = InMemorySink()
+    ep = Endpoint(name="upgrade", url=upgrade.url, sample_rate=1.0, grader=grader)
+    mirror = make_mirror([ep], sink)
+    await mirror.start()
+    try:
+        for i in range(n):
+            _send(mirror, i)
+        await _settle(mirror, sink, want)
+    finally:
+        await mirror.close()
+        await upgrade.close()
+    return sink, mirror
+
+
+async def test_pairs_graded_blind_in_both_orders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With swap_rate 1 every pair is graded twice, once with each answer first; the grader
+    prefers the candidate's answer and each verdict maps back to the candidate; the grader
+    sees a json_schema response_format and its own credential, never the client's."""
+    monkeypatch.setenv(KEY_VAR, "judge-secret")
+    async with grader_server("fair") as stub:
+        spec = GraderSpec(url=stub.url, model="judge", swap_rate=1.0, credentials_env=KEY_VAR)
+        sink, mirror = await _run(spec, 6, 12)
+    assert len(sink.gradings) == 12
+    by_pair: dict[str, list[Any]] = {}
+    for g in sink.gradings:
+        by_pair.setdefault(g.exchange_id, []).append(g)
+    assert set(by_pair) == {e.id for e in sink.exchanges}
+    for pair in by_pair.values():
+        assert sorted(g.candidate_first for g in pair) == [False, True]
+        assert sorted(g.swapped for g in pair) == [False, True]
+        assert all(g.outcome == "graded" and g.winner == "candidate" for g in pair)
+        assert all(g.reference == "live" and g.endpoint == "upgrade" for g in pair)
+        assert all(g.prompt_tokens == 100 and g.completion_tokens == 8 for g in pair)
+        assert all(g.reference_chars == len(PRODUCTION_ANSWER) for g in pair)
+    assert all(r["response_format"]["type"] == "json_schema" for r in stub.requests)
+    assert stub.auth == ["Bearer judge-secret"] * 12
+    c = mirror.grading.counters()["upgrade"]
+    assert c["sampled"] == 6 and c["graded"] == 12 and c["calls"] == 12
+    assert c["tokens"] == 12 * 108 and c["unparseable"] == c["failed"] == c["dropped"] == 0
+    # The copies themselves were observed as usual.
+    assert len([o for o in sink.observations if o.endpoint == "upgrade"]) == 6
+
+
+async def test_unparseable_is_retried_once_never_guessed() -> None:
+    """A grader answering prose is asked twice per grading and counted unparseable, with no
+    winner and both calls' tokens."""
+    async with grader_server("garbage") as stub:
+        spec = GraderSpec(url=stub.url, model="judge", swap_rate=0.0)
+        sink, mirror = await _run(spec, 4, 4)
+    assert [g.outcome for g in sink.gradings] == ["unparseable"] * 4
+    assert all(g.winner is None and g.attempts == 2 for g in sink.gradings)
+    assert all(g.prompt_tokens == 200 for g in sink.gradings)
+    assert len(stub.requests) == 8
+    assert mirror.grading.counters()["upgrade"]["unparseable"] == 4
+
+
+async def test_grader_down_costs_the_copies_nothing() -> None:
+    """A grader nobody listens on: every grading is counted failed, and every copy is still
+    observed with status 200."""
+    async with grader_server("fair") as stub:
+        url = stub.url  # closed when the block ends: nothing listens there any more
+    spec = GraderSpec(url=url, model="judge", swap_rate=0.0)
+    sink, mirror = await _run(spec, 5, 5)
+    assert [g.outcome for g in sink.gradings] == ["failed"] * 5
+    assert all(g.error_kind == "connect" for g in sink.gradings)
+    copies = [o for o in sink.observations if o.endpoint == "upgrade"]
+    assert len(copies) == 5 and all(o.status == 200 for o in copies)
+    assert mirror.grading.counters()["upgrade"]["failed"] == 5
+
+
+async def test_cap_per_minute_holds() -> None:
+    """With max_per_minute 3, eight pairs give three grader calls and five gradings counted
+    over cap, never sent."""
+    async with grader_server("first") as stub:
+        spec = GraderSpec(url=stub.url, model="judge", swap_rate=0.0, max_per_minute=3)
+        sink, mirror = await _run(spec, 8, 8)
+    outcomes = [g.outcome for g in sink.gradings]
+    assert outcomes.count("graded") == 3 and outcomes.count("over_cap") == 5
+    assert len(stub.requests) == 3
+    c = mirror.grading.counters()["upgrade"]
+    assert c["calls"] == 3 and c["over_cap"] == 5
+    lines = [x for x in mirror.prometheus_lines() if not isinstance(x, str)]
+    names = {getattr(x, "name", None) or x.family.name for x in lines}  # type: ignore[union-attr]
+    assert "canary_grading_over_cap_total" in names
