@@ -26,6 +26,7 @@ from storage.rollouts import current_rollout, start_rollout
 from tests.control.test_rollout_propagation import CAND, LIVE, applied
 from tests.fixtures_db import fresh_database
 from tests.store_link import store_link
+from tests.waiting import until
 
 pytestmark = pytest.mark.postgres
 
@@ -128,7 +129,15 @@ async def test_a_rollback_decided_without_the_store_is_stored_before_anyone_resu
                 )
                 for reg in (reg_a, reg_b):
                     await reg.refresh()
-                assert router_a.rollout.weight == router_b.rollout.weight == 0.5
+
+                async def both_at_half() -> bool:
+                    # On a loaded host a poll can take longer than HOLD_S: a replica that held
+                    # then resumes after RESUME_S of answers (its own test below).
+                    return router_a.rollout.weight == router_b.rollout.weight == 0.5
+
+                await until(
+                    both_at_half, what="both replicas at the stored 50 %", within_s=RESUME_S + 30
+                )
                 guard = GuardTrips(engine_a, on_done=reg_a.refresh, retry_max_s=RETRY_MAX_S)
                 link.cut()
                 # What RampRoute.trip does on the fifth failure in a row: local, then durable.

@@ -91,7 +91,7 @@ def test_uncountable_texts_are_stored_uncounted_with_their_reason(run: Run[None]
         try:
             for settings, reason in (
                 ({"storage.store_text": False}, "not_stored"),
-                ({"storage.store_text_max_chars": 5}, "truncated"),
+                ({"storage.store_text_max_chars": 5}, "text_cut"),
                 ({"mirror.token_counter": "off"}, "no_tokenizer"),
                 ({"mirror.token_counter": "broken"}, "tokenizer_failed"),
             ):

@@ -54,7 +54,7 @@ OUTCOMES: Final = (
     "failed_answer",  # the answer failed: no text to count, and no pair uses it for tokens
     "no_text",  # no output text at all (no token, or only a tool call)
     "not_stored",  # the text is not kept (store_text = false)
-    "truncated",  # the text was cut at store_text_max_chars: its count would be short
+    "text_cut",  # the text was cut at store_text_max_chars: its count would be short
     "no_tokenizer",  # no candidate engine to count with (token_counter off, or none registered)
     "overflow",  # the counter's queue was full
     "shutdown",  # still waiting when the mirror process stopped (past its drain deadline)
@@ -169,7 +169,7 @@ class TokenCounter:
                 return "no_text"
             return "not_stored"
         if record.text_truncated:
-            return "truncated"
+            return "text_cut"
         if self._lane is None:
             return "no_tokenizer"
         return None
