@@ -139,7 +139,7 @@ def _doc(text: str, metavar: str = "", unit: str = "") -> Meta:
     return Meta(description=text, extra=extra or None)
 
 
-# --- the grader of a model upgrade (DESIGN.md §10, docs/grading.md) --------------------------
+# --- the grader of a model upgrade (docs/grading.md) ----------------------------------------------
 
 # The defaults of a grader: every pair graded, a quarter of them in both orders, at most one
 # grader call a second, two million tokens a day.

@@ -1,17 +1,19 @@
 """Process lifecycle helpers shared by every process the gateway starts (workers, the mirror
-process, the report process, the simulator): which event loop runs, dying with the parent, and
-a lower CPU priority (light to import, so a process can lower it before its own imports). No
+process, the report process, the simulator): which event loop runs, dying with the parent, a
+lower CPU priority (light to import, so a process can lower it before its own imports), and the
+shutdown of a stage's owned tasks (`finish_tasks`). No
 wiring here: the planes and the simulator may import this, it imports nothing of ours."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -81,3 +83,16 @@ def settle_heap() -> None:
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+
+
+async def finish_tasks(tasks: Collection[asyncio.Task[Any]], timeout_s: float) -> None:
+    """Let `tasks` run for up to `timeout_s` (0: not at all), then cancel what is left and wait
+    for it: the one shutdown of a stage's owned tasks (the counter's, the scorer's, ...)."""
+    pending = list(tasks)
+    if pending and timeout_s > 0:
+        await asyncio.wait(pending, timeout=timeout_s)
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -26,7 +26,6 @@ counts the conversations in progress it cuts; a raised one the conversations it 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -38,6 +37,7 @@ from domain.exposition import Exposed
 from domain.ids import uuid7
 from domain.records import ExchangeRecord, ObservationRecord
 from gateway.config.sections import CredentialsConfig, MirrorConfig, StorageConfig, UpstreamConfig
+from gateway.lifecycle import finish_tasks
 from gateway.mirror import counters as counters_mod
 from gateway.mirror.capture import CaptureSink
 from gateway.mirror.counters import MirrorCounters
@@ -239,12 +239,7 @@ class Mirror:
         await self.scorer.close(self._drain_timeout_s)
         await self.tokens.close(self._drain_timeout_s)
         await self.grading.close(self._drain_timeout_s)
-        retiring = list(self._retiring)
-        for task in retiring:
-            task.cancel()
-        for task in retiring:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await finish_tasks(set(self._retiring), 0)
         await self.guard.close()
 
     async def wait_idle(self) -> None:

@@ -28,7 +28,6 @@ of the token-derived metrics and say so. Bounded: at most `tokenize_max_pending`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -40,6 +39,7 @@ from domain.exposition import Exposed, Family, integer
 from domain.records import ExchangeRecord, ObservationRecord
 from domain.timing import tpot
 from gateway.config.sections import MirrorConfig
+from gateway.lifecycle import finish_tasks
 from gateway.mirror.replay.lane import Lane
 from gateway.server.hooks import ObservationSink
 from gateway.server.meter import CLOCK_RESOLUTION_S
@@ -261,14 +261,7 @@ class TokenCounter:
     async def close(self, timeout_s: float) -> None:
         """Count what waits for up to `timeout_s`; pass the rest on uncounted (`shutdown`)."""
         self._closed = True
-        if self._tasks and timeout_s > 0:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await finish_tasks(set(self._tasks), timeout_s)
         while self._queue:
             self._done(self._queue.popleft(), "shutdown")
 

@@ -19,7 +19,6 @@ scoring copy is counted on the endpoint asked (domain.accounting's scoring ident
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import Mapping
 from typing import Any, Final
@@ -30,6 +29,7 @@ import xxhash
 
 from domain.records import ObservationRecord
 from gateway.config.sections import MirrorConfig
+from gateway.lifecycle import finish_tasks
 from gateway.mirror.replay.lane import Lane
 from gateway.mirror.scoring import forced as scoring
 from gateway.server.hooks import ObservationSink
@@ -253,14 +253,7 @@ class Scorer:
         """Let running jobs finish for up to `timeout_s`, cancel the rest; write every held
         observation (unscored where it was not scored)."""
         self._closed = True
-        if self._tasks and timeout_s > 0:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await finish_tasks(set(self._tasks), timeout_s)
         jobs, self._jobs = self._jobs, {}
         for job in jobs.values():
             if job.timer is not None:
