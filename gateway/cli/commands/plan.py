@@ -432,7 +432,6 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
         result.ramp = ramp_rows(rate, turns, args.session_noise, args.failing_share, s)
         if all(r.seconds is not None for r in result.ramp):
             result.ramp_seconds = math.fsum(r.seconds or 0.0 for r in result.ramp)
-        result.ramp = ramp_rows(rate, turns, args.session_noise, s.latency_delta, s.alpha)
     if args.graded:
         result.graded = graded_rows(args, s, traffic.pairs_per_s, traffic.turns)
     units: float | None = None
