@@ -50,6 +50,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
@@ -94,6 +95,8 @@ _RECONNECT_S: Final = 0.2
 # own timings are taken before, on the worker, so they are unaffected.
 _COALESCE_S: Final = 0.002
 ELIGIBLE_REPORT_S: Final = 1.0  # how often the eligible count goes to the mirror process
+_SEP: Final = "\x00"
+_SHED_SESSIONS_MAX: Final = 65536  # sessions whose first turn a worker shed, remembered
 _LATER_TURN: Final = b'"assistant"'  # a chat body holding it is not a conversation's first turn
 
 
@@ -145,6 +148,9 @@ class Handoff:
         self._rates_seq = -1
         self._caps: dict[str, tuple[float, float]] = {}  # capacity shares in force
         self._band = False  # some session-mode offer has later turns to tell (see decide_kept)
+        # (candidate, session) whose first turn this worker shed, LRU-bounded: their later turns
+        # are shed here too, without a frame (another worker's are left to the mirror process).
+        self._shed_sessions: OrderedDict[str, None] = OrderedDict()
         self._rate_timers: set[asyncio.TimerHandle] = set()
         self.eligible = 0  # requests on mirrored routes, sampled or not (the request path adds)
         self._reporter: asyncio.Task[None] | None = None
@@ -263,6 +269,12 @@ class Handoff:
         self._band = any(o.session_mode and o.low < o.threshold for o in offers)
         self._offers = offers
 
+    def _remember_shed(self, key: str) -> None:
+        sessions = self._shed_sessions
+        sessions[key] = None
+        if len(sessions) > _SHED_SESSIONS_MAX:
+            sessions.popitem(last=False)
+
     def _on_rates(self, msg: frames.RatesMeta) -> None:
         """Swap the references at the instant the mirror process named (the same for every
         worker of the host); late or repeated messages never go back in time."""
@@ -307,10 +319,17 @@ class Handoff:
         sampled, shed, check, undecided = decide_kept(
             offers, request_id.encode(), header_value.encode() if header_value else None, first
         )
+        if check and header_value:  # later turns of sessions this worker shed: shed again
+            shed_sessions = self._shed_sessions
+            for offer in [o for o in check if o.name + _SEP + header_value in shed_sessions]:
+                check.remove(offer)
+                shed.append(offer)
         for offer in () if undecided else shed:  # under the capacity share: no frame built
             row = self._lanes.setdefault(offer.name, [0, 0, 0, 0])
             row[0] += 1
             row[3] += 1
+            if offer.session_mode and first and header_value:
+                self._remember_shed(offer.name + _SEP + header_value)
         if not sampled and not check and not undecided:
             return None
         chosen = [offer.name for offer in sampled]

@@ -7,13 +7,15 @@ itself reading them, and which copies survive depends on timing. Instead, once a
 (`CapacityShares.tick`, in the mirror process) each candidate's lane is checked for overload:
 
 - `backlog`: the copies the mirror process received fell below `BACKLOG_RATIO` of what the
-  workers' eligible rate and the share in force promise (the channel is backing up);
+  workers' eligible rate and the share in force promise, by more than `BACKLOG_SIGMAS` times
+  the sampling noise (the channel is backing up);
 - `lane`: its ring overflowed, or is more than `RING_FILL` full (the candidate is the limit);
 - `guard`: the mirror process's loop-lag / CPU guard (`gateway.mirror.sampling.loopguard`) sheds.
 
 An overloaded candidate's capacity share becomes `HEADROOM` of what it managed (the copies
 received, or completed when the lane is the limit) over the eligible rate, between halving and
-`CUT_MIN` of the share in force; a quiet one rises by `RISE` a tick and is released once it
+`CUT_MIN` of the share in force (a ring that is full but overflows no more is only held at most
+where it is while it drains); a quiet one rises by `RISE` a tick and is released once it
 passes the sample share. Shares go to the workers like the adaptive references, and the worker
 samples `hash < min(sample share, capacity share)`: the copies kept are a hash-chosen subset of
 the sample, the same on every worker, chosen before a frame is built.
@@ -44,7 +46,8 @@ RING_FILL: Final = 0.5  # a lane's ring fuller than this: the candidate is the l
 HEADROOM: Final = 0.9  # an overloaded candidate is granted this share of what it managed
 CUT_MIN: Final = 0.95  # an overloaded tick lowers a share by at least 5 % ...
 CUT_MAX: Final = 0.5  # ... and at most halves it
-RISE: Final = 1.05  # a quiet tick raises a capacity share by 5 %
+BACKLOG_SIGMAS: Final = 4.0  # ... and by more than this many standard deviations of sampling
+RISE: Final = 1.1  # a quiet tick raises a capacity share by 10 %
 GUARD_CUT: Final = 0.9  # the guard alone (no rate to go by) lowers a share by 10 %
 SHARE_FLOOR: Final = 1e-4
 SESSION_ACTIVE_S: Final = 120.0  # as `gateway.mirror.sampling.adaptive`: a session in progress
@@ -123,7 +126,10 @@ class CapacityShares:
         done = (load.done - last[1]) / dt
         cur = load.rate if state.share is None else min(load.rate, state.share)
         lane = load.overflow > last[2] or load.fill > RING_FILL
-        backlog = received < BACKLOG_RATIO * eligible_rps * cur
+        promised = eligible_rps * cur * dt
+        deficit = promised - (load.received - last[0])
+        # Sampling by hash is binomial: a deficit within BACKLOG_SIGMAS of its noise is not one.
+        backlog = deficit > max((1 - BACKLOG_RATIO) * promised, BACKLOG_SIGMAS * promised**0.5)
         if lane or backlog:
             reason = "lane" if lane else "backlog"
             new = HEADROOM * (done if lane else received) / eligible_rps
@@ -135,8 +141,12 @@ class CapacityShares:
                 state.share = None if raised >= load.rate else raised
             self._forget(state, now)
             return
+        if reason == "lane" and load.overflow == last[2]:
+            new = min(new, cur)  # a full ring that overflows no more: hold while it drains
+        else:
+            new = min(new, cur * CUT_MIN)
         self.cuts[reason] += 1
-        state.share = max(SHARE_FLOOR, min(max(new, cur * CUT_MAX), cur * CUT_MIN))
+        state.share = max(SHARE_FLOOR, new, cur * CUT_MAX)
         state.history.append((now, state.share))
 
     @staticmethod
