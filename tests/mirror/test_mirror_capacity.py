@@ -69,13 +69,13 @@ def _loads(received: int, done: int, overflow: int, fill: float) -> list[cap.Lan
 
 def test_lane_overload_lowers_to_what_it_completes_then_recovers() -> None:
     """A candidate completing 100 copies/s of 1,000 eligible/s (its ring overflowing) gets a
-    share near 0.09 (90 % of what it managed) within a few ticks; once quiet the share rises and
+    share near 0.09 (90 % of what it managed) within ten ticks; once quiet the share rises and
     is released; every lowering is counted by reason."""
     shares = cap.CapacityShares()
     received = done = overflow = 0
     now = 0.0
     shares.tick(now, 1.0, 1000.0, _loads(0, 0, 0, 0.0), False)
-    for _ in range(6):
+    for _ in range(10):
         now += 1.0
         offered = int(1000 * (shares.share("c") or 1.0))
         received += offered
@@ -112,7 +112,7 @@ def test_backlog_is_told_from_sampling_noise() -> None:
     now += 1.0
     received += 100
     shares.tick(now, 1.0, 200.0, _loads(received, received, 0, 0.0), False)
-    assert shares.share("c") == 0.5 * 1.0 and shares.cuts["backlog"] == 1
+    assert shares.share("c") == cap.CUT_MAX and shares.cuts["backlog"] == 1  # at most -30 %
 
 
 def test_guard_alone_lowers_by_a_tenth() -> None:

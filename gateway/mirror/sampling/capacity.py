@@ -13,7 +13,7 @@ itself reading them, and which copies survive depends on timing. Instead, once a
 - `guard`: the mirror process's loop-lag / CPU guard (`gateway.mirror.sampling.loopguard`) sheds.
 
 An overloaded candidate's capacity share becomes `HEADROOM` of what it managed (the copies
-received, or completed when the lane is the limit) over the eligible rate, between halving and
+received, or completed when the lane is the limit) over the eligible rate, between 70 % and
 `CUT_MIN` of the share in force (a ring that is full but overflows no more is only held at most
 where it is while it drains); a quiet one rises by `RISE` a tick and is released once it
 passes the sample share. Shares go to the workers like the adaptive references, and the worker
@@ -45,7 +45,7 @@ BACKLOG_RATIO: Final = 0.85  # received / promised copies below this: the channe
 RING_FILL: Final = 0.5  # a lane's ring fuller than this: the candidate is the limit
 HEADROOM: Final = 0.9  # an overloaded candidate is granted this share of what it managed
 CUT_MIN: Final = 0.95  # an overloaded tick lowers a share by at least 5 % ...
-CUT_MAX: Final = 0.5  # ... and at most halves it
+CUT_MAX: Final = 0.7  # ... and at most by 30 % (a starved second on a busy host is not a collapse)
 BACKLOG_SIGMAS: Final = 4.0  # ... and by more than this many standard deviations of sampling
 RISE: Final = 1.1  # a quiet tick raises a capacity share by 10 %
 GUARD_CUT: Final = 0.9  # the guard alone (no rate to go by) lowers a share by 10 %
