@@ -145,7 +145,7 @@ async def _step(
                 t0 = time.monotonic()
                 async with http.post(
                     url + "/v1/chat/completions",
-                    json={"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]},
+                    json={"model": "m", "messages": [{"role": "user", "content": f"{start} {i}"}]},
                     headers={"X-Request-ID": f"{start}-{i}"},
                 ) as resp:
                     await resp.read()

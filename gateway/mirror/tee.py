@@ -472,7 +472,7 @@ class Mirror:
                 capacity_mod.LaneLoad(
                     name,
                     rates.get(name, 0.0),
-                    c.sampled - c.shed_overload,
+                    c.sampled,  # every copy whose frame arrived, shed here or not
                     c.observed_ok + c.observed_error + c.timed_out,
                     c.dropped_overflow,
                     ring.items / max(1, ring.max_items),
