@@ -488,7 +488,10 @@ class Mirror:
 
     def rate_stats(self) -> dict[str, dict[str, float | None]]:
         """Per candidate: target, effective share, realized copies/s and what changes cost."""
-        return self.adaptive.stats(lane.endpoint for lane in self._lanes.values())
+        out = self.adaptive.stats(lane.endpoint for lane in self._lanes.values())
+        for name, row in out.items():
+            row["capacity_share"] = self.capacity.share(name)
+        return out
 
     # ------------------------------------------------------------------ export
 
@@ -504,7 +507,9 @@ class Mirror:
     def prometheus_lines(self) -> Iterable[Exposed]:
         """Families and samples, for the metrics registry's `add_collector`."""
         yield from self.tokens.prometheus_lines()
-        yield from counters_mod.rate_lines(self.rate_stats(), self.adaptive.control.eligible_rps)
+        yield from counters_mod.rate_lines(
+            self.rate_stats(), self.adaptive.control.eligible_rps, self.capacity.cuts
+        )
         yield from counters_mod.prometheus_lines(
             self.counters(),
             self.process_counters(),

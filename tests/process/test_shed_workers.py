@@ -198,4 +198,7 @@ async def test_overload_is_shed_by_hash_before_frames_and_capacity_holds(tmp_pat
     joined = [k for k in mirrored if 0 not in turns[k]]
     assert len(joined) <= overflows["sess"] and len(joined) <= 0.05 * len(mirrored), joined
     whole = [k for k in mirrored if turns[k] == set(range(TURNS))]
-    assert len(whole) >= 0.95 * len(mirrored), (len(whole), len(mirrored))
+    # An admitted conversation keeps its later turns; one that lost a turn lost it to the ring's
+    # overflow (timing, counted), never to the share.
+    broken = len(mirrored) - len(whole)
+    assert broken <= max(overflows["sess"], 0.05 * len(mirrored)), (broken, overflows)
