@@ -9,6 +9,7 @@ equality) are computed while loading, by `evaluators.pairs.columns`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar
@@ -76,6 +77,7 @@ class Pair(msgspec.Struct, kw_only=True):
     replica: str = ""  # the gateway replica (host's mirror process) that stored the exchange
 
 
+@functools.lru_cache(maxsize=256)  # a few distinct methods, read once per stored row
 def counter_code(token_counter: str | None) -> int:
     """A stable code for how an arm's tokens were counted (0: not counted); the same string
     gives the same code in every load, so stored segments keep their meaning."""

@@ -116,3 +116,23 @@ def test_uncountable_texts_are_stored_uncounted_with_their_reason(run: Run[None]
             await broken.close()
 
     run(scenario())
+
+
+def test_a_tool_call_answer_is_not_counted_as_an_empty_text() -> None:
+    """An answer that is only a tool call keeps no text to count: it is stored uncounted
+    (`no_text`), never as 0 output tokens."""
+    from domain.records import ObservationRecord
+    from gateway.config.load import config_from
+    from gateway.mirror.replay.tokens import TokenCounter
+
+    sink = InMemorySink()
+    counter = TokenCounter(sink, config_from({}).mirror)
+    record = ObservationRecord(
+        exchange_id="x", endpoint="live", arm="production", started_at=0.0, status=200,
+        output_text="", output_hash="h", tool_calls='[{"name": "f", "arguments": "{}"}]',
+        ttft_s=0.01, e2e_s=0.05, token_events=3,
+    )  # fmt: skip
+    counter.put_observation(record)
+    (stored,) = sink.observations
+    assert stored.output_tokens is None and stored.token_counter is None
+    assert counter.outcomes["no_text"] == 1 and counter.outcomes["counted"] == 0

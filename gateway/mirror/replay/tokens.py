@@ -164,10 +164,10 @@ class TokenCounter:
     def _uncountable(self, record: ObservationRecord) -> str | None:
         if record.error_kind is not None or record.status == 0:
             return "failed_answer"
+        if record.tool_calls is not None:  # its tokens are arguments, not the text counted
+            return "no_text"
         if record.output_text is None:
-            if record.output_hash is None or record.tool_calls is not None:
-                return "no_text"
-            return "not_stored"
+            return "no_text" if record.output_hash is None else "not_stored"
         if record.text_truncated:
             return "text_cut"
         if self._lane is None:
