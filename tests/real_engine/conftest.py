@@ -56,6 +56,14 @@ WORDS_PER_TURN = int(os.environ.get("CANARY_REAL_ENGINE_TURN_WORDS", "40"))
 # (a turn-1 TTFT log-ratio sd of ~1.1 per pair, bench/RESULTS.md) for the session count, with
 # the intervals tuned to that many sessions (`horizon_units`). `planned_verdict` runs the plan.
 NOISE = float(os.environ.get("CANARY_REAL_ENGINE_NOISE", "1.1"))
+# Beyond the per-pair noise, two engines of one configuration on two shared cores differ by a
+# run-level factor that more pairs do not shrink: bi-kv's turn-1 TTFT against its control (nothing
+# is cached at turn 1, so the truth is 1.0) came out 0.69, 0.70, 0.79, 0.88, 0.91, 0.94, 0.95,
+# 0.96, 1.06, 1.09, 1.14 and 1.28 in the twelve runs on record (bench/RESULTS.md, "Real engines:
+# the run-level spread"): a log-sd of about 0.17 between runs against the 0.08 that 200 sessions'
+# own noise explains. The latency margin is the plan's widened by that factor, so the test gates on
+# the candidate, not on which engine the host's scheduler favoured in this run.
+HOST_SPREAD = float(os.environ.get("CANARY_REAL_ENGINE_HOST_SPREAD", "1.3"))
 RATES = {
     "error_delta": 0.03,
     "error_critical": 0.1,
@@ -216,7 +224,8 @@ def _canary() -> str:
 def planned_verdict(sessions: int = SESSIONS, noise: float = NOISE) -> dict[str, float]:
     """The verdict overrides `canary plan` gives for `sessions` 3-turn sessions at `noise`:
     the rate margins above, the smallest latency margin clean candidates show within that many
-    sessions (rounded up to 0.05), a critical margin 1.25x past it, the horizon."""
+    sessions widened by the host's run-level spread (rounded up to 0.05), a critical margin 1.25x
+    past it, the horizon."""
     res = subprocess.run(
         [_canary(), "plan", "--rate", "1", "--sample-rate", "1", "--turns", str(TURNS),
          "--noise", str(noise), "--horizon", str(sessions), "--failures", "0",
@@ -229,7 +238,7 @@ def planned_verdict(sessions: int = SESSIONS, noise: float = NOISE) -> dict[str,
     plan = json.loads(res.stdout)
     latency = plan["latency_margin_in_budget"]
     assert latency is not None, plan
-    delta = math.ceil(latency * 20 - 1e-9) / 20
+    delta = math.ceil(latency * HOST_SPREAD * 20 - 1e-9) / 20
     return {
         **RATES,
         "latency_delta": delta,
