@@ -1,2 +1,3 @@
 """Judging: what a metric is and how it is judged (`metric`), the verdict (`verdict`), the
-verdict settings (`settings`) and the time to a decision (`plan`)."""
+verdict settings (`settings`), the time to a decision (`plan`) and a model upgrade's graded
+sessions and their cost (`preference_plan`)."""

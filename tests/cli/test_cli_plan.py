@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from evaluators.judge import plan
+from evaluators.judge.preference_plan import preference_plan
 from evaluators.judge.settings import STRICT, VerdictSettings
 from gateway.config.load import load_config
 from gateway.process.runtime import running
@@ -294,7 +295,7 @@ async def test_graded_plan_states_sessions_time_and_cost() -> None:
     assert code == 0, err
     rows = json.loads(out)["graded"]
     assert [r["margin"] for r in rows] == pytest.approx([0.05, 0.10, 0.15])
-    (core,) = plan.preference_plan((0.05,), alpha=0.05, price_per_mtok=1.0)
+    (core,) = preference_plan((0.05,), alpha=0.05, price_per_mtok=1.0)
     assert rows[0]["sessions"] == core.sessions and rows[0]["cost_usd"] == core.cost_usd
     assert rows[0]["seconds"] == pytest.approx(core.sessions / 10.0)  # type: ignore[operator]
     assert rows[0]["sessions"] > rows[1]["sessions"] > rows[2]["sessions"]

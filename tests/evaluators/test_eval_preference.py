@@ -9,7 +9,7 @@ import pytest
 
 from domain.endpoint import CandidateSpec, GraderSpec
 from evaluators.judge.metric import EvalContext, MetricResult, evidence
-from evaluators.judge.plan import preference_plan
+from evaluators.judge.preference_plan import preference_plan
 from evaluators.judge.settings import VerdictSettings
 from evaluators.judge.verdict import PROMOTE, REJECT, decide_arrays
 from evaluators.metrics import preference
