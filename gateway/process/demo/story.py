@@ -129,8 +129,8 @@ def upgrade_lines(report: Report) -> list[str]:
             else "gating, it would not have rejected the upgrade"
         )
         out.append(
-            f"  exact match (information for a graded candidate): {_pp(exact.estimate)} more "
-            f"of pairs differ from production than the noise floor {_interval(exact)}, margin "
+            f"  exact match (information for a graded candidate): answers differing from "
+            f"production {_pp(exact.estimate)} over the noise floor {_interval(exact)}, margin "
             f"{_pp(exact.margin)}; {would}"
         )
     return out
