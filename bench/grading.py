@@ -23,7 +23,9 @@ mirror and the grading lane are left to settle (`--settle` seconds), so a cell's
 gradings is not the next cell's load.
 
 Columns: p50 and p99 per row (every round's latencies pooled) and their ratio to mirroring off,
-the per-round p99 ratios' range, production errors, and the grading accounting over the run
+the per-round p99 ratios' range, production errors, the CPU per request of the worker
+(production's process: the same in every row if grading costs it nothing) and of the mirror
+process (where copies and gradings run), and the grading accounting over the run
 (from the gateway's /metrics: pairs sampled, grader calls, graded, dropped, failed). It prints
 a markdown table for bench/RESULTS.md. It is a benchmark, not a test: it asserts nothing.
 """
@@ -45,7 +47,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import Procs  # siblings, through sys.path above
+from overhead import Procs, cpu_seconds  # siblings, through sys.path above
 from plane import Gateway, _load, _pct, gateway, open_loop_tiny
 from plane import _free_port as free_port
 
@@ -107,6 +109,8 @@ async def _grading(gw: Gateway) -> dict[str, int]:
 class Cell:
     lat: list[float]
     errors: int
+    worker_s: float = 0.0  # CPU of the worker (production's process) over the cell
+    mirror_s: float = 0.0  # CPU of the mirror process (copies and gradings) over the cell
 
 
 @dataclass
@@ -119,11 +123,16 @@ class Results:
 _sent = [0]  # every request of the run has a body of its own (the mirror deduplicates)
 
 
-async def measure(url: str, rate: float, seconds: float) -> Cell:
+async def measure(gw: Gateway, rate: float, seconds: float) -> Cell:
     first = _sent[0]
     _sent[0] += int(seconds * rate)
-    lat, errors, _ = await open_loop_tiny(url, rate, seconds, first=first)
-    return Cell([d for _, d in lat], errors)
+    mpid = gw.mirror_pid()
+    w0, m0 = cpu_seconds(gw.popen.pid), cpu_seconds(mpid) if mpid else 0.0
+    lat, errors, _ = await open_loop_tiny(gw.url, rate, seconds, first=first)
+    cell = Cell([d for _, d in lat], errors)
+    cell.worker_s = cpu_seconds(gw.popen.pid) - w0
+    cell.mirror_s = cpu_seconds(mpid) - m0 if mpid else 0.0
+    return cell
 
 
 async def run(args: argparse.Namespace) -> Results:
@@ -147,17 +156,19 @@ async def run(args: argparse.Namespace) -> Results:
             await _register(slow, cand, slow_grader)
             await asyncio.sleep(2.5)  # the workers and the mirror processes learn of them
             for row in ROWS:  # warm-up: pools, SQLite, the lanes
-                await measure(gws[row].url, args.rate, 2.0)
+                await measure(gws[row], args.rate, 2.0)
             before = {row: await _grading(gws[row]) for row in ROWS}
             res.notes.append(f"after warm-up: {_load()}")
             for rnd in range(args.rounds):
                 for row in ROWS if rnd % 2 == 0 else ROWS[::-1]:
                     await asyncio.sleep(args.settle)
-                    cell = await measure(gws[row].url, args.rate, args.seconds)
+                    cell = await measure(gws[row], args.rate, args.seconds)
                     res.cells.setdefault(row, []).append(cell)
                     print(
                         f"r{rnd} {row:12} n {len(cell.lat)} errors {cell.errors} "
-                        f"p50 {_pct(cell.lat, 0.5):.2f} ms p99 {_pct(cell.lat, 0.99):.2f} ms",
+                        f"p50 {_pct(cell.lat, 0.5):.2f} ms p99 {_pct(cell.lat, 0.99):.2f} ms "
+                        f"worker {cell.worker_s * 1e6 / len(cell.lat):.0f} µs/req "
+                        f"mirror {cell.mirror_s * 1e6 / len(cell.lat):.0f} µs/req",
                         flush=True,
                     )
                 res.notes.append(f"after round {rnd}: {_load()}")
@@ -181,9 +192,10 @@ def report(args: argparse.Namespace, res: Results) -> list[str]:
         f"{args.rounds} rounds x {args.seconds:g} s at {args.rate:g} req/s per row, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
-        "| row | requests | errors | p50 ms | p99 ms | p50 / off | p99 / off "
-        "| per-round p99 / off | pairs graded / sampled | grader calls | dropped | failed |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
+        "| row | requests | errors | p50 ms | p99 ms | p50 / off | p99 / off | per-round p99 / off "
+        "| worker CPU µs/req | mirror CPU µs/req | gradings / pairs sampled | grader calls "
+        "| pairs dropped | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|",
     ]
     for row in ROWS:
         cells = res.cells[row]
@@ -194,14 +206,22 @@ def report(args: argparse.Namespace, res: Results) -> list[str]:
             for c, o in zip(cells, res.cells["off"], strict=True)
         ]
         g = res.grading.get(row, {})
-        graded = f"{g.get('graded', 0) // 1:,} / {g.get('sampled', 0):,}" if row != "off" else "-"
+        graded = f"{g.get('graded', 0):,} / {g.get('sampled', 0):,}" if row != "off" else "-"
         out.append(
             f"| {NAMES[row]} | {len(xs):,} | {sum(c.errors for c in cells)} | {p50:.2f} "
             f"| {p99:.2f} | {p50 / b50:.3f}x | **{p99 / b99:.3f}x** "
-            f"| {min(per):.2f}-{max(per):.2f}x | {graded} | {g.get('calls', 0):,} "
+            f"| {min(per):.2f}-{max(per):.2f}x "
+            f"| {sum(c.worker_s for c in cells) * 1e6 / max(len(xs), 1):.0f} "
+            f"| {sum(c.mirror_s for c in cells) * 1e6 / max(len(xs), 1):.0f} "
+            f"| {graded} | {g.get('calls', 0):,} "
             f"| {g.get('dropped', 0):,} | {g.get('failed', 0):,} |"
         )
-    out += ["", "graded counts gradings (a pair graded both ways counts twice); load:"]
+    out += [
+        "",
+        "Gradings with a verdict against the pairs selected (a pair graded both ways counts "
+        "twice; swap_rate 0.25), from the warm-up to the end; pairs dropped: the bounded queue "
+        "(`grading_max_pending`) full behind a slow grader. Load:",
+    ]
     out += [f"- {n}" for n in res.notes]
     return out
 
