@@ -73,7 +73,7 @@ UPGRADE = "upgrade"
 # graded pairs a session, each graded both ways (the position bias cancels within a pair): a
 # session's score varies with an sd near 0.45 (measured: 437 graded sessions gave an interval
 # of +-7.5 pp). At 20 pp the plan needs ~95 graded sessions, which the demo's 160-340 sessions
-# hold with the grader's lag; 15 pp needs ~180 and the default 5 pp ~1,600 (hours of traffic).
+# hold with the grader's lag; 15 pp needs ~180 and the default 5 pp ~1,760 (hours of traffic).
 PREFERENCE_DELTA = 0.20
 GRADER_RATE = 0.5  # half the pairs: the one grading task keeps up with the demo's traffic
 GRADER_SWAP_RATE = 1.0
@@ -165,7 +165,7 @@ SCORING = {"quantized": "score_rate = 0.5\n"}
 
 GRADED_TEMPLATE = f"""\
 # A model upgrade gates quality on preference: the candidate may lose at most
-# {PREFERENCE_DELTA:.0%} net (a demo-sized margin: the default 5 pp needs ~1,600 graded sessions
+# {PREFERENCE_DELTA:.0%} net (a demo-sized margin: the default 5 pp needs ~1,760 graded sessions
 # here).
 preference_delta = {PREFERENCE_DELTA}
 
