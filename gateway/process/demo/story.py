@@ -111,7 +111,7 @@ def upgrade_lines(report: Report) -> list[str]:
     out = [
         f"{UPGRADE} (model-upgrade): {report.verdict.upper()}, {how}: net preference "
         f"{_pp(pref.estimate)} {_interval(pref)} over {pref.units or 0:,} graded sessions "
-        f"({graded or 0:,} graded pairs), margin -{PREFERENCE_DELTA * 100:g} pp: {pref.status}",
+        f"({graded or 0:,} graded pairs), margin -{(pref.margin or 0) * 100:g} pp: {pref.status}",
     ]
     bias = report.metrics.get("grader_position_bias")
     if bias is not None and bias.estimate is not None:
