@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from bench.simulate import clopper_pearson
 from evaluators.judge.settings import VerdictSettings
 from evaluators.report.build import evaluate
-from gateway.process.demo import _free_port, _Processes, _wait_ready
+from gateway.process.demo.children import Processes, free_port, wait_ready
 from gateway.sim.workload import WorkloadSpec, run_workload
 from storage.engine import make_engine
 
@@ -45,18 +45,18 @@ REJECTING = ("beyond", "critical")
 
 
 async def _windows(args: argparse.Namespace, work: Path) -> tuple[list[tuple[float, float]], Path]:
-    procs = _Processes(work)
+    procs = Processes(work)
     urls: dict[str, str] = {}
     try:
         for name in ("live", "control", "aa"):
-            port = _free_port()
+            port = free_port()
             proc = await procs.start(
                 name, "sim", "--port", str(port), "--profile", "baseline",
                 "--time-scale", str(args.time_scale), "--seed", str(len(urls)),
                 "--tokens-per-event", str(args.tokens_per_event),
             )  # fmt: skip
             urls[name] = f"http://127.0.0.1:{port}"
-            await _wait_ready(urls[name] + "/health", proc, name, work / f"{name}.log")
+            await wait_ready(urls[name] + "/health", proc, name, work / f"{name}.log")
         config = work / "gateway.toml"
         config.write_text(
             "counters_flush_interval_s = 0.5\nregistry_poll_interval_s = 0.5\n"
@@ -66,13 +66,13 @@ async def _windows(args: argparse.Namespace, work: Path) -> tuple[list[tuple[flo
             'sample_rate = 1.0\nsampling = "session"\n'
         )
         db = work / "canary.db"
-        port = _free_port()
+        port = free_port()
         proc = await procs.start(
             "gateway", "serve", "--listen", f"127.0.0.1:{port}", "--live", urls["live"],
             "--db", f"sqlite+aiosqlite:///{db}", "--config", str(config),
         )  # fmt: skip
         gw = f"http://127.0.0.1:{port}"
-        await _wait_ready(gw + "/readyz", proc, "gateway", work / "gateway.log")
+        await wait_ready(gw + "/readyz", proc, "gateway", work / "gateway.log")
         windows = []
         for run in range(args.runs):
             start = time.time()

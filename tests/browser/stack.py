@@ -1,7 +1,8 @@
 """What the browser tests run against: a real `canary serve` process (SQLite, admin token, or
 an open admin API with `insecure_admin = true`)
 proxying to a simulated live engine and mirroring to a simulated A/A control and a simulated
-bi-KV candidate, plus Playwright's chromium (the system's, `executable_path`), and how a test
+bi-KV candidate (and, `graded`, a simulated model upgrade judged by the simulator's LLM
+grader), plus Playwright's chromium (the system's, `executable_path`), and how a test
 waits for the page: for the read of the API the page says has ended (`read_after`), never for
 its timer. Holds no tests.
 """
@@ -54,6 +55,10 @@ VISIBILITY = """hidden => {
 }"""
 TIME_SCALE = 0.15
 CANDIDATE = "kv"
+UPGRADE = "upgrade"  # the model upgrade of a `graded` stack
+# Its grader answers one short verdict per call, one call at a time: a tenth of the engines'
+# delays keeps it up with a test's traffic.
+GRADER_TIME_SCALE = TIME_SCALE / 10
 # Margins for ~100 sessions (the README's "Margins by volume" for small experiments), and a
 # minimum of pairs a short test reaches: the bi-KV candidate promotes within a minute or two.
 # A session closes (and counts) after 5 s without a turn, so a step of traffic is judged
@@ -104,7 +109,9 @@ def _toml(value: Any) -> str:
     return json.dumps(value)  # strings, numbers and booleans are spelled alike in TOML
 
 
-def config_text(db: Path, sims: dict[str, SimServer], *, insecure: bool = False) -> str:
+def config_text(
+    db: Path, sims: dict[str, SimServer], *, insecure: bool = False, graded: bool = False
+) -> str:
     lines = [
         *(["[admin]", "insecure = true"] if insecure else []),
         "[live]",
@@ -138,6 +145,24 @@ def config_text(db: Path, sims: dict[str, SimServer], *, insecure: bool = False)
             "concurrency = 16",
             f"timeout_s = {COPY_TIMEOUT_S}",
         ]
+    if graded:  # a model upgrade, every pair graded in both orders, uncapped
+        lines += [
+            "[[candidates]]",
+            f"name = {_toml(UPGRADE)}",
+            f"url = {_toml(sims[UPGRADE].url)}",
+            'kind = "model-upgrade"',
+            "sample_rate = 1.0",
+            'sampling = "session"',
+            "concurrency = 16",
+            f"timeout_s = {COPY_TIMEOUT_S}",
+            "[candidates.grader]",
+            f"url = {_toml(sims['grader'].url)}",
+            'model = "sim-model"',
+            "rate = 1.0",
+            "swap_rate = 1.0",
+            "max_per_minute = 1000000",
+            "price_per_mtok = 1.0",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -155,15 +180,24 @@ async def _ready(url: str, proc: asyncio.subprocess.Process, log: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running_stack(tmp: Path, *, token: bool = True) -> AsyncIterator[Stack]:
-    """The gateway and its engines; with `token` False, no admin token and an open admin API."""
+async def running_stack(
+    tmp: Path, *, token: bool = True, graded: bool = False
+) -> AsyncIterator[Stack]:
+    """The gateway and its engines; with `token` False, no admin token and an open admin API;
+    with `graded`, a model upgrade and its LLM grader too."""
     sims: dict[str, SimServer] = {}
     proc: asyncio.subprocess.Process | None = None
+    engines = [("live", "baseline"), ("control", "control"), (CANDIDATE, "bi-kv")]
+    if graded:
+        engines += [(UPGRADE, "upgrade")]
     try:
-        for name, profile in (("live", "baseline"), ("control", "control"), (CANDIDATE, "bi-kv")):
+        for name, profile in engines:
             sims[name] = await start_sim(get_profile(profile, time_scale=TIME_SCALE))
+        if graded:
+            sims["grader"] = await start_sim(get_profile("grader", time_scale=GRADER_TIME_SCALE))
         config = tmp / "canary.toml"
-        config.write_text(config_text(tmp / "canary.db", sims, insecure=not token))
+        text = config_text(tmp / "canary.db", sims, insecure=not token, graded=graded)
+        config.write_text(text)
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
         if token:

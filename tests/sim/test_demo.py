@@ -1,8 +1,11 @@
-"""`canary demo` as a process: Ctrl-C and SIGTERM stop it and every process it started."""
+"""`canary demo` as a process: Ctrl-C and SIGTERM stop it and every process it started; driven
+until decided it promotes bi-kv, rejects quantized and decides the model upgrade by preference
+(exact match, information for it, would have rejected it), then ramps bi-kv."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -52,7 +55,7 @@ async def test_interrupting_the_demo_stops_every_child(tmp_path: Path, sig: int)
             while b"gateway on" not in await proc.stdout.readline():
                 pass
         children = _children(proc.pid)
-        assert len(children) == 5  # four simulators and the gateway
+        assert len(children) == 7  # six simulators (five engines, a grader) and the gateway
         proc.send_signal(sig)
         async with asyncio.timeout(60):
             rest = await proc.stdout.read()
@@ -105,11 +108,14 @@ async def test_the_demo_decides_each_candidate_then_a_guard_rolls_a_killed_one_b
     tmp_path: Path,
 ) -> None:
     """Driven until decided at another seed than the default and a shorter time scale, the demo
-    ends with bi-kv promoted and quantized rejected, says the evidence (not the cap) ended it and
-    ramps bi-kv; with --fail-at-step 3 it kills bi-kv's simulator at 25 %: a worker's guard rolls
-    the ramp back (a stored rollback event), production answers every client request, and the
-    demo reports it. (The default seed's ramp to a completed 100 % is checked on the README's
-    demo run in .ci/run; the controller's completion in tests/process/test_ramp_e2e.py.)"""
+    ends with bi-kv promoted, quantized rejected and the model upgrade promoted by preference
+    (its report's net preference gates and is inside its margin, exact match is information and
+    lies past its margin: gating, it would have rejected), says the evidence (not the cap) ended
+    it and ramps bi-kv; with --fail-at-step 3 it kills bi-kv's simulator at 25 %: a worker's
+    guard rolls the ramp back (a stored rollback event), production answers every client
+    request, and the demo reports it. (The default seed's ramp to a completed 100 % is checked
+    on the README's demo run in .ci/run; the controller's completion in
+    tests/process/test_ramp_e2e.py.)"""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway.cli.main", "demo", "--seed", "11", "--fail-at-step", "3",
         "--time-scale", "0.15", "--out-dir", str(tmp_path / "reports"),
@@ -131,3 +137,16 @@ async def test_the_demo_decides_each_candidate_then_a_guard_rolls_a_killed_one_b
     assert "at 25.0 % (by guard: guard_" in line, line
     assert " 0 client errors in" in line, line
     assert "completed at 100 %" not in text
+    # The model upgrade: decided by preference, exact match reported as information for it.
+    assert "upgrade (model-upgrade): PROMOTE, decided by preference" in text, text[-3000:]
+    assert "gating, it would have REJECTED the upgrade" in text, text[-3000:]
+    report = json.loads((tmp_path / "reports" / "upgrade.json").read_text())
+    assert report["verdict"] == "promote", report["reasons"]
+    pref = report["metrics"]["preference"]
+    assert pref["status"] == "inside" and pref["role"] == "critical", pref
+    assert pref["units"] >= 30 and pref["ci_low"] > -pref["margin"], pref
+    exact = report["metrics"]["exact_match"]
+    assert exact["status"] == "ungated", exact  # information, not a gate
+    assert exact["ci_low"] > exact["margin"], exact  # gating, it would have rejected
+    bias = report["metrics"]["grader_position_bias"]
+    assert bias["n"] > 0 and bias["ci_high"] > 0.0, bias  # the grader's planted first-pick

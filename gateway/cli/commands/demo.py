@@ -9,13 +9,18 @@ from domain.errors import EXIT_INTERRUPTED, UsageError
 
 EPILOG = """\
 what it does:
-  1. starts four engine simulators: production, a control (production's profile), a bi-kv
-     candidate (keeps each session's KV cache) and a quantized candidate (30 % of answers
-     diverge), plus a gateway in front of production, with SQLite in a temporary directory;
+  1. starts six engine simulators: production, a control (production's profile), a bi-kv
+     candidate (keeps each session's KV cache), a quantized candidate (30 % of answers
+     diverge), an upgrade (a new checkpoint: every answer in its own words) and the LLM
+     grader that judges the upgrade's pairs blind, in both orders (the simulator's: a planted
+     position bias), plus a gateway in front of production, with SQLite in a temporary
+     directory;
   2. drives agent-like multi-turn sessions through the gateway, --batch at a time, and asks
-     for both candidates' verdicts between batches (the progress line shows them as they
-     form) until bi-kv and quantized are each promoted or rejected, or --max-sessions is
-     reached (it says which ended it); the intervals are valid at every look;
+     for the candidates' verdicts between batches (the progress line shows them as they
+     form) until bi-kv, quantized and upgrade are each promoted or rejected, or
+     --max-sessions is reached (it says which ended it); the intervals are valid at every
+     look; the upgrade is decided by the grader's net preference (at a 20 pp margin this
+     demo's size can show), exact match reported as information for it;
   3. once bi-kv is promoted, ramps it on live traffic: 1, 5, 25, 50 and 100 % of new
      sessions, the controller alone walking the steps (each at least --step-dwell seconds,
      and until a planted harm would have been caught at the demo's measured noise and rate;
@@ -24,8 +29,10 @@ what it does:
      controller completes it and bi-kv becomes the live endpoint. --fail-at-step K kills
      bi-kv's simulator at step K instead: a guard rolls the ramp back, production answers;
   4. stops the gateway, which drains the mirror and flushes storage;
-  5. prints both candidates' reports (as they stood at the verdicts) and writes their HTML
-     forms to --out-dir.
+  5. prints the candidates' reports (as they stood at the verdicts) and writes their HTML
+     and JSON forms to --out-dir; then the upgrade's decision by preference (net preference
+     with its interval and n, the grader's position bias) and what exact match, had it
+     gated, would have decided.
 
 examples:
   canary demo
