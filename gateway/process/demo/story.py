@@ -12,7 +12,7 @@ import signal
 from pathlib import Path
 
 from evaluators.judge.metric import MetricResult
-from evaluators.judge.plan import preference_plan
+from evaluators.judge.preference_plan import preference_plan
 from evaluators.report.model import Report
 from gateway.control.admin.ui import PAGE_PATH
 from gateway.process.demo.arms import (
