@@ -295,6 +295,13 @@ class MirrorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             "it a pair is not graded (canary_grading_dropped_total)."
         ),
     ] = 256
+    grading_concurrency: Annotated[
+        PosInt,
+        _d(
+            "Gradings in flight to the graders at once (each a call of up to grading_timeout_s): "
+            "one at a time a 1 s grader keeps up with 1 pair a second at most."
+        ),
+    ] = 8
     grading_timeout_s: Annotated[PosFloat, _d("Seconds one call to a grader may take.")] = 60.0
     grading_max_chars: Annotated[
         PosInt,
@@ -565,7 +572,7 @@ FLAT_KEYS: Final[dict[str, str]] = {
         "dedup_window_s", "score_logprobs", "score_concurrency", "score_max_pending",
         "token_counter", "tokenize_concurrency", "tokenize_max_pending", "tokenize_timeout_s",
         "tokenize_cache_entries",
-        "grading_max_pending", "grading_timeout_s", "grading_max_chars",
+        "grading_max_pending", "grading_concurrency", "grading_timeout_s", "grading_max_chars",
     )},
     "report_process": "reports.enabled",
     **{f"report_{k}": f"reports.{k}" for k in (

@@ -26,22 +26,35 @@ KEY_VAR = "CANARY_CANDIDATE_JUDGE_KEY"
 
 class StubGrader:
     """A grader endpoint: prefers the answer that is not production's (mode "fair"), always
-    answers A ("first"), or answers prose ("garbage"); logs every request."""
+    answers A ("first"), answers A after 0.2 s ("slow"), or answers prose ("garbage"); logs
+    every request and the most calls it had in flight at once."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.requests: list[dict[str, Any]] = []
         self.auth: list[str | None] = []
         self.url = ""
+        self.in_flight = 0
+        self.most_in_flight = 0
 
     async def handle(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append(body)
         self.auth.append(request.headers.get("Authorization"))
         prompt = body["messages"][0]["content"]
+        if self.mode == "slow":
+            await asyncio.sleep(0.2)
         if self.mode == "garbage":
             content = "Answer A is clearly better."
-        elif self.mode == "first":
+        elif self.mode in ("first", "slow"):
             content = '{"winner": "A"}'
         else:
             a = prompt.split("[Answer A]\n", 1)[1].split("\n\n[Answer B]", 1)[0]
@@ -86,11 +99,13 @@ async def _settle(mirror: Mirror, sink: InMemorySink, want: int) -> None:
             await mirror.grading.wait_idle()
 
 
-async def _run(grader: GraderSpec, n: int, want: int) -> tuple[InMemorySink, Mirror]:
+async def _run(
+    grader: GraderSpec, n: int, want: int, **settings: Any
+) -> tuple[InMemorySink, Mirror]:
     upgrade = await sim("baseline")
     sink = InMemorySink()
     ep = Endpoint(name="upgrade", url=upgrade.url, sample_rate=1.0, grader=grader)
-    mirror = make_mirror([ep], sink)
+    mirror = make_mirror([ep], sink, **settings)
     await mirror.start()
     try:
         for i in range(n):
@@ -172,3 +187,14 @@ async def test_cap_per_minute_holds() -> None:
     lines = [x for x in mirror.prometheus_lines() if not isinstance(x, str)]
     names = {getattr(x, "name", None) or x.family.name for x in lines}  # type: ignore[union-attr]
     assert "canary_grading_over_cap_total" in names
+
+
+async def test_gradings_in_flight_up_to_the_concurrency() -> None:
+    """Twelve pairs to a grader that takes 0.2 s a call, at grading_concurrency 4: four calls in
+    flight at once, never more, and every pair graded."""
+    async with grader_server("slow") as stub:
+        spec = GraderSpec(url=stub.url, model="judge", swap_rate=0.0)
+        sink, mirror = await _run(spec, 12, 12, **{"mirror.grading_concurrency": 4})
+    assert [g.outcome for g in sink.gradings] == ["graded"] * 12
+    assert stub.most_in_flight == 4
+    assert mirror.grading.counters()["upgrade"]["calls"] == 12

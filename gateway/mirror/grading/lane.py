@@ -5,12 +5,14 @@ At the offer (synchronous, inside the mirror's loop) a pair is selected for ever
 candidate that has a grader and whose `rate` covers the exchange (`request.is_graded`). It then
 waits, off every latency path, for production's answer (`answer`) and the candidate's finished
 observation (`observed`, a look at the record on its way to the sink: nothing is held or
-delayed). A complete pair joins a bounded queue; one task sends its gradings one at a time, and
-while the mirror sheds load (its loop-lag guard) it sends nothing: grading runs at idle
-priority behind the copies themselves.
+delayed). A complete pair joins a bounded queue; `grading_concurrency` tasks send its gradings,
+each one call at a time, and while the mirror sheds load (its loop-lag guard) they send nothing:
+grading runs at idle priority behind the copies themselves.
 
 Each grading is capped per candidate: at most `max_per_minute` grader calls in any 60 s and
-`daily_token_budget` tokens per UTC day; past either it is recorded `over_cap` without a call.
+`daily_token_budget` tokens per UTC day; past either it is recorded `over_cap` without a call
+(tokens are known when a call returns, so the gradings in flight may pass the budget by their
+own tokens, `grading_concurrency` calls at most).
 An unparseable answer is retried once, never guessed. The grader's credential comes from its
 own `credentials_env` through the candidates' credentials reader (never a client's header).
 
@@ -148,6 +150,7 @@ class Grading:
     ) -> None:
         self._max = config.grading_max_pending
         self._timeout_s = config.grading_timeout_s
+        self._concurrency = config.grading_concurrency
         self._max_chars = max_chars
         self._sink = sink
         self._credentials = credentials
@@ -162,8 +165,8 @@ class Grading:
         self._idle.set()
         self._counters: dict[str, GradingCounters] = {}
         self._caps: dict[str, _Cap] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._inflight = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight = 0
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -188,7 +191,7 @@ class Grading:
         received_at: float,
     ) -> None:
         """Select the exchange for each (candidate, grader, timeout) whose rate covers it."""
-        if self._closed or self._task is None:
+        if self._closed or not self._tasks:
             return
         for name, spec, timeout_s in targets:
             if spec is None or not rq.is_graded(exchange_id, spec.rate):
@@ -252,16 +255,24 @@ class Grading:
     # ------------------------------------------------------------------ the grader calls
 
     def start(self) -> None:
-        """Open the lane's session and start its task (needs a running loop)."""
-        if self._task is not None or self._closed or self._sink is None:
+        """Open the lane's session and start its tasks (needs a running loop)."""
+        if self._tasks or self._closed or self._sink is None:
             return
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s))
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="mirror-grading")
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+            connector=aiohttp.TCPConnector(limit=self._concurrency),
+        )
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._run(), name=f"mirror-grading-{i}")
+            for i in range(self._concurrency)
+        ]
 
     async def _run(self) -> None:
         while True:
             if not self._queue:
-                self._idle.set()
+                if not self._inflight:
+                    self._idle.set()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -269,7 +280,7 @@ class Grading:
                 await asyncio.sleep(_PAUSE_S)
                 continue
             pair = self._queue.popleft()
-            self._inflight = True
+            self._inflight += 1
             try:
                 await self._grade(pair)
             except asyncio.CancelledError:
@@ -277,7 +288,9 @@ class Grading:
             except Exception:  # a grader's failure never ends the lane
                 log.exception("grading failed", extra={"fields": {"candidate": pair.candidate}})
             finally:
-                self._inflight = False
+                self._inflight -= 1
+                if not self._queue and not self._inflight:
+                    self._idle.set()
 
     async def _grade(self, pair: _Pair) -> None:
         try:
@@ -376,19 +389,19 @@ class Grading:
 
     async def wait_idle(self) -> None:
         """Return once nothing is queued (pairs still waiting for an answer are not awaited)."""
-        if self._task is not None:
+        if self._tasks:
             await self._idle.wait()
 
     async def close(self, timeout_s: float) -> None:
         """Grade what is queued for up to `timeout_s`, then stop; the rest counts dropped."""
         self._closed = True
-        if self._task is not None:
+        if self._tasks:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
                     await self._idle.wait()
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         for pair in [*self._queue, *self._pairs.values()]:
             if pair.timer is not None:
                 pair.timer.cancel()
