@@ -111,10 +111,11 @@ def _caveats(
             "session on one replica)"
         )
     dropped = sum(accounting.get(k, 0) for k in ("dropped_overflow", "dropped_oversize"))
-    dropped += accounting.get("shed_overload", 0)
-    if dropped:
+    shed = accounting.get("shed_overload", 0)
+    if dropped + shed:
         out.append(
-            f"{dropped:,} sampled copies were dropped before reaching the candidate; drops "
+            f"{dropped + shed:,} sampled copies were dropped before reaching the candidate "
+            f"({shed:,} of them shed by hash while the mirror was past its capacity); drops "
             "happen under load, so the observed pairs under-represent busy periods"
         )
     if ctx.units.by_session:

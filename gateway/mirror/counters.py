@@ -263,6 +263,24 @@ _RATE_GAUGES: Final = (
             significant,
         ),
     ),
+    (
+        "capacity_share",
+        Family(
+            "canary_mirror_capacity_share",
+            "gauge",
+            "Share of eligible requests the overloaded mirror lets the workers keep for the "
+            "candidate (absent: no limit); copies above it are shed by hash on the worker.",
+            ("candidate",),
+            significant,
+        ),
+    ),
+)
+CAPACITY_CUTS: Final = Family(
+    "canary_mirror_capacity_cuts_total",
+    "counter",
+    "Times a candidate's capacity share was lowered, by the overload signal.",
+    ("reason",),
+    integer,
 )
 _RATE_COUNTERS: Final = (
     (
@@ -299,10 +317,16 @@ _RATE_COUNTERS: Final = (
 
 
 def rate_lines(
-    rates: Mapping[str, Mapping[str, float | None]], eligible_rps: float | None
+    rates: Mapping[str, Mapping[str, float | None]],
+    eligible_rps: float | None,
+    capacity_cuts: Mapping[str, int] | None = None,
 ) -> Iterator[Exposed]:
-    """Adaptive sampling: per candidate target, effective share, realized rate and the cost of
-    changes; the host's eligible request rate (None values are omitted)."""
+    """Adaptive sampling: per candidate target, effective share, capacity share, realized rate
+    and the cost of changes; the host's eligible request rate (None values are omitted); the
+    capacity shares' cuts by reason."""
+    yield CAPACITY_CUTS
+    for reason, cuts in (capacity_cuts or {}).items():
+        yield CAPACITY_CUTS.sample(cuts, reason)
     yield ELIGIBLE_RPS
     if eligible_rps is not None:
         yield ELIGIBLE_RPS.sample(eligible_rps)

@@ -152,6 +152,7 @@ class _Plane:
             live_name=m.live_name,
             received_at=m.received_at,
             only=m.chosen or None,
+            check=m.check,
             # Stored under this host's name, not the worker's: the workers of a host share this
             # process, which keeps a session's turns in order, so only another host splits one.
         )

@@ -32,7 +32,7 @@ def test_rates_and_eligible_round_trip() -> None:
     rates = frames.RatesMeta(seq=7, apply_at=12345.678, request_rps=201.5, session_rps=180.0)
     raw = _encode(rates)
     assert msgspec.msgpack.decode(raw, type=frames.RatesMeta) == rates
-    assert msgspec.msgpack.decode(raw) == [7, 12345.678, 201.5, 180.0]
+    assert msgspec.msgpack.decode(raw) == [7, 12345.678, 201.5, 180.0, {}]  # no capacity limit
     eligible = frames.EligibleMeta(count=1234, interval_s=1.002)
     raw = _encode(eligible)
     assert msgspec.msgpack.decode(raw, type=frames.EligibleMeta) == eligible
