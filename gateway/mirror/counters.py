@@ -5,7 +5,8 @@ loop is between callbacks, not only when the mirror is idle, because `pending` c
 *and* in-flight copies and a copy moves from `pending` to `sent` in one synchronous step when
 its outcome is known:
 
-    sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload + sent + pending
+    sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload
+              + shed_capacity + sent + pending
     sent    = observed_ok + observed_error + timed_out
 
 Copies still queued when a candidate is removed or the gateway shuts down are counted in
@@ -58,7 +59,8 @@ class LaneCounters:
         self.deduplicated = 0
         self.dropped_overflow = 0
         self.dropped_oversize = 0
-        self.shed_overload = 0
+        self.shed_overload = 0  # the loop guard (timing: a lost copy)
+        self.shed_capacity = 0  # by hash under a capacity share (a sampling decision)
         self.sent = 0
         self.observed_ok = 0
         self.observed_error = 0

@@ -189,6 +189,7 @@ class _Plane:
     def detach(self, transport: asyncio.Transport) -> None:
         self.conns.discard(transport)
         self.mirror.adaptive.control.eligible.forget(id(transport))
+        self.mirror.channel.forget(id(transport))
 
     def _frames(self, view: memoryview, writer: asyncio.Transport) -> int:
         """Dispatch each complete frame in `view`; the bytes they took."""
@@ -222,7 +223,9 @@ class _Plane:
         elif kind == frames.KIND_ELIGIBLE:
             m = _decode_eligible(meta)
             eligible = self.mirror.adaptive.control.eligible
-            eligible.report(id(writer), m.count, m.interval_s, time.monotonic())
+            now = time.monotonic()
+            eligible.report(id(writer), m.count, m.interval_s, now)
+            self.mirror.channel.report(id(writer), m.channel_fill, now)
         elif kind == frames.KIND_RELOAD:
             self.reload.set()
         elif kind == frames.KIND_IDLE:

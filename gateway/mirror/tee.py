@@ -158,6 +158,9 @@ class Mirror:
         )
         # Capacity shares (capacity.py): lowered while this process cannot keep up.
         self.capacity = capacity_mod.CapacityShares()
+        self.channel = capacity_mod.ChannelFill()  # the workers report their channels' fill
+        self._ring_fill: dict[str, capacity_mod.Occupancy] = {}
+        self.limit_times = capacity_mod.LimitTimes()  # when copies were shed by hash
         self.admitted = capacity_mod.Admitted()
         self._capacity_task: asyncio.Task[None] | None = None
         self._capacity_at: float | None = None
@@ -357,11 +360,11 @@ class Mirror:
         )
 
     def _shed(self, shed: list[Offer]) -> None:
-        """Count copies shed here under a capacity share (sampled, then shed_overload)."""
+        """Count copies shed here under a capacity share (sampled, then shed_capacity)."""
         for offer in shed:
             counters = self._lanes[offer.name].counters
             counters.sampled += 1
-            counters.shed_overload += 1
+            counters.shed_capacity += 1
         self.shed_capacity += len(shed)
 
     def _offer(
@@ -472,9 +475,27 @@ class Mirror:
         self.adaptive.tick(now)
 
     async def _capacity_loop(self) -> None:
+        """Look at every ring's occupancy `SAMPLES_PER_TICK` times a tick, then tick."""
+        every = capacity_mod.TICK_S / capacity_mod.SAMPLES_PER_TICK
         while True:
-            await asyncio.sleep(capacity_mod.TICK_S)
+            for _ in range(capacity_mod.SAMPLES_PER_TICK):
+                await asyncio.sleep(every)
+                self.sample_rings()
             self.capacity_tick(time.monotonic())
+
+    def sample_rings(self) -> None:
+        """One look at each ring's occupancy: items or bytes against its bounds, or the host's
+        memory budget, whichever is fullest (the one it would overflow first)."""
+        budget = self.budget.used / max(1, self.budget.limit)
+        fills = self._ring_fill
+        for name, lane in self._lanes.items():
+            ring = lane.ring
+            fill = max(
+                budget,
+                ring.items / max(1, ring.max_items),
+                ring.bytes / max(1, ring.max_bytes),
+            )
+            fills.setdefault(name, capacity_mod.Occupancy()).sample(fill)
 
     def capacity_tick(self, now: float) -> None:
         """One step of the capacity controller; changed shares go to the workers."""
@@ -482,8 +503,13 @@ class Mirror:
         dt = capacity_mod.TICK_S if last is None else now - last
         rates = {o.name: o.rate for o in self._offers}
         loads = []
+        fills = self._ring_fill
+        for name in [n for n in fills if n not in self._lanes]:
+            del fills[name]
         for name, lane in self._lanes.items():
-            c, ring = lane.counters, lane.ring
+            c = lane.counters
+            ring = fills.setdefault(name, capacity_mod.Occupancy())
+            ring.close_tick()
             loads.append(
                 capacity_mod.LaneLoad(
                     name,
@@ -491,12 +517,15 @@ class Mirror:
                     c.sampled,  # every copy whose frame arrived, shed here or not
                     c.observed_ok + c.observed_error + c.timed_out,
                     c.dropped_overflow,
-                    ring.items / max(1, ring.max_items),
+                    ring,
                 )
             )
+        self.channel.tick(now)
         eligible = self.adaptive.control.eligible.instant(now)
-        if self.capacity.tick(now, dt, eligible, loads, self.guard.shedding):
-            self.adaptive.set_capacity(self.capacity.wire(rates.items(), now), now)
+        channel = self.channel.occupancy
+        if self.capacity.tick(now, dt, eligible, loads, channel, self.guard.shedding):
+            self.adaptive.set_capacity(self.capacity.wire(rates, now), now)
+        self.limit_times.tick(self.capacity, self._lanes, time.time())
 
     def shed_reasons(self) -> dict[str, int]:
         """Copies shed by this process, by reason (the guard's signals; `capacity`)."""
@@ -512,8 +541,10 @@ class Mirror:
     # ------------------------------------------------------------------ export
 
     def counters(self) -> dict[str, dict[str, int]]:
-        """Per-candidate counters, including `pending`, `buffer_items` and `buffer_bytes`."""
-        return {name: lane.snapshot() for name, lane in self._lanes.items()}
+        """Per-candidate counters, including `pending`, `buffer_items` and `buffer_bytes`, and
+        when copies were shed by hash (`capacity.LimitTimes`)."""
+        when = self.limit_times.fields
+        return {name: {**lane.snapshot(), **when(name)} for name, lane in self._lanes.items()}
 
     def process_counters(self) -> dict[str, int]:
         """Process-wide counters: requests never offered to any candidate, by reason, and

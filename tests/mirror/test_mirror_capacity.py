@@ -4,8 +4,6 @@ and leaves later turns in the band of recent shares to the mirror's admitted ses
 
 from __future__ import annotations
 
-import random
-
 import xxhash
 
 from domain.endpoint import Endpoint
@@ -63,64 +61,136 @@ def test_session_first_turns_decided_later_turns_in_the_band_checked() -> None:
     assert decide_kept([offer], b"rid", b"s1", False)[2] == []
 
 
-def _loads(received: int, done: int, overflow: int, fill: float) -> list[cap.LaneLoad]:
-    return [cap.LaneLoad("c", 1.0, received, done, overflow, fill)]
+class _Lane:
+    """One candidate's counters and ring as the mirror process would show them each tick."""
+
+    def __init__(self) -> None:
+        self.received = self.done = self.overflow = 0
+        self.ring = cap.Occupancy()
+
+    def load(self, fills: list[float]) -> list[cap.LaneLoad]:
+        for fill in fills:
+            self.ring.sample(fill)
+        self.ring.close_tick()
+        return [cap.LaneLoad("c", 1.0, self.received, self.done, self.overflow, self.ring)]
+
+
+def _quiet_channel() -> cap.Occupancy:
+    channel = cap.Occupancy()
+    channel.sample(0.0)
+    channel.close_tick()
+    return channel
 
 
 def test_lane_overload_lowers_to_what_it_completes_then_recovers() -> None:
-    """A candidate completing 100 copies/s of 1,000 eligible/s (its ring overflowing) gets a
-    share near 0.09 (90 % of what it managed) within ten ticks; once quiet the share rises and
-    is released; every lowering is counted by reason."""
-    shares = cap.CapacityShares()
-    received = done = overflow = 0
-    now = 0.0
-    shares.tick(now, 1.0, 1000.0, _loads(0, 0, 0, 0.0), False)
+    """A candidate completing 100 copies/s of 1,000 eligible/s, its ring full all along, gets a
+    share near 0.09 (90 % of what it managed) within ten ticks; the share holds while the ring
+    drains above FILL_LOW, then rises and is released; every lowering is counted by reason."""
+    shares, lane, channel = cap.CapacityShares(), _Lane(), _quiet_channel()
+    now, size, queued = 0.0, 1000, 1000
+    shares.tick(now, 1.0, 1000.0, lane.load([1.0]), channel, False)
     for _ in range(10):
         now += 1.0
         offered = int(1000 * (shares.share("c") or 1.0))
-        received += offered
-        done += 100
-        overflow += max(0, offered - 100)
-        shares.tick(now, 1.0, 1000.0, _loads(received, done, overflow, 1.0), False)
+        lane.received += offered
+        lane.done += 100
+        queued = min(size, queued + offered - 100)
+        shares.tick(now, 1.0, 1000.0, lane.load([queued / size] * 4), channel, False)
     share = shares.share("c")
     assert share is not None and 0.08 <= share <= 0.1, share
-    assert shares.cuts["lane"] >= 2
-    low = shares.wire([("c", 1.0)], now)["c"][1]
+    assert shares.cuts["lane"] >= 2 and shares.cuts["channel"] == 0
+    low = shares.wire(["c"], now)["c"][1]
     assert low <= share
-    for _ in range(40):  # quiet: the lane keeps up with what it is offered
+    held = []
+    while shares.share("c") == share:  # 200 copies/s again: the ring drains, the share holds
+        now += 1.0
+        offered = int(1000 * share)
+        lane.received += offered
+        served = min(200, queued + offered)
+        lane.done += served
+        queued -= served - offered
+        shares.tick(now, 1.0, 1000.0, lane.load([queued / size] * 4), channel, False)
+        held.append(queued / size)
+    assert len(held) > 3 and held[-1] < cap.FILL_LOW <= held[-2], held  # rose once under LOW
+    for _ in range(40):  # the candidate keeps up with whatever it is offered
         now += 1.0
         offered = int(1000 * (shares.share("c") or 1.0))
-        received += offered
-        done += offered
-        shares.tick(now, 1.0, 1000.0, _loads(received, done, overflow, 0.0), False)
+        lane.received += offered
+        lane.done += offered
+        shares.tick(now, 1.0, 1000.0, lane.load([0.0] * 4), channel, False)
     assert shares.share("c") is None
 
 
-def test_backlog_is_told_from_sampling_noise() -> None:
-    """Copies received within the binomial noise of the promised rate do not lower a share; a
-    channel that delivers half of them does."""
-    rng = random.Random(7)
-    shares = cap.CapacityShares()
-    received, now = 0, 0.0
-    shares.tick(now, 1.0, 200.0, _loads(0, 0, 0, 0.0), False)
-    for _ in range(60):  # 200 eligible/s at share 1: 200 promised, Poisson-ish noise
+def test_a_backlog_that_drains_or_a_late_reader_is_not_overload() -> None:
+    """A ring that is full for a moment in each tick but empties within it (the mirror process
+    late to read on a busy host), or that stays high while it drains, lowers nothing; a full
+    channel that never drains does, by what the mirror process read."""
+    shares, lane = cap.CapacityShares(), _Lane()
+    channel = _quiet_channel()
+    now = 0.0
+    shares.tick(now, 1.0, 200.0, lane.load([0.0]), channel, False)
+    for i in range(30):
         now += 1.0
-        got = sum(rng.random() < 0.999 for _ in range(200)) - rng.randint(0, 20)
-        received += got
-        shares.tick(now, 1.0, 200.0, _loads(received, received, 0, 0.0), False)
-    assert shares.share("c") is None and shares.cuts["backlog"] == 0
-    now += 1.0
-    received += 100
-    shares.tick(now, 1.0, 200.0, _loads(received, received, 0, 0.0), False)
-    assert shares.share("c") == cap.CUT_MAX and shares.cuts["backlog"] == 1  # at most -30 %
+        lane.received += 200
+        lane.done += 200
+        bursty = [1.0, 0.9, 0.0, 0.6] if i % 2 else [0.95, 1.0, 0.8, 0.3]
+        shares.tick(now, 1.0, 200.0, lane.load(bursty), channel, False)
+    for fill in (0.9, 0.8, 0.7, 0.6, 0.5):  # high, but draining every tick
+        now += 1.0
+        lane.received += 200
+        lane.done += 200
+        shares.tick(now, 1.0, 200.0, lane.load([fill]), channel, False)
+    assert shares.share("c") is None and sum(shares.cuts.values()) == 0
+    full = cap.ChannelFill()
+    for _ in range(cap.SUSTAIN_TICKS):  # the worker's channel never below 80 %
+        now += 1.0
+        lane.received += 100
+        lane.done += 100
+        full.report("w", 0.8, now)
+        full.tick(now)
+        shares.tick(now, 1.0, 200.0, lane.load([0.0]), full.occupancy, False)
+    assert shares.cuts["channel"] == 1
+    assert shares.share("c") == cap.CUT_MAX  # 90 % of 100/200 is 0.45: at most -30 % a tick
+
+
+def test_an_overflow_cuts_at_once_only_from_a_ring_that_stayed_full() -> None:
+    """A ring that overflowed in a burst but emptied within the tick lowers nothing; one that
+    overflowed without leaving FILL_HIGH all tick is cut at once (no SUSTAIN_TICKS wait)."""
+    shares, lane, channel = cap.CapacityShares(), _Lane(), _quiet_channel()
+    shares.tick(0.0, 1.0, 100.0, lane.load([0.0]), channel, False)
+    lane.received, lane.done, lane.overflow = 100, 100, 5
+    shares.tick(1.0, 1.0, 100.0, lane.load([1.0, 0.2, 0.0, 0.1]), channel, False)
+    assert shares.share("c") is None
+    lane.received, lane.done, lane.overflow = 200, 150, 30
+    shares.tick(2.0, 1.0, 100.0, lane.load([0.9, 1.0, 1.0, 1.0]), channel, False)
+    assert shares.cuts["lane"] == 1 and shares.share("c") == cap.CUT_MAX  # 90 % of 50/100
 
 
 def test_guard_alone_lowers_by_a_tenth() -> None:
-    """The loop guard shedding, with no rate signal, lowers a share by 10 % a tick."""
-    shares = cap.CapacityShares()
-    shares.tick(0.0, 1.0, 100.0, _loads(0, 0, 0, 0.0), True)
-    shares.tick(1.0, 1.0, 100.0, _loads(100, 100, 0, 0.0), True)
+    """The loop guard shedding, with no occupancy signal, lowers a share by 10 % a tick."""
+    shares, lane, channel = cap.CapacityShares(), _Lane(), _quiet_channel()
+    shares.tick(0.0, 1.0, 100.0, lane.load([0.0]), channel, True)
+    lane.received = lane.done = 100
+    shares.tick(1.0, 1.0, 100.0, lane.load([0.0]), channel, True)
     assert shares.share("c") == 0.9 and shares.cuts["guard"] == 1
+
+
+def test_limit_times_say_when_a_share_was_in_force() -> None:
+    """The seconds with a capacity share in force, first and last (wall clock), per candidate."""
+    shares, lane, channel = cap.CapacityShares(), _Lane(), _quiet_channel()
+    times = cap.LimitTimes()
+    shares.tick(0.0, 1.0, 100.0, lane.load([0.0]), channel, True)
+    times.tick(shares, ["c"], 1000.0)
+    assert times.fields("c") == {}
+    for t in (1, 2, 3):
+        lane.received = lane.done = 100 * t
+        shares.tick(float(t), 1.0, 100.0, lane.load([0.0]), channel, True)
+        times.tick(shares, ["c"], 1000.0 + t)
+    assert times.fields("c") == {
+        "shed_capacity_first_at": 1001,
+        "shed_capacity_last_at": 1003,
+        "shed_capacity_seconds": 3,
+    }
 
 
 def test_admitted_sessions_are_bounded_per_candidate() -> None:

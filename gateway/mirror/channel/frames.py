@@ -166,10 +166,13 @@ class IdleMeta(msgspec.Struct, array_like=True, frozen=True):
 
 
 class EligibleMeta(msgspec.Struct, array_like=True, frozen=True):
-    """Requests on mirrored routes this worker served (sampled or not) over `interval_s`."""
+    """Requests on mirrored routes this worker served (sampled or not) over `interval_s`, and
+    the lowest occupancy of its channel over that time (bytes not yet taken by the mirror
+    process over `channel_max_bytes`; `gateway.mirror.sampling.capacity.ChannelFill`)."""
 
     count: int
     interval_s: float
+    channel_fill: float = 0.0
 
 
 class RatesMeta(msgspec.Struct, array_like=True, frozen=True):

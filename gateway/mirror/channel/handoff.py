@@ -33,10 +33,11 @@ the host does, so a key's decision never depends on which worker served it.
 
 Capacity shares: while the mirror process cannot keep up it lowers per-candidate capacity
 shares (`gateway.mirror.sampling.capacity`) that arrive with the references and apply the same
-way; a sampled copy whose hash is above its candidate's share is `shed_overload` here, counted
-before a frame is built (`decide_kept`). A later turn of a session that a worker cannot decide
-alone goes to the mirror process in `check`. Telling a later turn needs one byte search of the
-body (`"assistant"`), done only while some session-mode candidate has a limit.
+way; a sampled copy whose hash is above its candidate's share is `shed_capacity` here, counted
+before a frame is built (`decide_kept`): a sampling decision, not a lost copy. A later turn of a
+session that a worker cannot decide alone goes to the mirror process in `check`. Telling a
+later turn needs one byte search of the body (`"assistant"`), done only while some session-mode
+candidate has a limit.
 
 Ramp evidence (`put_ramp`, the worker's `gateway.server.ramp.hooks.RampSink`): each request of an
 open rollout becomes one fixed-size RAMP frame (struct-packed, no body), queued with the other
@@ -154,6 +155,7 @@ class Handoff:
         self._shed_sessions: OrderedDict[str, None] = OrderedDict()
         self._rate_timers: set[asyncio.TimerHandle] = set()
         self.eligible = 0  # requests on mirrored routes, sampled or not (the request path adds)
+        self._fill_min = 1.0  # the channel's lowest occupancy at a flush since the last report
         self._reporter: asyncio.Task[None] | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._pending: list[bytes] = []  # frame parts not yet written to the transport
@@ -166,7 +168,7 @@ class Handoff:
         self._closed = False
         self._idle_seq = 0
         self._idle_waiters: dict[int, asyncio.Future[None]] = {}
-        # Per candidate: [sampled, dropped_overflow, dropped_oversize, shed_overload] of copies
+        # Per candidate: [sampled, dropped_overflow, dropped_oversize, shed_capacity] of copies
         # never handed off.
         self._lanes: dict[str, list[int]] = {}
         self.process: dict[str, int] = {
@@ -194,14 +196,23 @@ class Handoff:
         self._reporter = loop.create_task(self._report(), name="mirror-eligible")
 
     async def _report(self) -> None:
-        """Send the eligible count about once a second (a failed send is carried over)."""
+        """Send the eligible count and the channel's lowest occupancy about once a second (a
+        failed send is carried over)."""
         sent, at = self.eligible, time.monotonic()
         while True:
             await asyncio.sleep(ELIGIBLE_REPORT_S)
             now, count = time.monotonic(), self.eligible
-            meta = _encode(frames.EligibleMeta(count - sent, now - at))
+            fill = min(self._fill_min, self._channel_fill())
+            meta = _encode(frames.EligibleMeta(count - sent, now - at, fill))
             if self._send_small(frames.KIND_ELIGIBLE, meta):
                 sent, at = count, now
+                self._fill_min = 1.0
+
+    def _channel_fill(self) -> float:
+        """The channel's occupancy now: queued and transport-buffered bytes against the cap."""
+        transport = self._transport
+        buffered = transport.get_write_buffer_size() if transport is not None else 0
+        return (buffered + self._pending_bytes) / self._limit
 
     async def _connect(self) -> bool:
         loop = asyncio.get_running_loop()
@@ -427,6 +438,12 @@ class Handoff:
         self._pending, self._pending_bytes, self._pending_chosen = [], 0, []
         if transport is not None:
             transport.writelines(pending)
+            # What the kernel did not take is the backlog the mirror process has not read: its
+            # lowest value between two reports tells a reader that cannot keep up (it never
+            # empties) from one that is only late (`gateway.mirror.sampling.capacity`).
+            fill = transport.get_write_buffer_size() / self._limit
+            if fill < self._fill_min:
+                self._fill_min = fill
 
     def _drop_pending(self) -> None:
         """The channel went down with frames not yet written: their copies never reached the
@@ -487,7 +504,7 @@ class Handoff:
                 sampled=sampled,
                 dropped_overflow=overflow,
                 dropped_oversize=oversize,
-                shed_overload=shed,
+                shed_capacity=shed,
             )
             out[name] = row
         return out
@@ -497,7 +514,7 @@ class Handoff:
         merged = {n: dict(c) for n, c in (self.stats.counters if self.stats else {}).items()}
         for name, row in self.counters().items():
             into = merged.setdefault(name, dict.fromkeys(row, 0))
-            for key in ("sampled", "dropped_overflow", "dropped_oversize", "shed_overload"):
+            for key in ("sampled", "dropped_overflow", "dropped_oversize", "shed_capacity"):
                 into[key] = into.get(key, 0) + row[key]
         return merged
 
@@ -524,7 +541,8 @@ class Handoff:
 HANDOFF_DROPPED: Final = Family(
     "canary_mirror_handoff_dropped_total",
     "counter",
-    "Copies a worker chose but never handed off (shed_overload: under the capacity share).",
+    "Copies a worker chose but never handed off (shed_capacity: by hash under the capacity "
+    "share, a sampling decision).",
     ("candidate", "reason"),
 )
 HANDOFF_EVENTS: Final = Family(
@@ -543,7 +561,7 @@ def _handoff_lines(
 ) -> Iterable[Exposed]:
     yield HANDOFF_DROPPED
     for name, c in lanes.items():
-        for key in ("dropped_overflow", "dropped_oversize", "shed_overload"):
+        for key in ("dropped_overflow", "dropped_oversize", "shed_capacity"):
             yield HANDOFF_DROPPED.sample(c[key], name, key)
     yield HANDOFF_EVENTS
     for key, value in process.items():
