@@ -5,8 +5,8 @@ session header (`gateway.mirror.sampling.sampler.decide`: one xxh3 per candidate
 and
 when a copy is chosen queue one frame (header, small msgpack meta, a reference to the body bytes
 it already read) for a Unix stream socket toward the host's mirror process. Frames are written
-together at most `_COALESCE_S` after the first (one write and one wake-up of the mirror process
-per few copies).
+together at most `_COALESCE_S` after the first and at most one write every `_WRITE_EVERY_S`
+(one write and one wake-up of the mirror process per few copies).
 The write is non-blocking: the bytes go to the kernel's socket buffer, and what the kernel cannot
 take waits in the transport's buffer; queued and buffered bytes together are capped at
 `[mirror] channel_max_bytes`. A copy that would pass the cap is `dropped_overflow`; one larger
@@ -96,6 +96,12 @@ _RECONNECT_S: Final = 0.2
 # machine) costs the worker more than the frame itself. Copies may wait this long; production's
 # own timings are taken before, on the worker, so they are unaffected.
 _COALESCE_S: Final = 0.002
+# ... and at most one write every this long: past a few hundred frames a second (a copy and its
+# result per sampled request) a write per frame cost the worker more than the frames' own
+# encoding (py-spy under bench/shed.py at 1.5x: the write was the hand-off's largest cost), so
+# under load the frames of 10 ms go in one write. A copy waits at most this long for the
+# mirror process; its candidate's timings start when the lane sends it.
+_WRITE_EVERY_S: Final = 0.010
 ELIGIBLE_REPORT_S: Final = 1.0  # how often the eligible count goes to the mirror process
 _SEP: Final = "\x00"
 _SHED_SESSIONS_MAX: Final = 65536  # sessions whose first turn a worker shed, remembered
@@ -162,6 +168,7 @@ class Handoff:
         self._pending_bytes = 0
         self._pending_chosen: list[tuple[list[str], bool]] = []  # each pending copy's choice
         self._flush_at: asyncio.TimerHandle | None = None
+        self._written_at = float("-inf")  # the loop's time of the last write (`_WRITE_EVERY_S`)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first frame queued
         self._lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -426,7 +433,9 @@ class Handoff:
             loop = self._loop
             if loop is None:  # asked once: on 3.11 every get_running_loop() is a getpid() syscall
                 loop = self._loop = asyncio.get_running_loop()
-            self._flush_at = loop.call_at(loop.time() + _COALESCE_S, self._flush)
+            now = loop.time()
+            at = max(now + _COALESCE_S, self._written_at + _WRITE_EVERY_S)
+            self._flush_at = loop.call_at(at, self._flush)
 
     def _flush(self) -> None:
         if self._flush_at is not None:
@@ -438,6 +447,8 @@ class Handoff:
         self._pending, self._pending_bytes, self._pending_chosen = [], 0, []
         if transport is not None:
             transport.writelines(pending)
+            if self._loop is not None:
+                self._written_at = self._loop.time()
             # What the kernel did not take is the backlog the mirror process has not read: its
             # lowest value between two reports tells a reader that cannot keep up (it never
             # empties) from one that is only late (`gateway.mirror.sampling.capacity`).
