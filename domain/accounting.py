@@ -1,8 +1,12 @@
 """Copy accounting: the names of the counters every copy is counted in, and their identities.
 
 For each candidate, between any two callbacks of the event loop:
-    sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload + sent + pending
+    sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload
+              + shed_capacity + sent + pending
     sent    = observed_ok + observed_error + timed_out
+`shed_capacity` (shed by the sampler's hash under the mirror's capacity share, sessions whole)
+is a sampling decision, not a lost copy: coverage leaves it out of the copies due. Every other
+way out of `sampled` short of `sent` is a copy lost.
 and for the scoring copies it was asked to answer (scoring.py in the mirror):
     score_sampled = score_dropped + score_sent + score_pending
     score_sent    = score_ok + score_unsupported + score_failed
@@ -34,12 +38,20 @@ IDENTITY_FIELDS: Final = (
     "dropped_overflow",
     "dropped_oversize",
     "shed_overload",
+    "shed_capacity",
     "sent",
     "observed_ok",
     "observed_error",
     "timed_out",
     *SCORE_IDENTITY_FIELDS,
 )
+# When copies were shed by hash: the mirror process's first and last second (epoch seconds)
+# with a capacity share in force for the candidate, and how many seconds had one. Not copies,
+# not in the identity: storage merges them over replicas by min, max and sum.
+SHED_FIRST_AT: Final = "shed_capacity_first_at"
+SHED_LAST_AT: Final = "shed_capacity_last_at"
+SHED_SECONDS: Final = "shed_capacity_seconds"
+SHED_WHEN_FIELDS: Final = (SHED_FIRST_AT, SHED_LAST_AT, SHED_SECONDS)
 # Point-in-time values (not sums over time): only replicas still reporting count.
 GAUGE_FIELDS: Final = ("pending", "inflight", "buffer_items", "buffer_bytes", "score_pending")
 # The keys a report's accounting carries, in display order.
@@ -49,6 +61,7 @@ ACCOUNTING_KEYS: Final = (
     "dropped_overflow",
     "dropped_oversize",
     "shed_overload",
+    "shed_capacity",
     "sent",
     "pending",
     "observed_ok",
@@ -72,6 +85,7 @@ STALE_REPLICAS: Final = "stale_replicas"
 def identity_holds(c: Mapping[str, int]) -> bool:
     """Both accounting identities, on one candidate's counters (with `pending`)."""
     dropped = c["dropped_overflow"] + c["dropped_oversize"] + c["shed_overload"]
+    dropped += c.get("shed_capacity", 0)  # absent from rows of older replicas
     left = c["deduplicated"] + dropped + c["sent"] + c["pending"]
     copies = c["sampled"] == left and c["sent"] == sum(c[k] for k in OBSERVED_FIELDS)
     return copies and score_identity_holds(c)

@@ -19,7 +19,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from domain.accounting import GAUGE_FIELDS, GAUGE_MAX_AGE_S
+from domain.accounting import GAUGE_FIELDS, GAUGE_MAX_AGE_S, SHED_FIRST_AT, SHED_LAST_AT
 from domain.endpoint import Endpoint
 from domain.errors import DuplicateName, EndpointNotFound, InvalidEndpoint, PromotionConflict
 from storage.engine import write_transaction
@@ -232,6 +232,7 @@ async def upsert_counters(
 # its last ones forever (a copy "pending" for ever inflates coverage), so they count only while
 # the replica keeps reporting. Cumulative counters always count.
 GAUGES = frozenset(GAUGE_FIELDS)  # domain.accounting: point-in-time values, scoring's too
+_FIRST_LAST = frozenset((SHED_FIRST_AT, SHED_LAST_AT))  # instants, merged by min and max
 
 
 async def sum_counters(
@@ -253,6 +254,9 @@ async def sum_counters(
         into = totals.setdefault(endpoint, {})
         stale = updated_at < fresh_after
         for key, value in msgspec.json.decode(raw, type=dict[str, int]).items():
+            if key in _FIRST_LAST and key in into:  # when copies were shed: the span
+                into[key] = min(into[key], value) if key == SHED_FIRST_AT else max(into[key], value)
+                continue
             into[key] = into.get(key, 0) + (0 if stale and key in GAUGES else value)
     return totals
 

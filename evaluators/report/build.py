@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from domain.accounting import SHED_FIRST_AT, SHED_LAST_AT, SHED_SECONDS
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from evaluators.judge.metric import Detail, EvalContext, MetricResult
@@ -36,11 +37,17 @@ def coverage_of(accounting: dict[str, int], pairs: PairSet) -> float | None:
 
     When the counters lag what was stored (fewer copies observed than pairs present), the
     coverage is never more than the pairs support, present / (present + lost); after a crash
-    (`stale_replicas`), the dead replica's pending copies count as missing too."""
+    (`stale_replicas`), the dead replica's pending copies count as missing too.
+
+    A copy shed by hash under the mirror's capacity share (`shed_capacity`) is not due: the
+    sampler's hash chose it out of the sample (sessions whole), as it chooses the copies never
+    sampled, so it is a smaller sample, not a missing copy (the caveats say how much and when).
+    A copy the loop guard shed (`shed_overload`, decided by when it came) is missing."""
     observed = sum(accounting.get(k, 0) for k in ("observed_ok", "observed_error", "timed_out"))
     due = (
         accounting.get("sampled", 0)
         - accounting.get("deduplicated", 0)
+        - accounting.get("shed_capacity", 0)
         - accounting.get("pending", 0)
     )
     present = int(np.count_nonzero(pairs.candidate.present))
@@ -88,6 +95,31 @@ def _pairs_summary(ctx: EvalContext, coverage: float | None, used: int) -> Pairs
     )
 
 
+def _shed_by_hash(accounting: dict[str, int]) -> str | None:
+    """How many copies were shed by hash past the mirror's capacity, and when (not missing:
+    `coverage_of`)."""
+    shed = accounting.get("shed_capacity", 0)
+    if not shed:
+        return None
+    share = shed / max(1, accounting.get("sampled", 0))
+    line = (
+        f"{shed:,} sampled copies ({share:.1%}) were shed by hash while the mirror was past its "
+        "capacity (the sampler's hash chose which, sessions whole: a smaller sample, not "
+        "missing copies, so coverage leaves them out)"
+    )
+    first, last = accounting.get(SHED_FIRST_AT), accounting.get(SHED_LAST_AT)
+    if first is not None and last is not None:
+
+        def at(t: int) -> str:
+            return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+        line += (
+            f"; a capacity share was in force {accounting.get(SHED_SECONDS, 0):,} s between "
+            f"{at(first)} and {at(last)}"
+        )
+    return line
+
+
 def _caveats(
     ctx: EvalContext, accounting: dict[str, int], results: list[MetricResult]
 ) -> list[str]:
@@ -110,13 +142,18 @@ def _caveats(
             "key the load balancer on the X-Session-ID header (README: a balancer that keeps a "
             "session on one replica)"
         )
-    dropped = sum(accounting.get(k, 0) for k in ("dropped_overflow", "dropped_oversize"))
-    dropped += accounting.get("shed_overload", 0)
+    dropped = sum(
+        accounting.get(k, 0) for k in ("dropped_overflow", "dropped_oversize", "shed_overload")
+    )
     if dropped:
         out.append(
-            f"{dropped:,} sampled copies were dropped before reaching the candidate; drops "
-            "happen under load, so the observed pairs under-represent busy periods"
+            f"{dropped:,} sampled copies were dropped before reaching the candidate "
+            f"({accounting.get('shed_overload', 0):,} of them shed by the mirror's loop guard); "
+            "drops happen under load, so the observed pairs under-represent busy periods"
         )
+    shed_line = _shed_by_hash(accounting)
+    if shed_line:
+        out.append(shed_line)
     if ctx.units.by_session:
         out.append(
             "sampling by session: every gating interval bets on whole sessions (each session's "

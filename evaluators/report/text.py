@@ -11,6 +11,7 @@ import textwrap
 import time
 from collections.abc import Sequence
 
+from domain.accounting import SHED_WHEN_FIELDS
 from evaluators.judge.metric import MetricResult
 from evaluators.judge.verdict import fmt, fmt_duration
 from evaluators.report.model import Report
@@ -109,7 +110,7 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
             ("To decide (rough: extrapolates the interval's shrink rate)", header, rows, "<>>")
         )
     acc = report.accounting
-    rows = [[name, f"{value:,}"] for name, value in acc.items()]
+    rows = [[name, f"{value:,}"] for name, value in acc.items() if name not in SHED_WHEN_FIELDS]
     out.append(("Copy accounting", ["counter", "copies"], rows, "<>"))
     rows = [
         [

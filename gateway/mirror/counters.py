@@ -5,7 +5,8 @@ loop is between callbacks, not only when the mirror is idle, because `pending` c
 *and* in-flight copies and a copy moves from `pending` to `sent` in one synchronous step when
 its outcome is known:
 
-    sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload + sent + pending
+    sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload
+              + shed_capacity + sent + pending
     sent    = observed_ok + observed_error + timed_out
 
 Copies still queued when a candidate is removed or the gateway shuts down are counted in
@@ -58,7 +59,8 @@ class LaneCounters:
         self.deduplicated = 0
         self.dropped_overflow = 0
         self.dropped_oversize = 0
-        self.shed_overload = 0
+        self.shed_overload = 0  # the loop guard (timing: a lost copy)
+        self.shed_capacity = 0  # by hash under a capacity share (a sampling decision)
         self.sent = 0
         self.observed_ok = 0
         self.observed_error = 0
@@ -263,6 +265,24 @@ _RATE_GAUGES: Final = (
             significant,
         ),
     ),
+    (
+        "capacity_share",
+        Family(
+            "canary_mirror_capacity_share",
+            "gauge",
+            "Share of eligible requests the overloaded mirror lets the workers keep for the "
+            "candidate (absent: no limit); copies above it are shed by hash on the worker.",
+            ("candidate",),
+            significant,
+        ),
+    ),
+)
+CAPACITY_CUTS: Final = Family(
+    "canary_mirror_capacity_cuts_total",
+    "counter",
+    "Times a candidate's capacity share was lowered, by the overload signal.",
+    ("reason",),
+    integer,
 )
 _RATE_COUNTERS: Final = (
     (
@@ -299,10 +319,16 @@ _RATE_COUNTERS: Final = (
 
 
 def rate_lines(
-    rates: Mapping[str, Mapping[str, float | None]], eligible_rps: float | None
+    rates: Mapping[str, Mapping[str, float | None]],
+    eligible_rps: float | None,
+    capacity_cuts: Mapping[str, int] | None = None,
 ) -> Iterator[Exposed]:
-    """Adaptive sampling: per candidate target, effective share, realized rate and the cost of
-    changes; the host's eligible request rate (None values are omitted)."""
+    """Adaptive sampling: per candidate target, effective share, capacity share, realized rate
+    and the cost of changes; the host's eligible request rate (None values are omitted); the
+    capacity shares' cuts by reason."""
+    yield CAPACITY_CUTS
+    for reason, cuts in (capacity_cuts or {}).items():
+        yield CAPACITY_CUTS.sample(cuts, reason)
     yield ELIGIBLE_RPS
     if eligible_rps is not None:
         yield ELIGIBLE_RPS.sample(eligible_rps)

@@ -152,6 +152,7 @@ class _Plane:
             live_name=m.live_name,
             received_at=m.received_at,
             only=m.chosen or None,
+            check=m.check,
             # Stored under this host's name, not the worker's: the workers of a host share this
             # process, which keeps a session's turns in order, so only another host splits one.
         )
@@ -188,6 +189,7 @@ class _Plane:
     def detach(self, transport: asyncio.Transport) -> None:
         self.conns.discard(transport)
         self.mirror.adaptive.control.eligible.forget(id(transport))
+        self.mirror.channel.forget(id(transport))
 
     def _frames(self, view: memoryview, writer: asyncio.Transport) -> int:
         """Dispatch each complete frame in `view`; the bytes they took."""
@@ -221,7 +223,9 @@ class _Plane:
         elif kind == frames.KIND_ELIGIBLE:
             m = _decode_eligible(meta)
             eligible = self.mirror.adaptive.control.eligible
-            eligible.report(id(writer), m.count, m.interval_s, time.monotonic())
+            now = time.monotonic()
+            eligible.report(id(writer), m.count, m.interval_s, now)
+            self.mirror.channel.report(id(writer), m.channel_fill, now)
         elif kind == frames.KIND_RELOAD:
             self.reload.set()
         elif kind == frames.KIND_IDLE:

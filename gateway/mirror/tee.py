@@ -21,6 +21,11 @@ second
 the controller turns the host's eligible rate into references, and a change applies at the
 instant it names (here, and in every worker through the plane). A lowered session-mode threshold
 counts the conversations in progress it cuts; a raised one the conversations it joins mid-way.
+
+Past its capacity the mirror lowers per-candidate capacity shares once a second
+(`gateway.mirror.sampling.capacity`, sent with the references), so the workers shed by hash
+before building a frame; here it answers the later turns a worker could not decide (`check`:
+kept iff their session was admitted) and counts what it sheds by reason (`shed_reasons`).
 """
 
 from __future__ import annotations
@@ -47,13 +52,15 @@ from gateway.mirror.replay.observe import observation
 from gateway.mirror.replay.order import TurnOrder
 from gateway.mirror.replay.ring import MemoryBudget
 from gateway.mirror.replay.tokens import TokenCounter
+from gateway.mirror.sampling import capacity as capacity_mod
 from gateway.mirror.sampling.adaptive import AdaptiveRates
 from gateway.mirror.sampling.loopguard import LoopLagGuard
 from gateway.mirror.sampling.sampler import (
     SALT,
     Offer,
     RequestView,
-    decide,
+    apply_capacity,
+    decide_kept,
     hash_key,
     mirrored_route,
     offers_for,
@@ -149,6 +156,15 @@ class Mirror:
             lambda: self._offers,
             lambda: [(name, lane.counters.sampled) for name, lane in self._lanes.items()],
         )
+        # Capacity shares (capacity.py): lowered while this process cannot keep up.
+        self.capacity = capacity_mod.CapacityShares()
+        self.channel = capacity_mod.ChannelFill()  # the workers report their channels' fill
+        self._ring_fill: dict[str, capacity_mod.Occupancy] = {}
+        self.limit_times = capacity_mod.LimitTimes()  # when copies were shed by hash
+        self.admitted = capacity_mod.Admitted()
+        self._capacity_task: asyncio.Task[None] | None = None
+        self._capacity_at: float | None = None
+        self.shed_capacity = 0  # copies shed here under a capacity share (later turns, undecided)
 
     # ------------------------------------------------------------------ candidate set
 
@@ -179,7 +195,9 @@ class Mirror:
                 lane.update(endpoint)
         self.tokens.choose(self._lanes)
         self.adaptive.forget(wanted)
+        self.admitted.forget(wanted)
         self._offers = offers_for(wanted.values(), self.adaptive.refs)
+        apply_capacity(self._offers, self.adaptive.capacity)
         self._any_session = any(o.session_mode for o in self._offers)
 
     def _hold(self, record: ObservationRecord) -> bool:
@@ -220,6 +238,9 @@ class Mirror:
         for lane in self._lanes.values():
             lane.start()
         self.adaptive.start()
+        self._capacity_task = asyncio.get_running_loop().create_task(
+            self._capacity_loop(), name="mirror-capacity"
+        )
 
     async def close(self) -> None:
         """Stop offering, drain for up to `drain_timeout_s`, count the rest as dropped."""
@@ -227,6 +248,8 @@ class Mirror:
             return
         self._closed = True
         self._offers = ()
+        task, self._capacity_task = self._capacity_task, None
+        await finish_tasks([task] if task is not None else [], 0)
         await self.adaptive.close()
         lanes = list(self._lanes.values())
         for lane in lanes:
@@ -265,6 +288,7 @@ class Mirror:
         received_at: float | None = None,
         only: Sequence[str] | None = None,
         replica: str | None = None,
+        check: Sequence[str] = (),
     ) -> object | None:
         """Offer copies of a request a worker handed off; O(candidates), never awaits, never
         copies `body`.
@@ -272,7 +296,8 @@ class Mirror:
         The worker's `exchange_id`, `live_name` and `received_at` are passed, so the records
         match what the worker saw when production served the request; `only` is the worker's
         sampling decision, taken as given (None: the worker left it undecided, so it is taken
-        here); `replica` the worker that served production (stored on the exchange)."""
+        here); `replica` the worker that served production (stored on the exchange); `check`
+        the chosen later turns the worker left to this process's admitted sessions."""
         offers = self._offers
         if not offers:
             return None
@@ -290,16 +315,28 @@ class Mirror:
         header_value = headers.get(self._session_header)
         view: RequestView | None = None
         skey = header_value.encode() if header_value else None
+        shed: list[Offer] = []
         if only is None:
-            if skey is None and self._any_session:
+            first = True
+            if self._any_session:
                 view = parse_request(body)
                 if view is None:
                     self.process.skipped_unparseable += 1
                     return None
-                skey = session_key(view, None)
-            chosen, _ = decide(offers, request_id.encode(), skey)
+                skey = skey or session_key(view, None)
+                first = turn_index(view) == 0
+            chosen, shed, later, _ = decide_kept(offers, request_id.encode(), skey, first)
         else:
-            chosen = list(offers)
+            chosen, later = (
+                [o for o in offers if o.name not in check],
+                [o for o in offers if o.name in check],
+            )
+        if later and skey is not None:
+            for offer in later:
+                admitted = self.admitted.holds(offer.name, skey)
+                (chosen if admitted else shed).append(offer)
+        if shed:
+            self._shed(shed)
         if not chosen:
             return None
         if view is None:
@@ -321,6 +358,14 @@ class Mirror:
             received_at or time.time(),
             replica or self._replica,
         )
+
+    def _shed(self, shed: list[Offer]) -> None:
+        """Count copies shed here under a capacity share (sampled, then shed_capacity)."""
+        for offer in shed:
+            counters = self._lanes[offer.name].counters
+            counters.sampled += 1
+            counters.shed_capacity += 1
+        self.shed_capacity += len(shed)
 
     def _offer(
         self,
@@ -355,6 +400,8 @@ class Mirror:
         for offer in chosen:
             lane = self._lanes[offer.name]
             lane.counters.sampled += 1
+            if offer.session_mode:
+                self.admitted.add(offer.name, skey)
             if shedding:
                 lane.counters.shed_overload += 1
             elif offer.session_mode:
@@ -427,15 +474,77 @@ class Mirror:
         """One step of the `target_rps` controller (the mirror runs one a second)."""
         self.adaptive.tick(now)
 
+    async def _capacity_loop(self) -> None:
+        """Look at every ring's occupancy `SAMPLES_PER_TICK` times a tick, then tick."""
+        every = capacity_mod.TICK_S / capacity_mod.SAMPLES_PER_TICK
+        while True:
+            for _ in range(capacity_mod.SAMPLES_PER_TICK):
+                await asyncio.sleep(every)
+                self.sample_rings()
+            self.capacity_tick(time.monotonic())
+
+    def sample_rings(self) -> None:
+        """One look at each ring's occupancy: items or bytes against its bounds, or the host's
+        memory budget, whichever is fullest (the one it would overflow first)."""
+        budget = self.budget.used / max(1, self.budget.limit)
+        fills = self._ring_fill
+        for name, lane in self._lanes.items():
+            ring = lane.ring
+            fill = max(
+                budget,
+                ring.items / max(1, ring.max_items),
+                ring.bytes / max(1, ring.max_bytes),
+            )
+            fills.setdefault(name, capacity_mod.Occupancy()).sample(fill)
+
+    def capacity_tick(self, now: float) -> None:
+        """One step of the capacity controller; changed shares go to the workers."""
+        last, self._capacity_at = self._capacity_at, now
+        dt = capacity_mod.TICK_S if last is None else now - last
+        rates = {o.name: o.rate for o in self._offers}
+        loads = []
+        fills = self._ring_fill
+        for name in [n for n in fills if n not in self._lanes]:
+            del fills[name]
+        for name, lane in self._lanes.items():
+            c = lane.counters
+            ring = fills.setdefault(name, capacity_mod.Occupancy())
+            ring.close_tick()
+            loads.append(
+                capacity_mod.LaneLoad(
+                    name,
+                    rates.get(name, 0.0),
+                    c.sampled,  # every copy whose frame arrived, shed here or not
+                    c.observed_ok + c.observed_error + c.timed_out,
+                    c.dropped_overflow,
+                    ring,
+                )
+            )
+        self.channel.tick(now)
+        eligible = self.adaptive.control.eligible.instant(now)
+        channel = self.channel.occupancy
+        if self.capacity.tick(now, dt, eligible, loads, channel, self.guard.shedding):
+            self.adaptive.set_capacity(self.capacity.wire(rates, now), now)
+        self.limit_times.tick(self.capacity, self._lanes, time.time())
+
+    def shed_reasons(self) -> dict[str, int]:
+        """Copies shed by this process, by reason (the guard's signals; `capacity`)."""
+        return {**self.guard.reasons, "capacity": self.shed_capacity}
+
     def rate_stats(self) -> dict[str, dict[str, float | None]]:
         """Per candidate: target, effective share, realized copies/s and what changes cost."""
-        return self.adaptive.stats(lane.endpoint for lane in self._lanes.values())
+        out = self.adaptive.stats(lane.endpoint for lane in self._lanes.values())
+        for name, row in out.items():
+            row["capacity_share"] = self.capacity.share(name)
+        return out
 
     # ------------------------------------------------------------------ export
 
     def counters(self) -> dict[str, dict[str, int]]:
-        """Per-candidate counters, including `pending`, `buffer_items` and `buffer_bytes`."""
-        return {name: lane.snapshot() for name, lane in self._lanes.items()}
+        """Per-candidate counters, including `pending`, `buffer_items` and `buffer_bytes`, and
+        when copies were shed by hash (`capacity.LimitTimes`)."""
+        when = self.limit_times.fields
+        return {name: {**lane.snapshot(), **when(name)} for name, lane in self._lanes.items()}
 
     def process_counters(self) -> dict[str, int]:
         """Process-wide counters: requests never offered to any candidate, by reason, and
@@ -445,7 +554,9 @@ class Mirror:
     def prometheus_lines(self) -> Iterable[Exposed]:
         """Families and samples, for the metrics registry's `add_collector`."""
         yield from self.tokens.prometheus_lines()
-        yield from counters_mod.rate_lines(self.rate_stats(), self.adaptive.control.eligible_rps)
+        yield from counters_mod.rate_lines(
+            self.rate_stats(), self.adaptive.control.eligible_rps, self.capacity.cuts
+        )
         yield from self.grading.prometheus_lines()
         yield from counters_mod.prometheus_lines(
             self.counters(),
@@ -457,5 +568,5 @@ class Mirror:
             self.guard.max_lag_s,
             self.guard.busy,
             self.guard.shed_fraction,
-            self.guard.reasons,
+            self.shed_reasons(),
         )

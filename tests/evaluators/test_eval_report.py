@@ -174,3 +174,30 @@ def test_empty_window_holds() -> None:
     assert r.reasons[1].status == "insufficient"
     assert all(m.status in ("n/a", "info", "ungated") for m in r.metrics.values())
     assert all(m.ungated for m in r.metrics.values() if m.status == "ungated")
+
+
+def test_copies_shed_by_hash_are_not_missing_and_the_report_says_when() -> None:
+    """Copies shed by hash under the mirror's capacity share (`shed_capacity`) are a smaller
+    sample, not missing copies: coverage is observed over the copies due without them, the gate
+    passes, and a caveat states how many were shed and between which instants; copies the loop
+    guard shed by timing (`shed_overload`) still count as missing."""
+    base = {"sampled": 5000, "observed_ok": 4400, "observed_error": 40}
+    shed = {
+        **base,
+        "shed_capacity": 560,
+        "shed_capacity_first_at": 1_800_000_000,
+        "shed_capacity_last_at": 1_800_000_042,
+        "shed_capacity_seconds": 40,
+    }
+    r = report(synthetic.Scenario(), 400, accounting=shed)
+    assert r.pairs.coverage == 1.0
+    coverage = next(x for x in r.reasons if x.metric == "coverage")
+    assert coverage.status == "ok"
+    line = next(c for c in r.caveats if "shed by hash" in c)
+    assert "560 sampled copies (11.2%)" in line
+    assert "40 s between 2027-01-15 08:00:00 UTC and 2027-01-15 08:00:42 UTC" in line
+    assert "shed_capacity_first_at" not in render(r, "text")  # instants are not copies
+    guard = report(synthetic.Scenario(), 400, accounting={**base, "shed_overload": 560})
+    assert guard.pairs.coverage == pytest.approx(4440 / 5000)
+    assert not any("shed by hash" in c for c in guard.caveats)
+    assert any("560 of them shed by the mirror's loop guard" in c for c in guard.caveats)

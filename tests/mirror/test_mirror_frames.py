@@ -32,11 +32,14 @@ def test_rates_and_eligible_round_trip() -> None:
     rates = frames.RatesMeta(seq=7, apply_at=12345.678, request_rps=201.5, session_rps=180.0)
     raw = _encode(rates)
     assert msgspec.msgpack.decode(raw, type=frames.RatesMeta) == rates
-    assert msgspec.msgpack.decode(raw) == [7, 12345.678, 201.5, 180.0]
-    eligible = frames.EligibleMeta(count=1234, interval_s=1.002)
+    assert msgspec.msgpack.decode(raw) == [7, 12345.678, 201.5, 180.0, {}]  # no capacity limit
+    eligible = frames.EligibleMeta(count=1234, interval_s=1.002, channel_fill=0.25)
     raw = _encode(eligible)
     assert msgspec.msgpack.decode(raw, type=frames.EligibleMeta) == eligible
-    assert len(raw) < 16  # the once-a-second counter frame stays tiny
+    assert len(raw) < 24  # the once-a-second counter frame stays tiny
+    # A frame without the channel's fill (an older worker) reads as an empty channel.
+    old = msgspec.msgpack.encode([1234, 1.002])
+    assert msgspec.msgpack.decode(old, type=frames.EligibleMeta).channel_fill == 0.0
 
 
 def test_stats_with_and_without_rates() -> None:

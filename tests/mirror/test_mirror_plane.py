@@ -158,7 +158,9 @@ async def test_big_headers_with_a_hung_candidate_stay_in_the_budget(tmp_path: Pa
         assert used <= budget
         # Everything queued is charged with its headers: at least 96 KB a queued copy.
         assert c["buffer_items"] >= 5 and used >= c["buffer_items"] * 96_000
-        assert c["dropped_overflow"] > 0
+        # What the budget could not hold was dropped, or shed by the workers once the lane's full
+        # ring lowered its capacity share (gateway.mirror.sampling.capacity).
+        assert c["dropped_overflow"] + c["shed_overload"] > 0
 
 
 async def test_dead_mirror_process_is_restarted_and_production_carries_on(

@@ -160,6 +160,20 @@ async def test_counters_upsert_and_sum(db_engine: AsyncEngine) -> None:
     assert await queries.registry_version(db_engine) == 0
 
 
+async def test_when_copies_were_shed_is_a_span_over_replicas(db_engine: AsyncEngine) -> None:
+    """The instants copies were shed by hash merge over replicas as a span (earliest first,
+    latest last), not a sum; the seconds and the copies add up."""
+    first, last, secs = "shed_capacity_first_at", "shed_capacity_last_at", "shed_capacity_seconds"
+    row1 = {"sampled": 9, "shed_capacity": 4, first: 1000, last: 1010, secs: 11}
+    row2 = {"sampled": 5, "shed_capacity": 2, first: 990, last: 1005, secs: 16}
+    await queries.upsert_counters(db_engine, "r1", {"a": row1})
+    await queries.upsert_counters(db_engine, "r2", {"a": row2})
+    await queries.upsert_counters(db_engine, "r3", {"a": {"sampled": 1}})
+    assert await queries.sum_counters(db_engine) == {
+        "a": {"sampled": 15, "shed_capacity": 6, first: 990, last: 1010, secs: 27}
+    }
+
+
 async def test_stale_replicas_gauges_count_as_zero(db_engine: AsyncEngine) -> None:
     """A replica that stopped reporting keeps its totals in the sum but not its gauges."""
     counters = {"a": {"sampled": 4, "sent": 3, "pending": 1}}

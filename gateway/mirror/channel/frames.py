@@ -11,7 +11,8 @@ worker served, sampled or not), RAMP (one request of an open rollout: its arm, s
 outcome, a `domain.records.RampRequest` struct-packed in a fixed 45-byte meta whose layout is
 derived from that declaration; no msgpack, no body). Mirror -> worker: STATS
 (host-wide counters and metrics), IDLE_ACK, RATES (the adaptive sampling references and the
-instant they apply, sent on connect and whenever they change). This module never does IO.
+instant they apply, and the capacity shares of an overloaded mirror; sent on connect and
+whenever they change). This module never does IO.
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ class CopyMeta(msgspec.Struct, array_like=True, frozen=True):
     headers: list[tuple[str, str]]
     chosen: list[str]
     session_value: str | None = None  # the session header's value, when present
+    # Of `chosen`: later turns the worker could not decide under a capacity share (the mirror
+    # process keeps them iff it admitted their session).
+    check: list[str] = msgspec.field(default_factory=list)
 
 
 class ResultMeta(msgspec.Struct, array_like=True, frozen=True):
@@ -162,10 +166,13 @@ class IdleMeta(msgspec.Struct, array_like=True, frozen=True):
 
 
 class EligibleMeta(msgspec.Struct, array_like=True, frozen=True):
-    """Requests on mirrored routes this worker served (sampled or not) over `interval_s`."""
+    """Requests on mirrored routes this worker served (sampled or not) over `interval_s`, and
+    the lowest occupancy of its channel over that time (bytes not yet taken by the mirror
+    process over `channel_max_bytes`; `gateway.mirror.sampling.capacity.ChannelFill`)."""
 
     count: int
     interval_s: float
+    channel_fill: float = 0.0
 
 
 class RatesMeta(msgspec.Struct, array_like=True, frozen=True):
@@ -177,6 +184,8 @@ class RatesMeta(msgspec.Struct, array_like=True, frozen=True):
     apply_at: float
     request_rps: float
     session_rps: float
+    # Per candidate under a capacity limit (or recently): (share, lowest recent share).
+    capacity: dict[str, tuple[float, float]] = msgspec.field(default_factory=dict)
 
 
 class StatsMeta(msgspec.Struct, frozen=True):

@@ -5,8 +5,8 @@ session header (`gateway.mirror.sampling.sampler.decide`: one xxh3 per candidate
 and
 when a copy is chosen queue one frame (header, small msgpack meta, a reference to the body bytes
 it already read) for a Unix stream socket toward the host's mirror process. Frames are written
-together at most `_COALESCE_S` after the first (one write and one wake-up of the mirror process
-per few copies).
+together at most `_COALESCE_S` after the first and at most one write every `_WRITE_EVERY_S`
+(one write and one wake-up of the mirror process per few copies).
 The write is non-blocking: the bytes go to the kernel's socket buffer, and what the kernel cannot
 take waits in the transport's buffer; queued and buffered bytes together are capped at
 `[mirror] channel_max_bytes`. A copy that would pass the cap is `dropped_overflow`; one larger
@@ -31,6 +31,14 @@ second (ELIGIBLE). The mirror process answers with the sampling references (RATE
 instant they apply; this worker swaps its thresholds at that instant, as every other worker of
 the host does, so a key's decision never depends on which worker served it.
 
+Capacity shares: while the mirror process cannot keep up it lowers per-candidate capacity
+shares (`gateway.mirror.sampling.capacity`) that arrive with the references and apply the same
+way; a sampled copy whose hash is above its candidate's share is `shed_capacity` here, counted
+before a frame is built (`decide_kept`): a sampling decision, not a lost copy. A later turn of a
+session that a worker cannot decide alone goes to the mirror process in `check`. Telling a
+later turn needs one byte search of the body (`"assistant"`), done only while some session-mode
+candidate has a limit.
+
 Ramp evidence (`put_ramp`, the worker's `gateway.server.ramp.hooks.RampSink`): each request of an
 open rollout becomes one fixed-size RAMP frame (struct-packed, no body), queued with the other
 frames under the same cap as production's results; while the channel is down or full it is
@@ -43,6 +51,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
@@ -58,7 +67,13 @@ from gateway.config.sections import MirrorConfig
 from gateway.mirror.channel import frames
 from gateway.mirror.replay.lane import MIRROR_HEADER
 from gateway.mirror.sampling import rate as rate_mod
-from gateway.mirror.sampling.sampler import Offer, decide, mirrored_route, offers_for
+from gateway.mirror.sampling.sampler import (
+    Offer,
+    apply_capacity,
+    decide_kept,
+    mirrored_route,
+    offers_for,
+)
 from gateway.server.headers import COPY_SKIP
 from gateway.server.hooks import LiveTarget
 from gateway.server.meter import MeterResult
@@ -81,7 +96,16 @@ _RECONNECT_S: Final = 0.2
 # machine) costs the worker more than the frame itself. Copies may wait this long; production's
 # own timings are taken before, on the worker, so they are unaffected.
 _COALESCE_S: Final = 0.002
+# ... and at most one write every this long: past a few hundred frames a second (a copy and its
+# result per sampled request) a write per frame cost the worker more than the frames' own
+# encoding (py-spy under bench/shed.py at 1.5x: the write was the hand-off's largest cost), so
+# under load the frames of 10 ms go in one write. A copy waits at most this long for the
+# mirror process; its candidate's timings start when the lane sends it.
+_WRITE_EVERY_S: Final = 0.010
 ELIGIBLE_REPORT_S: Final = 1.0  # how often the eligible count goes to the mirror process
+_SEP: Final = "\x00"
+_SHED_SESSIONS_MAX: Final = 65536  # sessions whose first turn a worker shed, remembered
+_LATER_TURN: Final = b'"assistant"'  # a chat body holding it is not a conversation's first turn
 
 
 class _Protocol(asyncio.Protocol):
@@ -130,21 +154,29 @@ class Handoff:
         start = rate_mod.START_REFERENCE_RPS
         self._refs = (start, start)  # until the mirror process names the references in force
         self._rates_seq = -1
+        self._caps: dict[str, tuple[float, float]] = {}  # capacity shares in force
+        self._band = False  # some session-mode offer has later turns to tell (see decide_kept)
+        # (candidate, session) whose first turn this worker shed, LRU-bounded: their later turns
+        # are shed here too, without a frame (another worker's are left to the mirror process).
+        self._shed_sessions: OrderedDict[str, None] = OrderedDict()
         self._rate_timers: set[asyncio.TimerHandle] = set()
         self.eligible = 0  # requests on mirrored routes, sampled or not (the request path adds)
+        self._fill_min = 1.0  # the channel's lowest occupancy at a flush since the last report
         self._reporter: asyncio.Task[None] | None = None
         self._transport: asyncio.WriteTransport | None = None
         self._pending: list[bytes] = []  # frame parts not yet written to the transport
         self._pending_bytes = 0
         self._pending_chosen: list[tuple[list[str], bool]] = []  # each pending copy's choice
         self._flush_at: asyncio.TimerHandle | None = None
+        self._written_at = float("-inf")  # the loop's time of the last write (`_WRITE_EVERY_S`)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first frame queued
         self._lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._idle_seq = 0
         self._idle_waiters: dict[int, asyncio.Future[None]] = {}
-        # Per candidate: [sampled, dropped_overflow, dropped_oversize] of copies never handed off.
+        # Per candidate: [sampled, dropped_overflow, dropped_oversize, shed_capacity] of copies
+        # never handed off.
         self._lanes: dict[str, list[int]] = {}
         self.process: dict[str, int] = {
             "skipped_loop": 0,
@@ -171,14 +203,23 @@ class Handoff:
         self._reporter = loop.create_task(self._report(), name="mirror-eligible")
 
     async def _report(self) -> None:
-        """Send the eligible count about once a second (a failed send is carried over)."""
+        """Send the eligible count and the channel's lowest occupancy about once a second (a
+        failed send is carried over)."""
         sent, at = self.eligible, time.monotonic()
         while True:
             await asyncio.sleep(ELIGIBLE_REPORT_S)
             now, count = time.monotonic(), self.eligible
-            meta = _encode(frames.EligibleMeta(count - sent, now - at))
+            fill = min(self._fill_min, self._channel_fill())
+            meta = _encode(frames.EligibleMeta(count - sent, now - at, fill))
             if self._send_small(frames.KIND_ELIGIBLE, meta):
                 sent, at = count, now
+                self._fill_min = 1.0
+
+    def _channel_fill(self) -> float:
+        """The channel's occupancy now: queued and transport-buffered bytes against the cap."""
+        transport = self._transport
+        buffered = transport.get_write_buffer_size() if transport is not None else 0
+        return (buffered + self._pending_bytes) / self._limit
 
     async def _connect(self) -> bool:
         loop = asyncio.get_running_loop()
@@ -238,11 +279,20 @@ class Handoff:
         self._candidates = tuple(candidates)
         self._rebuild()
         for offer in self._offers:
-            self._lanes.setdefault(offer.name, [0, 0, 0])
+            self._lanes.setdefault(offer.name, [0, 0, 0, 0])
         self._send_small(frames.KIND_RELOAD, b"")
 
     def _rebuild(self) -> None:
-        self._offers = offers_for(self._candidates, self._refs)
+        offers = offers_for(self._candidates, self._refs)
+        apply_capacity(offers, self._caps)
+        self._band = any(o.session_mode and o.low < o.threshold for o in offers)
+        self._offers = offers
+
+    def _remember_shed(self, key: str) -> None:
+        sessions = self._shed_sessions
+        sessions[key] = None
+        if len(sessions) > _SHED_SESSIONS_MAX:
+            sessions.popitem(last=False)
 
     def _on_rates(self, msg: frames.RatesMeta) -> None:
         """Swap the references at the instant the mirror process named (the same for every
@@ -256,6 +306,7 @@ class Handoff:
                 return
             self._rates_seq = msg.seq
             self._refs = (msg.request_rps, msg.session_rps)
+            self._caps = msg.capacity
             self._rebuild()
 
         timer = loop.call_later(max(0.0, msg.apply_at - time.monotonic()), fire)
@@ -283,12 +334,26 @@ class Handoff:
         if not offers:
             return None
         header_value = headers.get(self._session_header)
-        sampled, undecided = decide(
-            offers, request_id.encode(), header_value.encode() if header_value else None
+        first = not self._band or _LATER_TURN not in body
+        sampled, shed, check, undecided = decide_kept(
+            offers, request_id.encode(), header_value.encode() if header_value else None, first
         )
-        if not sampled and not undecided:
+        if check and header_value:  # later turns of sessions this worker shed: shed again
+            shed_sessions = self._shed_sessions
+            for offer in [o for o in check if o.name + _SEP + header_value in shed_sessions]:
+                check.remove(offer)
+                shed.append(offer)
+        for offer in () if undecided else shed:  # under the capacity share: no frame built
+            row = self._lanes.setdefault(offer.name, [0, 0, 0, 0])
+            row[0] += 1
+            row[3] += 1
+            if offer.session_mode and first and header_value:
+                self._remember_shed(offer.name + _SEP + header_value)
+        if not sampled and not check and not undecided:
             return None
         chosen = [offer.name for offer in sampled]
+        checked = [offer.name for offer in check]
+        chosen.extend(checked)
         hdrs = [(str(k), v) for k, v in headers.items() if k.lower() not in _SKIP]
         exchange_id = uuid7()
         meta = _encode(
@@ -303,6 +368,7 @@ class Handoff:
                 hdrs,
                 [] if undecided else chosen,
                 header_value,
+                checked,
             )
         )
         size = frames.FRAME.size + len(meta) + len(body)
@@ -319,7 +385,7 @@ class Handoff:
             if undecided:
                 self.process["undecided_dropped"] += 1
             for name in chosen:
-                row = self._lanes.setdefault(name, [0, 0, 0])
+                row = self._lanes.setdefault(name, [0, 0, 0, 0])
                 row[0] += 1
                 row[failure] += 1
             return None
@@ -367,7 +433,9 @@ class Handoff:
             loop = self._loop
             if loop is None:  # asked once: on 3.11 every get_running_loop() is a getpid() syscall
                 loop = self._loop = asyncio.get_running_loop()
-            self._flush_at = loop.call_at(loop.time() + _COALESCE_S, self._flush)
+            now = loop.time()
+            at = max(now + _COALESCE_S, self._written_at + _WRITE_EVERY_S)
+            self._flush_at = loop.call_at(at, self._flush)
 
     def _flush(self) -> None:
         if self._flush_at is not None:
@@ -379,6 +447,14 @@ class Handoff:
         self._pending, self._pending_bytes, self._pending_chosen = [], 0, []
         if transport is not None:
             transport.writelines(pending)
+            if self._loop is not None:
+                self._written_at = self._loop.time()
+            # What the kernel did not take is the backlog the mirror process has not read: its
+            # lowest value between two reports tells a reader that cannot keep up (it never
+            # empties) from one that is only late (`gateway.mirror.sampling.capacity`).
+            fill = transport.get_write_buffer_size() / self._limit
+            if fill < self._fill_min:
+                self._fill_min = fill
 
     def _drop_pending(self) -> None:
         """The channel went down with frames not yet written: their copies never reached the
@@ -390,7 +466,7 @@ class Handoff:
             if undecided:
                 self.process["undecided_dropped"] += 1
             for name in chosen:
-                row = self._lanes.setdefault(name, [0, 0, 0])
+                row = self._lanes.setdefault(name, [0, 0, 0, 0])
                 row[0] += 1
                 row[1] += 1
         self._pending, self._pending_bytes, self._pending_chosen = [], 0, []
@@ -433,9 +509,14 @@ class Handoff:
     def counters(self) -> dict[str, dict[str, int]]:
         """This worker's own rows: copies it chose but could not hand off (identity holds)."""
         out: dict[str, dict[str, int]] = {}
-        for name, (sampled, overflow, oversize) in self._lanes.items():
+        for name, (sampled, overflow, oversize, shed) in self._lanes.items():
             row = dict.fromkeys((*IDENTITY_FIELDS, *GAUGE_FIELDS, "dropped_on_stop"), 0)
-            row.update(sampled=sampled, dropped_overflow=overflow, dropped_oversize=oversize)
+            row.update(
+                sampled=sampled,
+                dropped_overflow=overflow,
+                dropped_oversize=oversize,
+                shed_capacity=shed,
+            )
             out[name] = row
         return out
 
@@ -444,7 +525,7 @@ class Handoff:
         merged = {n: dict(c) for n, c in (self.stats.counters if self.stats else {}).items()}
         for name, row in self.counters().items():
             into = merged.setdefault(name, dict.fromkeys(row, 0))
-            for key in ("sampled", "dropped_overflow", "dropped_oversize"):
+            for key in ("sampled", "dropped_overflow", "dropped_oversize", "shed_capacity"):
                 into[key] = into.get(key, 0) + row[key]
         return merged
 
@@ -471,7 +552,8 @@ class Handoff:
 HANDOFF_DROPPED: Final = Family(
     "canary_mirror_handoff_dropped_total",
     "counter",
-    "Copies a worker chose but never handed off.",
+    "Copies a worker chose but never handed off (shed_capacity: by hash under the capacity "
+    "share, a sampling decision).",
     ("candidate", "reason"),
 )
 HANDOFF_EVENTS: Final = Family(
@@ -490,7 +572,7 @@ def _handoff_lines(
 ) -> Iterable[Exposed]:
     yield HANDOFF_DROPPED
     for name, c in lanes.items():
-        for key in ("dropped_overflow", "dropped_oversize"):
+        for key in ("dropped_overflow", "dropped_oversize", "shed_capacity"):
             yield HANDOFF_DROPPED.sample(c[key], name, key)
     yield HANDOFF_EVENTS
     for key, value in process.items():

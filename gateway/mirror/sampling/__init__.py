@@ -1,3 +1,4 @@
 """Which production requests become copies: `sampler` (deterministic hash decisions and
 session keys, pure), `rate` (the target-rate controller's math, pure), `adaptive` (the mirror
-process's side of it), `loopguard` (sheds new copies while the mirror process is overloaded)."""
+process's side of it), `capacity` (the capacity shares an overloaded mirror grants, pure),
+`loopguard` (sheds new copies while the mirror process is overloaded)."""

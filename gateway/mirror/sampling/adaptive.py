@@ -5,6 +5,9 @@ applies a changed reference to the mirror's offers at the instant it names (and 
 `on_change`, which the plane sends to every worker), and counts what a change cost: in session
 mode, the conversations in progress a lowered threshold cuts (from the recent-conversation
 ledger of `gateway.mirror.replay.order`) and those a raised threshold joins after their first turn.
+The capacity shares of an overloaded mirror (`gateway.mirror.sampling.capacity`) travel in the
+same messages (`set_capacity`) and apply the same way: at the instant named, here and in every
+worker.
 It never touches the request path except `count_joined`, called only for later turns of
 sampled conversations while some candidate has changed.
 """
@@ -21,7 +24,7 @@ from domain.endpoint import Endpoint
 from gateway.mirror.channel import frames
 from gateway.mirror.replay.order import TurnOrder
 from gateway.mirror.sampling import rate as rate_mod
-from gateway.mirror.sampling.sampler import threshold_for
+from gateway.mirror.sampling.sampler import Offer, apply_capacity, threshold_for
 
 __all__ = ["SESSION_ACTIVE_S", "AdaptiveRates", "OfferLike"]
 
@@ -76,6 +79,7 @@ class AdaptiveRates:
         start = rate_mod.START_REFERENCE_RPS
         self.refs = (start, start)
         self.msg = frames.RatesMeta(0, 0.0, start, start)  # the last one, sent to new workers
+        self.capacity: dict[str, tuple[float, float]] = {}  # the capacity shares in force
         self.on_change: Callable[[frames.RatesMeta], None] | None = None
         self._costs: dict[str, _Cost] = {}
         self._timers: set[asyncio.TimerHandle] = set()
@@ -111,8 +115,22 @@ class AdaptiveRates:
         if not self.control.tick(now, self._sampled()):
             return
         request_rps, session_rps = self.control.refs()
+        self._send(request_rps, session_rps, self.msg.capacity, now)
+
+    def set_capacity(self, capacity: dict[str, tuple[float, float]], now: float) -> None:
+        """New capacity shares for the workers and this process, from the instant named."""
+        self.control.seq += 1
+        self._send(self.msg.request_rps, self.msg.session_rps, capacity, now)
+
+    def _send(
+        self,
+        request_rps: float,
+        session_rps: float,
+        capacity: dict[str, tuple[float, float]],
+        now: float,
+    ) -> None:
         msg = frames.RatesMeta(
-            self.control.seq, now + rate_mod.APPLY_LEAD_S, request_rps, session_rps
+            self.control.seq, now + rate_mod.APPLY_LEAD_S, request_rps, session_rps, capacity
         )
         self.msg = msg
         self.schedule(msg)
@@ -142,8 +160,10 @@ class AdaptiveRates:
         if self._closed:
             return
         self.refs = (msg.request_rps, msg.session_rps)
+        self.capacity = msg.capacity
         now = time.monotonic()
-        for offer in self._offers():
+        offers = self._offers()
+        for offer in offers:
             if offer.endpoint.target_rps is None:
                 continue
             share = rate_mod.endpoint_rate(offer.endpoint, self.refs)
@@ -159,6 +179,7 @@ class AdaptiveRates:
                 cost.raised_at, cost.raised_from = now, old
             cost.changed_at = now
             offer.rate, offer.threshold = share, new
+        apply_capacity([o for o in offers if isinstance(o, Offer)], self.capacity)
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop the costs of candidates that are gone."""

@@ -26,7 +26,7 @@ This module must never copy a body, log, or import the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import msgspec
@@ -40,7 +40,9 @@ __all__ = [
     "SALT",
     "Offer",
     "RequestView",
+    "apply_capacity",
     "decide",
+    "decide_kept",
     "hash_key",
     "is_sampled",
     "mirrored_route",
@@ -131,15 +133,17 @@ class Offer:
     """One candidate that receives copies, as the sampling decision sees it: its share in force
     (`rate`, set from its `sample_rate` or its `target_rps` and the references) and the hash
     threshold of that share. The adaptive controller (`gateway.mirror.sampling.adaptive`) may change
-    `rate` and `threshold` in place."""
+    `rate` and `threshold` in place. `keep` is the threshold of the copies kept under the
+    mirror's capacity share (`gateway.mirror.sampling.capacity`), `low` that of the lowest share
+    of the last while: equal to `threshold` while no capacity limit holds."""
 
-    __slots__ = ("endpoint", "name", "rate", "session_mode", "threshold")
+    __slots__ = ("endpoint", "keep", "low", "name", "rate", "session_mode", "threshold")
 
     def __init__(self, endpoint: Endpoint, refs: tuple[float, float]) -> None:
         self.endpoint = endpoint
         self.name = endpoint.name
         self.rate = endpoint_rate(endpoint, refs)
-        self.threshold = threshold_for(self.rate)
+        self.threshold = self.keep = self.low = threshold_for(self.rate)
         self.session_mode = endpoint.sampling == "session"
 
 
@@ -173,6 +177,51 @@ def decide(
         if xxhash.xxh3_64_intdigest(SALT + key) < offer.threshold:
             chosen.append(offer)
     return chosen, undecided
+
+
+def apply_capacity(offers: Iterable[Offer], caps: Mapping[str, tuple[float, float]]) -> None:
+    """Set each offer's `keep` and `low` from its capacity (share, low) pair (absent: none)."""
+    for offer in offers:
+        cap = caps.get(offer.name)
+        if cap is None:
+            offer.keep = offer.low = offer.threshold
+        else:
+            offer.keep = min(offer.threshold, threshold_for(cap[0]))
+            offer.low = min(offer.keep, threshold_for(cap[1]))
+
+
+def decide_kept(
+    offers: Sequence[Offer], request_key: bytes, session: bytes | None, first_turn: bool
+) -> tuple[list[Offer], list[Offer], list[Offer], bool]:
+    """`decide` under the capacity shares: (kept, shed, check, undecided).
+
+    A sampled copy (`hash < threshold`) is kept when `hash < keep`, else shed, except a later
+    turn (`first_turn` False) of a session-mode offer whose hash lies in `[low, threshold)`: its
+    session may have been admitted when the share was higher, or shed when it was lower, so it
+    is in `check` (the mirror process answers from the sessions it admitted). Nested: `keep`
+    never exceeds `threshold`, so the kept copies are a subset of the sample."""
+    kept: list[Offer] = []
+    shed: list[Offer] = []
+    check: list[Offer] = []
+    undecided = False
+    for offer in offers:
+        if offer.session_mode:
+            if session is None:
+                undecided = True
+                continue
+            key = session
+        else:
+            key = request_key
+        h = xxhash.xxh3_64_intdigest(SALT + key)
+        if h >= offer.threshold:
+            continue
+        if offer.session_mode and not first_turn and h >= offer.low:
+            check.append(offer)
+        elif h < offer.keep:
+            kept.append(offer)
+        else:
+            shed.append(offer)
+    return kept, shed, check, undecided
 
 
 def _canonical(raw: msgspec.Raw) -> bytes:

@@ -298,7 +298,7 @@ function renderList(candidates, rates) {
         el("td", {}, verdictBadge(r?.verdict)),
         r ? fmt(r.pairs.n) : "…",
         r ? pct(r.pairs.coverage) : "…",
-        r ? `${fmt(acc.sampled)} / ${fmt((acc.observed_ok || 0) + (acc.observed_error || 0))} / ${fmt(dropped)} / ${fmt(acc.shed_overload)}` : "…",
+        r ? `${fmt(acc.sampled)} / ${fmt((acc.observed_ok || 0) + (acc.observed_error || 0))} / ${fmt(dropped)} / ${fmt((acc.shed_overload || 0) + (acc.shed_capacity || 0))}` : "…",
         rate.effective_sample_rate != null
           ? `${pct(rate.effective_sample_rate)} (max ${pct(c.sample_rate)})`
           : pct(c.sample_rate),
@@ -385,7 +385,9 @@ function renderDetail(r) {
   );
   fill(
     $("d-accounting").tBodies[0],
-    Object.entries(r.accounting).map(([k, v]) => row([k, fmt(v)])),
+    Object.entries(r.accounting).map(([k, v]) =>
+      row([k, k.endsWith("_at") ? new Date(v * 1000).toISOString() : fmt(v)]),
+    ),
   );
   $("d-caveats").replaceChildren(...r.caveats.map((c) => el("li", {}, c)));
 }
