@@ -62,7 +62,12 @@ from plane import Gateway, _load, _pin, _wait_port, wrk
 from plane import _free_port as free_port
 
 PROXIES = ("nginx", "bare", "gateway")
-NAMES = {"nginx": "nginx", "bare": "bare aiohttp", "gateway": "gateway"}
+NAMES = {
+    "nginx": "nginx",
+    "bare": "bare aiohttp",
+    "gateway": "gateway",
+    "before": "gateway, before",
+}
 LOADS = ("requests", "burst", "paced")
 
 # The bare pass-through, N processes sharing its port.
@@ -202,6 +207,35 @@ async def sse_load(url: str, path: str, streams: int, seconds: float) -> tuple[i
     return events, answers, errors, reads
 
 
+class TreeGateway(Gateway):
+    """`canary serve` run from another source tree (`--before-root`, e.g. a `git archive` of an
+    earlier commit), with the same config as `Gateway`'s."""
+
+    def __init__(self, root: Path, tmp: str, live: str, *, workers: int, cpus: set[int] | None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(tmp, f"gw-{self.port}.log")
+        cfg = Path(tmp, f"gw-{self.port}.toml")
+        cfg.write_text(
+            f'[server]\nlisten = "127.0.0.1:{self.port}"\nworkers = {workers}\n'
+            "drain_timeout_s = 0.5\n"
+            f'[live]\nurl = "{live}"\n'
+            f'[storage]\ndb_url = "sqlite+aiosqlite:///{tmp}/gw-{self.port}.db"\n'
+            "registry_poll_interval_s = 1.0\ncounters_flush_interval_s = 1.0\n"
+            "[admin]\ninsecure = true\n"
+        )
+        self._out = self.log.open("w")
+        cmd = [PY, "-m", "gateway.cli.main", "serve", "--config", str(cfg)]
+        if cpus is not None:
+            cmd = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *cmd]
+        self.popen = subprocess.Popen(
+            cmd, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+            stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        _wait_port(self.port, 60.0)
+        time.sleep(0.3)
+
+
 @dataclass
 class Target:
     name: str
@@ -296,17 +330,24 @@ async def run_workers(n: int, args: argparse.Namespace, res: Results, tmp: str) 
                 gw = Gateway(tmp, live, workers=n, cpus=proxy_cpus, mirror_cpus=proxy_cpus)
                 stack.callback(gw.close)
                 _wait_port(ng_port)
+                before = None
+                if args.before_root is not None:
+                    before = TreeGateway(args.before_root, tmp, live, workers=n, cpus=proxy_cpus)
+                    stack.callback(before.close)
                 targets = {
                     "nginx": Target("nginx", f"http://127.0.0.1:{ng_port}", ng_pids),
                     "bare": Target("bare", f"http://127.0.0.1:{bare_port}", bare_pids),
                     "gateway": Target("gateway", gw.url, _gateway_pids(gw)),
                 }
+                if before is not None:
+                    targets["before"] = Target("before", before.url, _gateway_pids(before))
+                proxies = tuple(targets)
                 for t in targets.values():  # warm pools and caches
                     for load in args.loads:
                         await measure(t, load, argparse.Namespace(**{**vars(args), "seconds": 1.0}))
                 res.notes.append(f"{n} worker(s), after warm-up: {_load()}")
                 for rnd in range(args.rounds):
-                    order = PROXIES if rnd % 2 == 0 else PROXIES[::-1]
+                    order = proxies if rnd % 2 == 0 else proxies[::-1]
                     for load in args.loads:
                         for name in order:
                             cell = await measure(targets[name], load, args)
@@ -381,7 +422,7 @@ def report(args: argparse.Namespace, res: Results, skipped: Sequence[int]) -> li
             if (n, load, "bare") not in res.cells:
                 continue
             bare = _pool(res.cells[(n, load, "bare")])
-            for name in PROXIES:
+            for name in [x for x in NAMES if (n, load, x) in res.cells]:
                 p = _pool(res.cells[(n, load, name)])
                 per_read = f"{p.done / p.reads:.1f}" if p.reads else "–"
                 lines.append(
@@ -391,21 +432,22 @@ def report(args: argparse.Namespace, res: Results, skipped: Sequence[int]) -> li
                 )
     lines += ["", "### Gateway against the bare pass-through (CPU per unit, lower is better)", ""]
     lines += [
-        "| workers | per request | per event, burst | per event, paced |",
-        "|---:|---:|---:|---:|",
+        "| workers | gateway | per request | per event, burst | per event, paced |",
+        "|---:|---|---:|---:|---:|",
     ]
     for n in args.workers:
-        if (n, "requests", "bare") not in res.cells and (n, "burst", "bare") not in res.cells:
-            continue
-        row = [f"| {n}"]
-        for load in ("requests", "burst", "paced"):
-            if (n, load, "bare") in res.cells:
-                g = _pool(res.cells[(n, load, "gateway")]).us
-                b = _pool(res.cells[(n, load, "bare")]).us
-                row.append(f"{g / b:.2f}x ({g:.2f} / {b:.2f} µs)")
-            else:
-                row.append("–")
-        lines.append(" | ".join(row) + " |")
+        for gw in ("gateway", "before"):
+            if not any((n, load, gw) in res.cells for load in LOADS):
+                continue
+            row = [f"| {n} | {NAMES[gw]}"]
+            for load in LOADS:
+                if (n, load, gw) in res.cells:
+                    g = _pool(res.cells[(n, load, gw)]).us
+                    b = _pool(res.cells[(n, load, "bare")]).us
+                    row.append(f"{g / b:.2f}x ({g:.2f} / {b:.2f} µs)")
+                else:
+                    row.append("–")
+            lines.append(" | ".join(row) + " |")
     return lines
 
 
@@ -423,9 +465,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="rounds, proxy order alternating")
     p.add_argument("--events", type=int, default=300, help="content events per SSE answer")
     p.add_argument("--streams", type=int, default=16, help="burst SSE clients")
-    p.add_argument("--paced-streams", type=int, default=16, help="paced SSE clients")
+    p.add_argument("--paced-streams", type=int, default=32, help="paced SSE clients")
     p.add_argument("--gap-ms", type=float, default=5.0, help="paced engine: ms between events")
     p.add_argument("--no-pin", action="store_true", help="let every process use every CPU")
+    p.add_argument("--before-root", type=Path, help="also run the gateway from this tree")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round of 2 s cells")
     args = p.parse_args(argv)
     if args.quick:
