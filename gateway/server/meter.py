@@ -236,6 +236,9 @@ class ResponseMeter:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         elif not self._data and data[:6] == b"data: ":
             data = self._events(data, now)
+            if not data:  # whole events only (the usual read): no line left to parse
+                self._tail = b""
+                return
         start = 0
         find = data.find
         while (nl := find(b"\n", start)) >= 0:
@@ -385,9 +388,14 @@ class ResponseMeter:
         self._gap_sum += span
         if gap > self._gap_max:
             self._gap_max = gap
-        room = MAX_GAPS - len(self._gaps)
+        gaps = self._gaps
+        if count == 1:  # one event a read, the usual case: no list to build
+            if len(gaps) < MAX_GAPS:
+                gaps.append(gap)
+            return
+        room = MAX_GAPS - len(gaps)
         if room > 0:
-            self._gaps.extend([gap] * min(count, room))
+            gaps.extend([gap] * min(count, room))
 
     def final_event_seen(self) -> bool:
         """True once the stream carried its final event: `[DONE]` or choice 0's finish reason."""
