@@ -31,13 +31,15 @@ _DONE = b"[DONE]"
 class StreamWatch:
     """First token and final event of an SSE answer; `feed` every chunk as it arrives."""
 
-    __slots__ = ("_meter", "_tail", "_whole")
+    __slots__ = ("_final", "_meter", "_steady", "_tail", "_whole")
 
     def __init__(self, t0: float) -> None:
         # The meter keeps no text: nothing of it is stored.
         self._meter = ResponseMeter(t0, is_sse=True, text_max_chars=0)
         self._tail = b""
         self._whole = False  # meter every byte from here on (CR line endings, an overlong event)
+        self._steady = False  # past the first token with no partial event held
+        self._final = False  # the meter's final_event_seen() after the last feed
 
     @property
     def first_token_at(self) -> float | None:
@@ -45,10 +47,23 @@ class StreamWatch:
 
     def final_event_seen(self) -> bool:
         """True once the stream carried its final event: `[DONE]` or choice 0's finish reason."""
-        return self._meter.final_event_seen()
+        return self._final
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Account one received chunk (any size, any boundary) at `now` (perf_counter)."""
+        if self._steady and chunk[-2:] == b"\n\n" and b"\r" not in chunk:
+            # Past the first token, no partial event held, a read of whole events: the usual
+            # read costs three substring searches.
+            ends = chunk.count(_KEY) != chunk.count(_NULL)
+            if ends or _DONE in chunk:
+                self._meter_ends(chunk, now, ends)
+                self._final = self._meter.final_event_seen()
+            return
+        self._feed(chunk, now)
+        self._final = self._meter.final_event_seen()
+        self._steady = not self._tail and not self._whole and self._meter.first_token_at is not None
+
+    def _feed(self, chunk: bytes, now: float) -> None:
         meter = self._meter
         if self._whole:
             meter.feed(chunk, now)
