@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -228,6 +229,12 @@ def main() -> None:
     p.add_argument("--tree", action="append", default=[], help="another source tree to compare")
     p.add_argument("--naive", action="store_true", help="add the naive mirror (the floor)")
     p.add_argument("--no-pin", action="store_true")
+    p.add_argument(
+        "--token-counter",
+        default="auto",
+        help='[mirror] token_counter: "auto" (the default: the candidate\'s /tokenize counts '
+        'every answer\'s text, one more request per distinct text) or "off"',
+    )
     args = p.parse_args()
     pin = not args.no_pin
     if pin:
@@ -240,7 +247,10 @@ def main() -> None:
     results: dict[tuple[float, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         setup = Setup(Path(tmp))
-        setup.script.write_text(PLANE)
+        counter = f'"mirror.token_counter": {json.dumps(args.token_counter)},'
+        setup.script.write_text(
+            PLANE.replace('"storage.registry_poll', counter + ' "storage.registry_poll')
+        )
         (setup.tmp / "naive.py").write_text(NAIVE)
         try:
             for rnd in range(args.rounds):
@@ -252,7 +262,10 @@ def main() -> None:
                         print(f"r{rnd} {rate:g}/s {tree}: {us:.0f} µs/copy", flush=True)
         finally:
             setup.procs.stop()
-    print(f"\nload average {os.getloadavg()[0]:.2f} at the end; candidate '{CANDIDATE}' at 100 %\n")
+    print(
+        f"\nload average {os.getloadavg()[0]:.2f} at the end; candidate '{CANDIDATE}' at 100 %; "
+        f"token_counter {args.token_counter}\n"
+    )
     print("| copies/s | tree | mirror CPU µs per copy (median) | by round |\n|---:|---|---:|---|")
     for (rate, tree), values in results.items():
         rounds = ", ".join(f"{v:.0f}" for v in values)

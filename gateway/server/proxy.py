@@ -3,10 +3,12 @@
 Every method and path is forwarded with its query string; status, headers (less hop-by-hop ones)
 and body bytes come back unchanged, chunk by chunk as they arrive. The request body is read once
 into one `bytes` object that the tee (the mirror) receives by reference. A passive meter watches
-SSE answers for the TTFT histogram and the tee. Upstream failures map to OpenAI-shaped errors at
-this one boundary: 413 body too large, 502 refused/reset before answering, 504 timeout before the
-first byte; a failure after streaming started cuts the client connection (no fake success). A
-client that goes away aborts the upstream request at once, so the engine stops generating.
+answers the tee stores; an SSE answer it does not store gets a watch (`server/watch.py`: only
+its first token, for the TTFT histogram, and its final event are parsed). Upstream failures map
+to OpenAI-shaped errors at this one boundary: 413 body too large, 502 refused/reset before
+answering, 504 timeout before the first byte; a failure after streaming started cuts the client
+connection (no fake success). A client that goes away aborts the upstream request at once, so the
+engine stops generating.
 
 During a ramp (`gateway.server.ramp.route.RampRoute`), the session key (the session header,
 else the request id) picks the arm: the candidate's requests are forwarded, streamed and
@@ -53,6 +55,7 @@ from gateway.server.upstream import (
     read_chunk,
     request_body,
 )
+from gateway.server.watch import StreamWatch
 
 _REQUEST_SKIP = REQUEST_SKIP
 _RESPONSE_SKIP = RESPONSE_SKIP
@@ -329,7 +332,8 @@ class Proxy:
         t0 = perf_counter()
         wd = self.sweeper.watch(t0)
         upstream: UpstreamResponse | None = None
-        meter: ResponseMeter | None = None
+        meter: ResponseMeter | None = None  # set when the answer is stored (the tee's token)
+        watch: ResponseMeter | StreamWatch | None = None  # the meter, or a stream's watch
         out: web.StreamResponse | None = None
         status = 0
         first_at = 0.0
@@ -367,8 +371,10 @@ class Proxy:
             up_headers = upstream.headers
             ctype = up_headers.get("Content-Type", "")
             is_sse = ctype.startswith("text/event-stream")
-            if is_sse or token is not None or active is not None:
-                meter = ResponseMeter(t0, is_sse=is_sse, text_max_chars=self.text_max)
+            if token is not None:  # the answer is stored: every event metered
+                watch = meter = ResponseMeter(t0, is_sse=is_sse, text_max_chars=self.text_max)
+            elif is_sse:  # only its first token and its final event are needed
+                watch = StreamWatch(t0)
             cls = web.StreamResponse if is_sse else _CoalescedResponse
             out = cls(status=status, reason=upstream.reason)
             out_headers = out.headers  # built in place: no intermediate multidict
@@ -381,13 +387,13 @@ class Proxy:
                 wd.last = now
                 if not first_at:
                     first_at = now
-                if meter is not None:
-                    meter.feed(chunk, now)
+                if watch is not None:
+                    watch.feed(chunk, now)
                 wd.writing = now  # a stall from here on is the client's, not the upstream's
                 await out.write(chunk)
                 wd.writing = 0.0
-                if meter is not None and not delivered:
-                    delivered = meter.final_event_seen()
+                if watch is not None and not delivered:
+                    delivered = watch.final_event_seen()
             upstream.release()
             await out.write_eof()
             complete = True
@@ -418,8 +424,8 @@ class Proxy:
                 assert ramp is not None
                 now = perf_counter()
                 ttft: float | None = None
-                if meter is not None and meter.first_token_at is not None:
-                    ttft = meter.first_token_at - t0
+                if watch is not None and watch.first_token_at is not None:
+                    ttft = watch.first_token_at - t0
                 elif first_at and not is_sse:
                     ttft = first_at - t0
                 ramp.record(
@@ -429,8 +435,8 @@ class Proxy:
         end = perf_counter()
         stats.count(status)
         stats.e2e.observe(end - t0)
-        if meter is not None and meter.first_token_at is not None:
-            stats.ttft.observe(meter.first_token_at - t0)
+        if watch is not None and watch.first_token_at is not None:
+            stats.ttft.observe(watch.first_token_at - t0)
         elif not is_sse and first_at:
             stats.ttft.observe(first_at - t0)
         if token is not None and meter is not None:
