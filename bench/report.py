@@ -95,48 +95,33 @@ def _obs_rows(
     rows = []
     for i in range(n):
         if fail[i]:
-            rows.append(
-                (
-                    ids[i],
-                    endpoint,
-                    arm,
-                    t[i],
-                    500,
-                    "http_5xx",
-                    None,
-                    None,
-                    None,
-                    None,
-                    0,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    False,
-                    0,
-                    None,
-                )
-            )
+            rows.append((
+                ids[i], endpoint, arm, t[i], 500, "http_5xx", None, None, None, None,
+                0, None, None, None, None, None, None, None, None, False, 0, None,
+                False, None, None,
+            ))  # fmt: skip
             continue
         text = next(it) if differs[i] else texts[i]
         rows.append((
             ids[i], endpoint, arm, t[i], 200, None, 0.001, ttft[i], tpot[i], e2e[i],
-            int(tokens[i]) - 1, tpot[i], tpot[i], 2 * tpot[i], int(tokens[i]), "usage",
+            int(tokens[i]) - 1, tpot[i], tpot[i], 2 * tpot[i], int(tokens[i]), "bench:tokenize",
             "stop", text, f"{hash(text) & (2**64 - 1):032x}", False, 0, None,
+            True, int(tokens[i]), int(tokens[i]),
         ))  # fmt: skip
     return rows
 
 
+# The columns of `domain.records.ObservationRecord` these rows fill (the rest stay NULL): one
+# event per token here, every answer counted by one tokenizer, its text delivered whole.
+OBS_COLUMNS = (
+    "exchange_id, endpoint, arm, started_at, status, error_kind, queue_wait_s, ttft_s, tpot_s, "
+    "e2e_s, inter_event_count, inter_event_mean_s, inter_event_p50_s, inter_event_p99_s, "
+    "output_tokens, token_counter, finish_reason, output_text, output_hash, text_truncated, "
+    "cached_tokens, tool_calls, finished, token_events, usage_tokens"
+)
 OBS_SQL = (
-    "INSERT INTO observations (exchange_id, endpoint, arm, started_at, status, error_kind, "
-    "queue_wait_s, ttft_s, tpot_s, e2e_s, itl_count, itl_mean_s, itl_p50_s, itl_p99_s, "
-    "output_tokens, output_tokens_source, finish_reason, output_text, output_hash, "
-    "text_truncated, cached_tokens, tool_calls) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    f"INSERT INTO observations ({OBS_COLUMNS}) "
+    f"VALUES ({','.join('?' * len(OBS_COLUMNS.split(',')))})"
 )
 EX_SQL = (
     "INSERT INTO exchanges (id, received_at, route, model, stream, temperature, session_key, "
@@ -214,7 +199,7 @@ async def _copy_postgres(url: str, n: int, seed: int) -> None:
     con = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
     try:
         ex_cols = EX_SQL.split("(", 1)[1].split(")", 1)[0].replace(" ", "").split(",")
-        obs_cols = OBS_SQL.split("(", 1)[1].split(")", 1)[0].replace(" ", "").split(",")
+        obs_cols = [c.strip() for c in OBS_COLUMNS.split(",")]
         for ex, rows in _chunks(n, seed):
             async with con.transaction():
                 await con.copy_records_to_table("exchanges", records=ex, columns=ex_cols)
