@@ -167,13 +167,10 @@ def decide(
     chosen: list[Offer] = []
     undecided = False
     for offer in offers:
-        if offer.session_mode:
-            if session is None:
-                undecided = True
-                continue
-            key = session
-        else:
-            key = request_key
+        key = session if offer.session_mode else request_key
+        if key is None:  # a session-mode offer whose key is in the body
+            undecided = True
+            continue
         if xxhash.xxh3_64_intdigest(SALT + key) < offer.threshold:
             chosen.append(offer)
     return chosen, undecided
@@ -205,13 +202,10 @@ def decide_kept(
     check: list[Offer] = []
     undecided = False
     for offer in offers:
-        if offer.session_mode:
-            if session is None:
-                undecided = True
-                continue
-            key = session
-        else:
-            key = request_key
+        key = session if offer.session_mode else request_key
+        if key is None:  # a session-mode offer whose key is in the body
+            undecided = True
+            continue
         h = xxhash.xxh3_64_intdigest(SALT + key)
         if h >= offer.threshold:
             continue
