@@ -5,8 +5,8 @@ production's pool), `concurrency` workers, its own timeout and credentials; a co
 through the pool as the proxy's requests do (aiohttp's client protocol and C parser, no
 `ClientSession`/`ClientRequest`/`ClientResponse` per copy), and its connection goes back to the
 pool after the body's end or is dropped on any other exit (timeout, cancel, error), so a hung
-candidate stops. The lane also keeps an aiohttp session for its rare scoring requests
-(`post_json`).
+candidate stops. Its scoring and token-counting requests (`post_json`) go through the same
+pool.
 
 A copy keeps the client's headers except hop-by-hop ones, `Host`, `Content-Length`,
 `Accept-Encoding` (the lane asks for what it can decode) and `Authorization` (unless
@@ -30,7 +30,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-import aiohttp
 import msgspec
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
@@ -54,7 +53,6 @@ from gateway.server.upstream import (
     UpstreamPool,
     UpstreamResponse,
     UpstreamTimeouts,
-    make_client_session,
     read_chunk,
     request_body,
 )
@@ -139,7 +137,6 @@ class Lane:
         self._text_max = storage.store_text_max_chars if storage.store_text else 0
         self._sweeper: DeadlineSweeper | None = None
         self._pool: UpstreamPool | None = None  # the copies'
-        self._session: aiohttp.ClientSession | None = None  # scoring requests' (post_json)
         self._workers: dict[int, asyncio.Task[None]] = {}
         self._idle: deque[asyncio.Future[None]] = deque()
         self._quiet: list[asyncio.Future[None]] = []  # wait_idle() callers
@@ -189,17 +186,31 @@ class Lane:
         self, path: str, body: bytes, *, purpose: str = "score"
     ) -> tuple[int, bytes]:
         """POST a JSON body to this candidate (a scoring or token-counting request, named by
-        `purpose` in the mirror header) with its credentials, within its timeout; (status,
-        body). Raises aiohttp.ClientError / TimeoutError."""
-        assert self._session is not None
-        headers = {"Content-Type": "application/json", MIRROR_HEADER: purpose}
+        `purpose` in the mirror header) with its credentials, through the lane's pool, under
+        its deadlines; (status, body). Raises UpstreamError (its timeout included)."""
+        pool, sweeper = self._pool, self._sweeper
+        assert pool is not None and sweeper is not None
+        headers: CIMultiDict[str] = CIMultiDict(
+            {"Content-Type": "application/json", MIRROR_HEADER: purpose}
+        )
         if self._auth is not None:
             headers["Authorization"] = self._auth
-        async with asyncio.timeout(self._timeout_s):
-            async with self._session.post(
-                URL(self._base + path, encoded=True), data=body, headers=headers
-            ) as resp:
-                return resp.status, await resp.read()
+        wd = sweeper.watch(time.perf_counter())
+        resp: UpstreamResponse | None = None
+        try:
+            resp = await pool.open(
+                "POST", self._origin, path, headers=headers, data=body or None, watchdog=wd
+            )
+            parts = []
+            while chunk := await read_chunk(resp, wd):
+                wd.touch(time.perf_counter())
+                parts.append(chunk)
+            resp.release()  # back to the pool when reusable
+            return resp.status, b"".join(parts)
+        finally:
+            wd.close()
+            if resp is not None:
+                resp.close()  # a no-op once released; else the connection is dropped
 
     def update(self, endpoint: Endpoint) -> None:
         """Apply a changed registration, keeping queued copies that still fit."""
@@ -223,10 +234,6 @@ class Lane:
         # it follows `concurrency`), the configured connect timeout and keep-alive, no cookies,
         # bytes untouched.
         self._pool = UpstreamPool(
-            limit=0, keepalive_s=up.keepalive_s, connect_timeout_s=up.connect_timeout_s
-        )
-        # Scoring requests only (rare; `post_json`): a session with the same settings.
-        self._session = make_client_session(
             limit=0, keepalive_s=up.keepalive_s, connect_timeout_s=up.connect_timeout_s
         )
         self._scale()
@@ -277,9 +284,6 @@ class Lane:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
 
     # ------------------------------------------------------------------ hot path
 

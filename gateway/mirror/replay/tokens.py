@@ -32,7 +32,6 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-import aiohttp
 import msgspec
 
 from domain.exposition import Exposed, Family, integer
@@ -43,6 +42,7 @@ from gateway.lifecycle import finish_tasks
 from gateway.mirror.replay.lane import Lane
 from gateway.server.hooks import ObservationSink
 from gateway.server.meter import CLOCK_RESOLUTION_S
+from gateway.server.upstream import UpstreamError
 
 __all__ = ["OUTCOMES", "TokenCounter", "tokenizer_lane"]
 
@@ -239,7 +239,7 @@ class TokenCounter:
             if status != 200:
                 return None
             doc = _decode_count(answer)
-        except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError):
+        except (UpstreamError, TimeoutError, OSError, msgspec.DecodeError):
             return None
         count, ids = doc.get("count"), doc.get("tokens")
         if isinstance(ids, list):

@@ -23,7 +23,6 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
-import aiohttp
 import msgspec
 import xxhash
 
@@ -33,6 +32,7 @@ from gateway.lifecycle import finish_tasks
 from gateway.mirror.replay.lane import Lane
 from gateway.mirror.scoring import forced as scoring
 from gateway.server.hooks import ObservationSink
+from gateway.server.upstream import UpstreamError
 
 __all__ = ["Scorer", "selected"]
 
@@ -210,7 +210,7 @@ class Scorer:
                 outcome = await self._ask(lane, job.route, request, answer)
         except scoring.ScoringUnsupported:
             outcome = "unsupported"
-        except (aiohttp.ClientError, TimeoutError, scoring.ScoringError, OSError):
+        except (UpstreamError, TimeoutError, scoring.ScoringError, OSError):
             outcome = "failed"
         finally:
             job.settled.add(lane.name)
