@@ -27,10 +27,8 @@ from domain.endpoint import (
     env_name_refusal,
 )
 from domain.errors import ConfigError
+from gateway.config.names import ENV_PREFIX, ENV_VARIABLES, FLAT_KEYS
 from gateway.config.sections import (
-    ENV_PREFIX,
-    ENV_VARIABLES,
-    FLAT_KEYS,
     SECTIONS,
     AdminConfig,
     CredentialsConfig,

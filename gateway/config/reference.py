@@ -7,12 +7,8 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.config.sections import (
-    ENV_PREFIX,
-    FLAT_KEYS,
-    SECTIONS,
-    GatewayConfig,
-)
+from gateway.config.names import ENV_PREFIX, FLAT_KEYS
+from gateway.config.sections import SECTIONS, GatewayConfig
 
 
 class ConfigKey(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,9 +13,9 @@ import pytest
 from domain.endpoint import GraderSpec
 from domain.errors import ConfigError
 from gateway.config.load import load_config, parse_admin_tokens, settings_variables
+from gateway.config.names import FLAT_KEYS
 from gateway.config.reference import reference
 from gateway.config.sections import (
-    FLAT_KEYS,
     SECTIONS,
     AdminConfig,
     CandidateConfig,
