@@ -35,7 +35,7 @@ async def suspects() -> None:
     from gateway.mirror.replay.lane import Lane
     from gateway.mirror.replay.ring import MemoryBudget
     from gateway.mirror.replay.sinks import InMemorySink
-    from gateway.server.upstream import make_client_session
+    from gateway.server.app import make_client_session
 
     for label in ("first ClientSession+TCPConnector", "second ClientSession+TCPConnector"):
         t = time.perf_counter()

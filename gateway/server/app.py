@@ -34,7 +34,7 @@ from gateway.server.proxy import Proxy, ProxyMetrics
 from gateway.server.ramp.arms import ArmRouter
 from gateway.server.ramp.hooks import RampSink, RolloutGuard
 from gateway.server.ramp.route import RampRoute
-from gateway.server.upstream import UpstreamPool, make_client_session
+from gateway.server.upstream import UpstreamPool
 
 log = logging.getLogger("canary.gateway")
 
@@ -58,6 +58,39 @@ CONNECTIONS = web.AppKey("canary_connection_stats", ConnectionStats)
 
 AppCustomizer = Callable[[web.Application], None]
 """Called on the built app before it starts: add cleanup_ctx entries, sub-apps, checks."""
+
+# Headers aiohttp would add on its own; a proxy must forward only what the client sent.
+SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
+
+def make_client_session(
+    *,
+    limit: int,
+    keepalive_s: float,
+    connect_timeout_s: float,
+    limit_per_host: int = 0,
+    read_bufsize: int = 2**16,
+) -> aiohttp.ClientSession:
+    """A pooled keep-alive session that forwards bytes untouched. Call inside a running loop.
+
+    `limit` bounds open connections (0 = unlimited) so a flood cannot exhaust file descriptors;
+    requests beyond it wait for a free connection (that wait counts toward time-to-first-byte).
+    """
+    connector = aiohttp.TCPConnector(
+        limit=limit,
+        limit_per_host=limit_per_host,
+        keepalive_timeout=keepalive_s,
+        ttl_dns_cache=60,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=SKIP_AUTO_HEADERS,
+        read_bufsize=read_bufsize,
+    )
+
 
 _READY_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 _READY_CONNECTIONS = 4

@@ -3,17 +3,12 @@
 `UpstreamPool` is the proxy's (and, one each, the mirror lanes'): keep-alive connections driven
 through aiohttp's client protocol and C parser without a `ClientSession`, `ClientRequest` or
 `ClientResponse` per request (that machinery was about half of a proxied request's CPU).
-`make_client_session` builds a keep-alive `aiohttp.ClientSession` that changes nothing it sends or
-receives (no auto headers, no decompression, no cookie jar, no redirects are followed by the
-callers): the mirror lanes' scoring requests' and the readiness check's. `Watchdog` holds the
-time-to-first-byte, idle-between-chunks and total deadlines of one exchange; one `DeadlineSweeper`
-timer enforces those of every exchange in flight (no timer per request, none per chunk);
-`UpstreamPool.open` and `read_chunk` map every failure to one typed
-`UpstreamError`.
+`Watchdog` holds the time-to-first-byte, idle-between-chunks and total deadlines of one exchange;
+one `DeadlineSweeper` timer enforces those of every exchange in flight (no timer per request,
+none per chunk); `UpstreamPool.open` and `read_chunk` map every failure to one `UpstreamError`.
 
-This module must never log, never retry a request (except, as aiohttp's session does, an
-idempotent one whose reused keep-alive connection turned out closed before any answer), never
-read a body into memory whole."""
+Never logs, never retries a request (except, as aiohttp's session does, an idempotent one whose
+reused keep-alive connection turned out closed before any answer), never reads a body whole."""
 
 from __future__ import annotations
 
@@ -34,10 +29,6 @@ from yarl import URL
 
 from domain.errors import CanaryError
 from domain.outcomes import ErrorKind
-
-# Headers aiohttp would add on its own; a proxy must forward only what the client sent.
-SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
-
 
 CLIENT_WRITE = "client_write"  # the deadline phase of a client that stopped reading
 
@@ -93,35 +84,6 @@ class UpstreamTimeoutError(UpstreamError):
         super().__init__(f"upstream {phase} timeout")
         self.phase = phase
         self.before_response = before_response
-
-
-def make_client_session(
-    *,
-    limit: int,
-    keepalive_s: float,
-    connect_timeout_s: float,
-    limit_per_host: int = 0,
-    read_bufsize: int = 2**16,
-) -> aiohttp.ClientSession:
-    """A pooled keep-alive session that forwards bytes untouched. Call inside a running loop.
-
-    `limit` bounds open connections (0 = unlimited) so a flood cannot exhaust file descriptors;
-    requests beyond it wait for a free connection (that wait counts toward time-to-first-byte).
-    """
-    connector = aiohttp.TCPConnector(
-        limit=limit,
-        limit_per_host=limit_per_host,
-        keepalive_timeout=keepalive_s,
-        ttl_dns_cache=60,
-    )
-    return aiohttp.ClientSession(
-        connector=connector,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
-        auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        skip_auto_headers=SKIP_AUTO_HEADERS,
-        read_bufsize=read_bufsize,
-    )
 
 
 # Bodies above this go out as `SlicedBody`: aiohttp warns about (and would write in one go)
@@ -326,10 +288,7 @@ class Origin:
         host, port = base.raw_host, base.port
         if base.scheme not in ("http", "https") or not host or port is None:
             raise ValueError(f"not an http(s) base URL: {base}")
-        self.base = base
-        self.host = host
-        self.port = port
-        self.ssl = base.scheme == "https"
+        self.base, self.host, self.port, self.ssl = base, host, port, base.scheme == "https"
         self.key = (base.scheme, host, port)
         self.prefix = base.raw_path.rstrip("/")
         # What aiohttp's client sends: host[:port] (no default port), UTF-8.

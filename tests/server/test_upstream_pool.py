@@ -15,6 +15,7 @@ import pytest_asyncio
 from multidict import CIMultiDict
 from yarl import URL
 
+from gateway.server.app import make_client_session
 from gateway.server.upstream import (
     SLICE_ABOVE,
     DeadlineSweeper,
@@ -23,7 +24,6 @@ from gateway.server.upstream import (
     UpstreamPool,
     UpstreamResetError,
     UpstreamTimeouts,
-    make_client_session,
     request_body,
 )
 from tests import fixtures_net
