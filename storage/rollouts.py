@@ -365,8 +365,11 @@ async def _listen_once(
         stats.connected = True
         on_change()
         while True:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns, swallowing a cancel,
+            # when the awaited event is set in the same loop pass (close() would wait forever).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(lost.wait(), keepalive_s)
+                async with asyncio.timeout(keepalive_s):
+                    await lost.wait()
             if lost.is_set() or conn.is_closed():
                 raise ConnectionError("the listening connection was closed")
             await conn.execute("SELECT 1", timeout=keepalive_s)

@@ -220,5 +220,8 @@ class RolloutController:
             except Exception:
                 self.decisions["failed"] += 1
                 log.exception("rollout controller: judging the step failed")
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns, swallowing a cancel,
+            # when the awaited event is set in the same loop pass (close() would wait forever).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+                async with asyncio.timeout(interval_s):
+                    await stop.wait()

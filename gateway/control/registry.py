@@ -178,8 +178,11 @@ class Registry:
 
     async def _poll(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns, swallowing a cancel,
+            # when the awaited event is set in the same loop pass (close() would wait forever).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._poll_interval_s)
+                async with asyncio.timeout(self._poll_interval_s):
+                    await self._wake.wait()
             self._wake.clear()
             await self._read_store()
 

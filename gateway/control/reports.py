@@ -255,8 +255,11 @@ class LocalReports:
             except Exception:
                 self.stats["refresh_failed"] += 1
                 log.exception("refreshing report segments failed")
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns, swallowing a cancel,
+            # when the awaited event is set in the same loop pass (close() would wait forever).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+                async with asyncio.timeout(interval_s):
+                    await stop.wait()
 
     def snapshot(self) -> dict[str, float]:
         return self.stats | {"waiting": float(self._waiting)}
