@@ -198,3 +198,28 @@ async def test_close_stops_polling(replicas: ReplicaFactory) -> None:
     await queries.update_endpoint(r.engine, "a", {"sample_rate": 0.4})
     await asyncio.sleep(POLL_S * 2)
     assert r.registry.snapshot.candidates[0].sample_rate == DEFAULT_SAMPLE_RATE
+
+
+async def test_close_returns_when_a_change_arrives_as_it_closes(migrated_db_url: str) -> None:
+    """A change notification (the PostgreSQL listener sets the poll's wake-up) that lands in the
+    same loop pass as close(): the poll must still end. (`asyncio.wait_for` on Python 3.11 returns
+    the woken wait and drops the cancel there, so close() waited out the poll interval: an hour.)"""
+    engine = make_engine(migrated_db_url)
+    registry = Registry(engine, LiveTarget(LIVE), poll_interval_s=3600.0)
+    closing: asyncio.Task[None] | None = None
+    try:
+        await registry.start(seed_live=LIVE)
+        await asyncio.sleep(0)  # the poll task is waiting for its wake-up
+        poll = registry._task
+        assert poll is not None
+        registry._wake.set()  # what the listener's notification callback does
+        closing = asyncio.create_task(registry.close())
+        # Not cancelled on time-out (a cancel of close() would end the poll after all): a cancel
+        # ends the poll at once, 2 s is slack.
+        await asyncio.wait({closing}, timeout=2)
+        assert closing.done() and poll.done(), "close() waited on the poll's interval"
+    finally:
+        if closing is not None and not closing.done():
+            closing.cancel()
+            await asyncio.wait({closing})
+        await engine.dispose()
