@@ -206,8 +206,7 @@ class BatchWriter:
         finally:  # also when close() itself is cancelled: never leave the task behind
             if not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await asyncio.wait({task})  # a cancel of close() itself still reaches its caller
             self._count_lost()
 
     def _count_lost(self) -> None:

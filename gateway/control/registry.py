@@ -169,12 +169,14 @@ class Registry:
         return self.snapshot
 
     async def close(self) -> None:
-        for task in (self._task, self._listener, self._watch):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        tasks = {t for t in (self._task, self._listener, self._watch) if t is not None}
         self._task = self._listener = self._watch = None
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            # asyncio.wait, not `await task` under suppress(CancelledError): a cancel of close()
+            # itself must reach its caller, not be taken for the task's own.
+            await asyncio.wait(tasks)
 
     async def _poll(self) -> None:
         while True:
