@@ -43,6 +43,7 @@ from gateway.server.meter import MeterResult, ResponseMeter
 from gateway.server.prometheus import Exporter
 from gateway.server.ramp.arms import PRODUCTION, Split
 from gateway.server.ramp.route import RampRoute, ramp_kind
+from gateway.server.relay import Relay
 from gateway.server.upstream import (
     CLIENT_WRITE,
     DeadlineSweeper,
@@ -192,9 +193,22 @@ class ProxyMetrics:
         self.tee_errors = registry.counter(
             "canary_proxy_tee_errors_total", "Exceptions raised by the request tee (swallowed)."
         )
+        reads = registry.counter(
+            "canary_proxy_stream_reads_total",
+            "Upstream reads of streamed (SSE) answers by who wrote them to the client: the "
+            "upstream connection's read callback (relay) or the request's task (task: the first "
+            "read, and every read while the client was not keeping up).",
+            ("path",),
+        )
+        self._reads_task, self._reads_relay = reads.labels("task"), reads.labels("relay")
         self.routes = {route: _RouteStats(route, self) for route in ROUTES}
         self.other = _RouteStats("other", self)
         self._errors = {kind: self.upstream_errors.labels(kind) for kind in UPSTREAM_ERROR_LABELS}
+
+    def stream_reads(self, task: int, relay: int) -> None:
+        self._reads_task.inc(task)
+        if relay:
+            self._reads_relay.inc(relay)
 
     def error(self, kind: str) -> None:
         series = self._errors.get(kind)
@@ -339,7 +353,9 @@ class Proxy:
         first_at = 0.0
         delivered = False  # the client was sent the stream's final event ([DONE] / finish_reason)
         complete = False  # the whole answer went out
-        is_sse = False
+        is_sse = relayable = False
+        relay: Relay | None = None  # the answer's direct relay (server/relay.py), once engaged
+        reads = 0  # upstream reads the task carried
         kind: str | None = None  # how it failed, for the ramp's record
         try:
             if active is not None and arm:
@@ -370,7 +386,7 @@ class Proxy:
             status = upstream.status
             up_headers = upstream.headers
             ctype = up_headers.get("Content-Type", "")
-            is_sse = ctype.startswith("text/event-stream")
+            is_sse = relayable = ctype.startswith("text/event-stream")
             if token is not None:  # the answer is stored: every event metered
                 watch = meter = ResponseMeter(t0, is_sse=is_sse, text_max_chars=self.text_max)
             elif is_sse:  # only its first token and its final event are needed
@@ -394,6 +410,18 @@ class Proxy:
                 wd.writing = 0.0
                 if watch is not None and not delivered:
                     delivered = watch.final_event_seen()
+                reads += 1
+                if relayable:  # from here on the upstream's reads go to the client directly
+                    if relay is None:
+                        relay = Relay.attach(
+                            upstream.connection, upstream.content, request.writer,
+                            request.protocol, watch, wd,
+                        )  # fmt: skip
+                        relayable = relay is not None  # else the task carries it all
+                    if relay is not None:
+                        await relay.resume()
+            if relay is not None:
+                relay.stop()
             upstream.release()
             await out.write_eof()
             complete = True
@@ -409,6 +437,9 @@ class Proxy:
                     return self._upstream_failed(
                         request, timeout, stats, out, upstream, meter, token, rid
                     )
+            if relay is not None:
+                relay.stop()
+                delivered = delivered or relay.delivered
             if not delivered:
                 kind = ErrorKind.CLIENT_DISCONNECT
             self._client_gone(stats, upstream, meter, token, status, delivered)
@@ -418,6 +449,11 @@ class Proxy:
             return out
         finally:
             wd.close()
+            if relay is not None:
+                relay.stop()
+                delivered = delivered or relay.delivered
+            if is_sse:
+                self.metrics.stream_reads(reads, 0 if relay is None else relay.reads)
             if upstream is not None:
                 upstream.close()  # a no-op once released; else the connection is not reusable
             if active is not None:

@@ -295,6 +295,18 @@ class Origin:
         self.host_line = f"Host: {base.host_port_subcomponent}\r\n".encode()
 
 
+class UpstreamConnection(ResponseHandler):
+    """aiohttp's client protocol, plus the relay (`server/relay.py`) of the streamed answer it
+    carries now: None when the answer in flight is not relayed, and always once it is back in
+    the pool."""
+
+    __slots__ = ("relay",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.relay: Any = None
+
+
 class _Conn:
     """One keep-alive connection: aiohttp's client protocol, and what it was last set up for."""
 
@@ -329,6 +341,12 @@ class UpstreamResponse:
         self.reason = reason
         self.headers = headers
         self.content = content
+
+    @property
+    def connection(self) -> ResponseHandler | None:
+        """The connection's protocol while the response holds it."""
+        conn = self._conn
+        return None if conn is None else conn.proto
 
     def release(self) -> None:
         conn = self._conn
@@ -519,7 +537,7 @@ class UpstreamPool:
         try:
             async with asyncio.timeout(self.connect_timeout_s or None):
                 _, proto = await loop.create_connection(
-                    lambda: ResponseHandler(loop), origin.host, origin.port,
+                    lambda: UpstreamConnection(loop), origin.host, origin.port,
                     ssl=True if origin.ssl else None,
                 )  # fmt: skip
         except TimeoutError as exc:
