@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from scale import sse_events  # noqa: E402 - a sibling, through sys.path above
 
 from gateway.server.meter import ResponseMeter  # noqa: E402
-from gateway.server.watch import StreamWatch  # noqa: E402
+from gateway.server.stream.watch import StreamWatch  # noqa: E402
 
 
 def _load_meter(root: Path) -> Any:

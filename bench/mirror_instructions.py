@@ -259,7 +259,7 @@ async def _seed(db_url: str, live: str, cand: str) -> None:
 class Setup:
     """nginx (live and candidate), a fresh SQLite file seeded with both endpoints."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, token_counter: str | None = None) -> None:
         self.tmp = tmp
         self.procs = Procs()
         port = free_port()
@@ -269,7 +269,8 @@ class Setup:
                          "-g", "daemon off;", port=port)  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"
         self.script = tmp / "plane.py"
-        self.script.write_text(PLANE)
+        counter = "" if token_counter is None else f'"mirror.token_counter": "{token_counter}",'
+        self.script.write_text(PLANE.replace('"mirror.priority"', counter + '"mirror.priority"'))
         self.runs = 0
 
     def fresh(self) -> tuple[str, str]:
@@ -415,13 +416,14 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25, help="functions listed by self time")
     ap.add_argument("--keep", type=Path, help="copy the callgrind dump here")
     ap.add_argument("--no-profile", action="store_true", help="callgrind only")
+    ap.add_argument("--token-counter", help='[mirror] token_counter ("off": no /tokenize)')
     args = ap.parse_args()
     for tool in ("valgrind", "callgrind_control", "nginx"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is missing: apt-get install -y valgrind nginx")
     tmp = Path(tempfile.mkdtemp(prefix="canary-mirror-instr-"))
     load0 = os.getloadavg()[0]
-    setup = Setup(tmp)
+    setup = Setup(tmp, args.token_counter)
     try:
         cg = callgrind_run(setup, args)
         shares, (top, whole) = ({}, ([], 1.0)) if args.no_profile else profile_run(setup, args)

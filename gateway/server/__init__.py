@@ -2,8 +2,9 @@
 
 `app` (the aiohttp application), `proxy` (the hot path), `upstream` (the one HTTP client, used by
 the proxy and the mirror lanes; the readiness check's session is `app`'s), `headers` (the
-hop-by-hop policy), `meter` (the passive SSE/JSON response meter), `watch` (the meter's
-pre-filter for answers nobody stores), `hooks` (the seams the other planes plug into),
+hop-by-hop policy), `meter` (the passive SSE/JSON response meter), `stream` (a streamed
+answer past its first chunk: the meter's pre-filter for answers nobody stores, and the direct
+relay from the upstream's read callback), `hooks` (the seams the other planes plug into),
 `prometheus` (the Prometheus text-format exporter), `body` (bounded body reads), `connections`
 (client connection limits), `limits` (descriptor budgets), `ramp` (the ramp's serving side: which
 arm serves a session, shared by the host's workers, and the worker's fast guard on the

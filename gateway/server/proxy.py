@@ -3,7 +3,7 @@
 Every method and path is forwarded with its query string; status, headers (less hop-by-hop ones)
 and body bytes come back unchanged, chunk by chunk as they arrive. The request body is read once
 into one `bytes` object that the tee (the mirror) receives by reference. A passive meter watches
-answers the tee stores; an SSE answer it does not store gets a watch (`server/watch.py`: only
+answers the tee stores; an SSE answer it does not store gets a watch (`server/stream/watch.py`: only
 its first token, for the TTFT histogram, and its final event are parsed). Upstream failures map
 to OpenAI-shaped errors at this one boundary: 413 body too large, 502 refused/reset before
 answering, 504 timeout before the first byte; a failure after streaming started cuts the client
@@ -43,7 +43,8 @@ from gateway.server.meter import MeterResult, ResponseMeter
 from gateway.server.prometheus import Exporter
 from gateway.server.ramp.arms import PRODUCTION, Split
 from gateway.server.ramp.route import RampRoute, ramp_kind
-from gateway.server.relay import Relay
+from gateway.server.stream.relay import Relay
+from gateway.server.stream.watch import StreamWatch
 from gateway.server.upstream import (
     CLIENT_WRITE,
     DeadlineSweeper,
@@ -56,7 +57,6 @@ from gateway.server.upstream import (
     read_chunk,
     request_body,
 )
-from gateway.server.watch import StreamWatch
 
 _REQUEST_SKIP = REQUEST_SKIP
 _RESPONSE_SKIP = RESPONSE_SKIP
@@ -354,7 +354,7 @@ class Proxy:
         delivered = False  # the client was sent the stream's final event ([DONE] / finish_reason)
         complete = False  # the whole answer went out
         is_sse = relayable = False
-        relay: Relay | None = None  # the answer's direct relay (server/relay.py), once engaged
+        relay: Relay | None = None  # the answer's direct relay (server/stream/), once engaged
         reads = 0  # upstream reads the task carried
         kind: str | None = None  # how it failed, for the ramp's record
         try:

@@ -296,9 +296,9 @@ class Origin:
 
 
 class UpstreamConnection(ResponseHandler):
-    """aiohttp's client protocol, plus the relay (`server/relay.py`) of the streamed answer it
-    carries now: None when the answer in flight is not relayed, and always once it is back in
-    the pool."""
+    """aiohttp's client protocol, plus the relay (`server/stream/relay.py`) of the streamed
+    answer it carries now: None when the answer in flight is not relayed, and always once it is
+    back in the pool."""
 
     __slots__ = ("relay",)
 

@@ -1,6 +1,6 @@
-"""The direct relay of streamed answers (gateway/server/relay.py): every byte, in order, whoever
-carries it; the task takes over for a client that does not keep up and hands back; nothing of a
-relay survives on a pooled connection; HTTP/1.0 clients get the raw body."""
+"""The direct relay of streamed answers (gateway/server/stream/relay.py): every byte, in order,
+whoever carries it; the task takes over for a client that does not keep up and hands back;
+nothing of a relay survives on a pooled connection; HTTP/1.0 clients get the raw body."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The stream watch (gateway/server/watch.py) answers as the full meter does, read after read."""
+"""The stream watch (gateway/server/stream/watch.py) answers as the full meter does, read after
+read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.server.meter import ResponseMeter
-from gateway.server.watch import StreamWatch
+from gateway.server.stream.watch import StreamWatch
 
 # Texts that look like the markers the watch searches for, inside JSON strings.
 TEXTS = st.sampled_from(
