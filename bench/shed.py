@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/shed.py [--start 100] [--seconds 10] [--settle 4]
         [--delay-ms 20] [--concurrency 4] [--workers 1] [--rounds 2] [--priority normal]
-        [--candidate-nice 0] [--capacity RPS]
+        [--candidate-nice 0] [--capacity RPS] [--token-counter off|auto] [--grading]
 
 Two `canary serve --workers N` run side by side in front of a live endpoint that answers at
 once: one with a candidate at `sample_rate` 1.0 that answers after `--delay-ms`,
@@ -23,6 +23,14 @@ host SCHED_IDLE measures the others).
    those kept at capacity (target >= 90 %), and production's p99 over every round's latencies,
    on against off (target <= 1.3x); the worker's shed and overflow counts.
 
+Token counting and grading are off by default (the targets are stated with them off). Both
+upstreams answer every request with a few words of its own, so each pair's text is distinct, as
+in real traffic: `--token-counter auto` counts every answer with the candidate's `/tokenize`
+(one request a pair: production and candidate say the same), `--grading` makes the candidate a
+model upgrade graded on every pair, both orders, by the simulator's grader (`canary sim
+--profile grader`, answering at once). The mirror process's cores in the overload table then
+say what each costs.
+
 A benchmark, not a test: it asserts nothing. It prints a Markdown table.
 """
 
@@ -33,6 +41,7 @@ import asyncio
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +67,14 @@ ANSWER = {
 CLIENTS = 32
 
 
+def _answer(request: dict[str, Any]) -> dict[str, Any]:
+    """The answer to a request: a few words of its own (every pair's text distinct, so a token
+    counter or a grader does the work of real traffic), the same from both upstreams."""
+    words = str(request["messages"][-1]["content"]).split()
+    message = {"role": "assistant", "content": "ok " + " ".join(words[-2:])}
+    return {**ANSWER, "choices": [{**ANSWER["choices"][0], "message": message}]}
+
+
 def _upstream(port: int, delay_s: float | None, nice: int) -> None:
     """A child process: the live endpoint (`delay_s` None: answers at once) or the candidate
     (answers after `delay_s`, counts its copies). Each has a process of its own, so the copies
@@ -69,14 +86,19 @@ def _upstream(port: int, delay_s: float | None, nice: int) -> None:
     count = [0]
 
     async def live(request: web.Request) -> web.Response:
-        await request.read()
-        return web.json_response(ANSWER)
+        return web.json_response(_answer(await request.json()))
 
     async def candidate(request: web.Request) -> web.Response:
-        await request.read()
+        doc = await request.json()
         await asyncio.sleep(delay_s or 0.0)
         count[0] += 1
-        return web.json_response(ANSWER)
+        return web.json_response(_answer(doc))
+
+    async def tokenize(request: web.Request) -> web.Response:
+        """vLLM's /tokenize, a word a token: what the mirror's token counter asks."""
+        doc = await request.json()
+        words = len(str(doc.get("prompt", "")).split())
+        return web.json_response({"count": words, "max_model_len": 4096, "tokens": [1] * words})
 
     async def counted(request: web.Request) -> web.Response:
         return web.json_response({"copies": count[0]})
@@ -86,9 +108,10 @@ def _upstream(port: int, delay_s: float | None, nice: int) -> None:
         if delay_s is None:
             app.add_routes([web.post("/v1/chat/completions", live)])
         else:
-            app.add_routes(
-                [web.post("/v1/chat/completions", candidate), web.get("/count", counted)]
-            )
+            app.add_routes([
+                web.post("/v1/chat/completions", candidate), web.get("/count", counted),
+                web.post("/tokenize", tokenize),
+            ])  # fmt: skip
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -258,15 +281,34 @@ async def _step(
     }
 
 
-def _config(path: Path, cand_port: int | None, args: argparse.Namespace) -> None:
+def _config(
+    path: Path, cand_port: int | None, args: argparse.Namespace, grader: str | None = None
+) -> None:
     text = "counters_flush_interval_s = 1.0\nregistry_poll_interval_s = 1.0\n"
-    text += f'mirror_priority = "{args.priority}"\n'
+    text += f'mirror_priority = "{args.priority}"\ntoken_counter = "{args.token_counter}"\n'
     if cand_port is not None:
         text += (
             f"[[candidates]]\nname = 'c'\nurl = 'http://127.0.0.1:{cand_port}'\n"
             f"sample_rate = 1.0\nconcurrency = {args.concurrency}\nbuffer_max_items = 1000\n"
         )
+        if grader is not None:  # a model upgrade graded on every pair, both orders
+            text += (
+                "kind = 'model-upgrade'\n[candidates.grader]\n"
+                f"url = '{grader}'\nmodel = 'sim-model'\nrate = 1.0\n"
+                "max_per_minute = 1000000\n"
+            )
     path.write_text(text)
+
+
+def _grader() -> tuple[subprocess.Popen[bytes], str]:
+    """The simulator's LLM grader (`canary sim --profile grader`), answering at once."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli.main", "sim", "--port", str(port),
+         "--profile", "grader", "--time-scale", "0.02"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def _p(lat: list[float], q: float) -> float:
@@ -293,7 +335,8 @@ async def main(args: argparse.Namespace) -> None:
         on_dir, off_dir = tmp / "on", tmp / "off"
         on_dir.mkdir()
         off_dir.mkdir()
-        _config(on_dir / "on.toml", cand_port, args)
+        grader, grader_url = _grader() if args.grading else (None, None)
+        _config(on_dir / "on.toml", cand_port, args, grader_url)
         _config(off_dir / "off.toml", None, args)
         # Both gateways run all along, the idle one idle: mirroring on and off are measured in
         # alternate steps of one run, so a shared host's drifting load lands on both alike.
@@ -342,13 +385,17 @@ async def main(args: argparse.Namespace) -> None:
             for proc in (on_proc, off_proc):
                 proc.terminate()  # type: ignore[attr-defined]
                 await proc.wait()  # type: ignore[attr-defined]
+            if grader is not None:
+                grader.terminate()
+                grader.wait()
     for up in ups:
         up.terminate()
 
     key = 'canary_mirror_handoff_dropped_total{candidate="c",reason="%s"}'
     print(
         f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, workers {args.workers}, "
-        f"mirror priority {args.priority}"
+        f"mirror priority {args.priority}, token_counter {args.token_counter}, "
+        f"grading {'on (rate 1.0)' if args.grading else 'off'}"
     )
     print("| step | offered copies/s | kept copies/s | kept | p50 ms | p99 ms |")
     print("|---|---|---|---|---|---|")
@@ -384,8 +431,14 @@ async def main(args: argparse.Namespace) -> None:
         print(f"worker {reason} during the overload steps: {got:.0f}")
     for k in [k for k in after if k.startswith("canary_mirror_copies_total")]:
         print(f"{k}: {after[k] - before.get(k, 0.0):.0f}")
-    for k in [k for k in after if k.startswith("canary_mirror_capacity_cuts_total")]:
+    for k in [k for k in after if k.startswith(_ALSO)]:
         print(f"{k}: {after[k] - before.get(k, 0.0):.0f}")
+
+
+_ALSO = (
+    "canary_mirror_capacity_cuts_total", "canary_mirror_token_counts_total",
+    "canary_grading_",
+)  # fmt: skip
 
 
 def _short(row: dict[str, Any]) -> dict[str, Any]:
@@ -408,4 +461,13 @@ if __name__ == "__main__":
     parser.add_argument(
         "--capacity", type=float, default=None, help="skip the sweep: the capacity it found"
     )
+    parser.add_argument(
+        "--token-counter", default="off", choices=("off", "auto"),
+        help="[mirror] token_counter: off, or auto (the candidate's /tokenize, every pair's "
+        "text distinct: one request a pair)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grading", action="store_true",
+        help="the candidate a model upgrade with the simulator's grader at rate 1.0",
+    )  # fmt: skip
     asyncio.run(main(parser.parse_args()))
