@@ -1,6 +1,7 @@
 """The direct relay of streamed answers (gateway/server/stream/relay.py): every byte, in order,
 whoever carries it; the task takes over for a client that does not keep up and hands back;
-nothing of a relay survives on a pooled connection; HTTP/1.0 clients get the raw body."""
+nothing of a relay survives on a pooled connection; HTTP/1.0 clients get the raw body; a mirror
+lane's sink meters a copy's answer without keeping it."""
 
 from __future__ import annotations
 
@@ -8,13 +9,24 @@ import asyncio
 import re
 import socket
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
 
-from gateway.server.meter import MeterResult
+from gateway.server.meter import MeterResult, ResponseMeter
+from gateway.server.stream.relay import MeterSink
+from gateway.server.upstream import (
+    DeadlineSweeper,
+    Origin,
+    UpstreamPool,
+    UpstreamTimeouts,
+    read_chunk,
+)
 from tests import fixtures_net
 from tests.waiting import SETTLE_S, until
 
@@ -223,3 +235,44 @@ class RecordingTee:
             return len(self.responses) >= n
 
         return reached
+
+
+async def test_a_copy_is_metered_from_the_read_callback_and_not_kept(
+    serve: Callable[..., Awaitable[Any]],
+) -> None:
+    """A mirror lane's sink (`MeterSink`): every read of the answer reaches the meter from the
+    connection's callback, none is queued for the task (its first `readany` is the end), and
+    the connection goes back to the pool clean for the next answer."""
+    stream = events(60)
+    up = await serve(engine(stream, gap_s=0.002))
+    pool = UpstreamPool(limit=2, keepalive_s=30.0, connect_timeout_s=5.0)
+    sweeper = DeadlineSweeper(UpstreamTimeouts())
+    try:
+        for _ in range(2):
+            t0 = perf_counter()
+            wd = sweeper.watch(t0)
+            resp = await pool.open(
+                "POST", Origin(URL(up.url)), "/v1/chat/completions",
+                headers=CIMultiDict({"Content-Type": "application/json"}),
+                data=b'{"stream": true}', watchdog=wd,
+            )  # fmt: skip
+            meter = ResponseMeter(t0, is_sse=True, text_max_chars=10_000)
+            sink = MeterSink.attach(resp.connection, resp.content, meter, wd)
+            assert sink is not None
+            queued = []
+            while chunk := await read_chunk(resp, wd):
+                queued.append(chunk)
+                meter.feed(chunk, perf_counter())
+            sink.stop()
+            resp.release()
+            wd.close()
+            result = meter.finish(perf_counter(), resp.status)
+            assert result.saw_done and result.token_events == 60
+            assert result.text == "".join(f" w{i}" for i in range(60))
+            assert result.bytes_total == len(b"".join(stream))
+            assert sink.reads >= 50, f"the sink metered only {sink.reads} reads"
+            assert len(queued) <= 2, f"{len(queued)} reads were queued for the task"
+        assert len({conn for _, conn in up.app[SEEN]}) == 1, "the connection was not reused"
+    finally:
+        pool.close()
+        sweeper.close()

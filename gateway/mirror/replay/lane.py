@@ -46,6 +46,7 @@ from gateway.mirror.replay.ring import Entry, MemoryBudget, Offer, RingBuffer
 from gateway.server.headers import COPY_SKIP, copy_end_to_end, copy_skip
 from gateway.server.hooks import ObservationSink
 from gateway.server.meter import MeterResult, ResponseMeter
+from gateway.server.stream.relay import MeterSink
 from gateway.server.upstream import (
     DeadlineSweeper,
     Origin,
@@ -383,6 +384,7 @@ class Lane:
         assert self._sweeper is not None
         wd = self._sweeper.watch(t0)
         resp: UpstreamResponse | None = None
+        sink: MeterSink | None = None
         try:
             resp = await pool.open(
                 "POST",
@@ -398,10 +400,16 @@ class Lane:
                 is_sse=is_event_stream(resp.headers.get("Content-Type")),
                 text_max_chars=self._text_max,
             )
+            # From the connection's read callback: no task wake-up per event (the first
+            # chunks may be queued already, and are read here).
+            sink = MeterSink.attach(resp.connection, resp.content, meter, wd)
             while chunk := await read_chunk(resp, wd):
                 now = time.perf_counter()
                 wd.touch(now)
                 meter.feed(chunk, now)
+            if sink is not None:
+                sink.stop()
+                sink = None
             resp.release()  # the body's end: back to the pool when reusable
         except UpstreamError as exc:
             error_kind = exc.kind
@@ -410,6 +418,8 @@ class Lane:
             raise
         finally:
             wd.close()
+            if sink is not None:
+                sink.stop()
             if resp is not None:
                 # A no-op once released; on any other exit (timeout, cancel, error, shed) the
                 # connection is dropped, so the candidate stops generating.

@@ -23,8 +23,14 @@ write of the chunk framed for the client (`chunked` transfer coding, or raw for 
 three attribute checks. The task's path is unchanged for the first chunk and for every read
 after a hand-back; `canary_proxy_stream_reads_total{path}` counts the reads each path carried.
 
-It must never await, never buffer anything of its own and never be active on a connection that
-went back to the pool (`stop` runs before the upstream connection is released or dropped).
+A mirror lane needs less: nobody reads a copy's answer but its meter, so `MeterSink` feeds each
+read to the meter from the same callback and drops it; the lane's task wakes only at the end.
+
+Both take each read's time where it arrives (in `data_received`), not when a task gets to run:
+a busy loop delays the forwarding, no longer the meter's clock.
+
+They must never await, never buffer anything of their own and never be active on a connection
+that went back to the pool (`stop` runs before the upstream connection is released or dropped).
 """
 
 from __future__ import annotations
@@ -152,6 +158,45 @@ class Relay:
 
     def stop(self) -> None:
         """Off for good: the answer ended or failed; the connection may be reused."""
+        self.on = False
+        if self._source.relay is self:
+            self._source.relay = None
+
+
+class MeterSink:
+    """A copy's answer, metered read by read from the upstream connection's callback and not
+    kept: the lane's `readany` wakes only when the answer ends (or fails)."""
+
+    __slots__ = ("_feed", "_source", "_wd", "on", "reads")
+
+    def __init__(self, source: UpstreamConnection, feed: _Feed, wd: Watchdog) -> None:
+        self._source = source
+        self._feed = feed
+        self._wd = wd
+        self.on = True
+        self.reads = 0
+
+    @classmethod
+    def attach(
+        cls, source: object, reader: StreamReader, feed: _Feed, wd: Watchdog
+    ) -> MeterSink | None:
+        """A sink for this answer, or None when the connection or the body stream is not the
+        pool's plain one (the caller reads and meters it itself)."""
+        if not (isinstance(source, UpstreamConnection) and type(reader) is StreamReader):
+            return None
+        sink = cls(source, feed, wd)
+        reader.__class__ = _RelayedReader
+        source.relay = sink
+        return sink
+
+    def push(self, data: bytes) -> bool:
+        now = perf_counter()
+        self._wd.last = now
+        self._feed.feed(data, now)
+        self.reads += 1
+        return True
+
+    def stop(self) -> None:
         self.on = False
         if self._source.relay is self:
             self._source.relay = None
