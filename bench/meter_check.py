@@ -138,6 +138,14 @@ def main() -> int:
         bench_s = run(gw, "bench")
         time.sleep(3)  # the last copies reach the candidate
         live_after, cand_after = scrape(args.live), scrape(args.candidate)
+        # Who carried the answers' reads to the client: the relay, or the request's task.
+        with urllib.request.urlopen(gw + "/metrics", timeout=10) as resp:
+            exposition = resp.read().decode()
+        reads = {
+            line.split('path="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in exposition.splitlines()
+            if line.startswith("canary_proxy_stream_reads_total{")
+        }
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -151,8 +159,12 @@ def main() -> int:
     unresolved = sum(
         1 for r in prod if r["tpot_s"] is None and (r["output_tokens"] or 0) > 1 and r["ttft_s"]
     )
-    itl_n = sum(r["itl_count"] for r in prod if r["itl_mean_s"] is not None)
-    itl_sum = sum(r["itl_mean_s"] * r["itl_count"] for r in prod if r["itl_mean_s"] is not None)
+    gaps = [r for r in prod if r["inter_event_mean_s"] is not None]
+    itl_n = sum(r["inter_event_count"] for r in gaps)
+    itl_sum = sum(r["inter_event_mean_s"] * r["inter_event_count"] for r in gaps)
+    finish: dict[str, int] = {}
+    for r in prod:
+        finish[str(r["finish_reason"])] = finish.get(str(r["finish_reason"]), 0) + 1
     e2e = [r["e2e_s"] for r in prod if r["e2e_s"] is not None]
     summary = {
         "requests": {
@@ -162,9 +174,16 @@ def main() -> int:
         },
         "output_tokens": {
             "bench": b.get("total_output_tokens"),
-            "gateway": sum(r["output_tokens"] or 0 for r in prod),
+            # counted from the text by one tokenizer (the candidate's /tokenize): what gates
+            "gateway_counted": sum(r["output_tokens"] or 0 for r in prod),
+            "gateway_counted_answers": sum(1 for r in prod if r["output_tokens"] is not None),
+            "gateway_counted_by": sorted({str(r["token_counter"]) for r in prod}),
+            "gateway_usage": sum(r["usage_tokens"] or 0 for r in prod),  # the engine's usage
+            "gateway_token_events": sum(r["token_events"] or 0 for r in prod),
             "engine": delta(live_after, live_before, "vllm:generation_tokens_total"),
         },
+        "finish_reasons": {"gateway": finish, "expected": {"length": args.num_prompts}},
+        "stream_reads": reads,
         "ttft_mean_s": {
             "bench": b["mean_ttft_ms"] / 1000,
             "gateway": statistics.fmean(ttft),
@@ -181,7 +200,7 @@ def main() -> int:
                 live_after, live_before, "vllm:request_time_per_output_token_seconds"
             ),
         },
-        "itl_mean_s": {
+        "inter_event_mean_s": {
             "bench": b["mean_itl_ms"] / 1000,
             "gateway": itl_sum / itl_n if itl_n else None,
             "engine": hist_mean(live_after, live_before, "vllm:inter_token_latency_seconds"),
@@ -206,7 +225,7 @@ def main() -> int:
             ("ttft_mean_s", "mean_ttft_ms"),
             ("ttft_median_s", "median_ttft_ms"),
             ("tpot_mean_s", "mean_tpot_ms"),
-            ("itl_mean_s", "mean_itl_ms"),
+            ("inter_event_mean_s", "mean_itl_ms"),
             ("e2e_mean_s", "mean_e2el_ms"),
         ):
             row = summary[key]
@@ -216,7 +235,9 @@ def main() -> int:
     print(json.dumps(summary, indent=2))
     print("\n| quantity | bench serve direct | bench serve via gateway | gateway meter | engine |")
     print("|---|---:|---:|---:|---:|")
-    for key in ("ttft_mean_s", "ttft_median_s", "tpot_mean_s", "itl_mean_s", "e2e_mean_s"):
+    for key in (
+        "ttft_mean_s", "ttft_median_s", "tpot_mean_s", "inter_event_mean_s", "e2e_mean_s"
+    ):  # fmt: skip
         row = summary[key]
         assert isinstance(row, dict)
         print(f"| {key[:-2]} (ms) | {ms(row.get('direct'))} | {ms(row.get('bench'))} "

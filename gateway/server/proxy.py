@@ -423,6 +423,7 @@ class Proxy:
             if relay is not None:
                 relay.stop()
             upstream.release()
+            wd.writing = perf_counter()  # the end waits on the client: its deadline applies
             await out.write_eof()
             complete = True
         except UpstreamError as exc:
