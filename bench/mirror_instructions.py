@@ -307,35 +307,19 @@ def _check(row: dict[str, int], expect: int) -> int:
 def callgrind_run(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
     db_url, sock = setup.fresh()
     out = setup.tmp / "callgrind.mirror"
-    proc = setup.plane(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", PY],
-                       sock, db_url)  # fmt: skip
-    control = ["callgrind_control"]
-
-    def zero() -> None:  # the plane waits meanwhile: nothing is in flight between batches
-        subprocess.run([*control, "-z", str(proc.pid)], check=True, capture_output=True)
-
-    def dump() -> Path:
-        subprocess.run([*control, "-d", str(proc.pid)], check=True, capture_output=True)
-        time.sleep(1)
-        dumps = sorted(setup.tmp.glob(f"callgrind.mirror.{proc.pid}*"),
-                       key=lambda p: p.stat().st_mtime)  # fmt: skip
-        return dumps[-1]
+    proc = setup.plane(callgrind_prefix(out), sock, db_url)
 
     async def drive() -> dict[str, Any]:
         worker = await _connect(sock)
         await worker.send(args.warmup, args.batch)
         before = _observed(await worker.fresh_stats())
-        zero()
+        zero(proc.pid)  # the plane waits meanwhile: nothing is in flight between batches
         t0 = time.monotonic()
         await worker.send(args.copies, args.batch)
         wall = time.monotonic() - t0
-        run = dump()
+        run = dump(proc.pid, out)
         after = _check(await worker.fresh_stats(), args.warmup + args.copies)
-        zero()
-        t1 = time.monotonic()
-        await asyncio.sleep(args.idle_s)
-        idle_wall = time.monotonic() - t1
-        idle = dump()
+        idle, idle_wall = await idle_dump(proc.pid, out, args.idle_s)
         worker.writer.close()
         return {"run": run, "wall": wall, "idle": idle, "idle_wall": idle_wall,
                 "observed": after - before, "row": worker.stats.counters}  # fmt: skip
@@ -348,8 +332,7 @@ def callgrind_run(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
     assert res["observed"] == args.copies, missing
     text = res["run"].read_text(errors="replace")
     total = _total(text)
-    background = _total(res["idle"].read_text(errors="replace")) / res["idle_wall"]
-    net = total - background * res["wall"]
+    background, net = less_background(total, res["idle"], res["idle_wall"], res["wall"])
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
         shutil.copy(res["run"], args.keep / "callgrind.mirror.out")
@@ -362,6 +345,40 @@ def callgrind_run(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
         "net": net / res["observed"],
         "objects": {k: v / res["observed"] for k, v in self_cost_by_object(text).items()},
     }
+
+
+def callgrind_prefix(out: Path) -> list[str]:
+    """The command line before the script's: Python under callgrind, dumps to `out`.<pid>."""
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", PY]
+
+
+def zero(pid: int) -> None:
+    """Zero the callgrind counters of `pid`."""
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+
+
+def dump(pid: int, out: Path) -> Path:
+    """Dump the callgrind counters of `pid` (started with `callgrind_prefix(out)`): the file."""
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    time.sleep(1)
+    dumps = sorted(out.parent.glob(f"{out.name}.{pid}*"), key=lambda p: p.stat().st_mtime)
+    return dumps[-1]
+
+
+async def idle_dump(pid: int, out: Path, idle_s: float) -> tuple[Path, float]:
+    """Counters zeroed, `idle_s` with no copies, dumped: (the dump, its wall time)."""
+    zero(pid)
+    t0 = time.monotonic()
+    await asyncio.sleep(idle_s)
+    wall = time.monotonic() - t0
+    return dump(pid, out), wall
+
+
+def less_background(total: int, idle: Path, idle_wall: float, wall: float) -> tuple[float, float]:
+    """(The background's instructions per second from the idle dump, `total` less the
+    background over `wall`)."""
+    background = _total(idle.read_text(errors="replace")) / idle_wall
+    return background, total - background * wall
 
 
 def _total(text: str) -> int:

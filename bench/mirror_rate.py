@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/mirror_rate.py [--rates 300,1000] [--seconds 20] [--rounds 3]
         [--tree DIR ...] [--naive]
+    .venv/bin/python bench/mirror_rate.py --callgrind [--copies 600] [--callgrind-rate 30]
+        [--token-counter off] [--tree DIR ...]
 
 The mirror process (`gateway.mirror.plane.serve_plane`, real SQLite, the priority and settings
 bench/core.py's `canary serve` runs it with: registry poll and counter flush every second) runs
@@ -25,31 +27,65 @@ another commit), interleaved round by round with this one, row order alternating
 one run, on the same host, nginx and database settings. Without the worker and the production
 path bench/core.py measures beside it, the spread from round to round is smaller, so a change
 of a few µs per copy shows. The mirror process is pinned to CPU 0, nginx and this script to
-CPU 1 (`--no-pin`: anywhere). A benchmark, not a test: it asserts nothing.
+CPU 1 (`--no-pin`: anywhere). A benchmark, not a test: the rates assert nothing.
+
+`--callgrind` counts instructions instead of CPU time, which the neighbours on a shared host do
+not move: this tree's mirror process (and each `--tree`'s), then the naive mirror, each alone
+under `valgrind --tool=callgrind` (bench/mirror_instructions.py's way). `--warmup` copies, then
+the counters are zeroed (`callgrind_control -z`), `--copies` copies are sent open loop at
+`--callgrind-rate` per second (slow enough for valgrind to follow), and once all are observed
+(the STATS frames' count) and `SETTLE_S` later (their rows written) dumped: raw instructions and
+wall time. Zeroed again, `--idle-s` seconds with no copies, dumped: the background per second
+(stats, registry poll and counter flushes, split watch; the naive's two timers). Net
+instructions per copy = (raw - background/s x wall) / copies; the table gives raw and net and
+their ratio mirror / naive. Settings: the mirror process as above, plus no overload shedding
+(`mirror.shed_loop_lag_ms` 1e9, `mirror.shed_cpu_busy` 0: under valgrind it would shed copies).
+The writer keeps its 0.5 s timer (`storage.writer_flush_interval_s`, the default) because the
+naive flushes every 0.5 s too: at the same paced rate both write the same batches (15 copies
+at 30/s), so the commit's share of a copy is the same in both rows (larger than at 300-1,000/s,
+where batches are bigger). That holds only while the process keeps up: one that falls behind
+(valgrind is 50 times slower, the host's neighbours take its CPU) gets copies in bursts, with
+more connections and bigger batches, and other counts (a naive row went from 547K to 687K per
+copy on a host at load 5-7), so a row fails if its backlog at a STATS frame passes
+`--max-lag-s` seconds of copies: lower the rate. It fails too unless every copy is observed,
+the mirror's accounting row adds up with every copy observed_ok, and each database holds one
+exchange and two observations per copy (warm-up included).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mirror_instructions import (  # siblings, found through sys.path
     CANDIDATE,
     PLANE_TEMPLATE,
     Setup,
+    Worker,
+    _check,
     _connect,
     _observed,
     _stop,
+    _total,
+    callgrind_prefix,
     copy_frames,
+    dump,
+    idle_dump,
+    less_background,
+    zero,
 )
 from overhead import ROOT
 
@@ -73,8 +109,8 @@ EXCHANGE = ("INSERT INTO exchanges (id, received_at, route, model, stream, turn_
             "request_hash, json_requested, tools_requested, replica, targets) "
             "VALUES (?, ?, ?, ?, ?, 0, ?, 0, 0, ?, ',fast,')")
 OBSERVATION = ("INSERT INTO observations (exchange_id, endpoint, arm, started_at, status, "
-               "ttft_s, e2e_s, itl_count, output_tokens, finish_reason, output_text, "
-               "text_truncated) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, 0)")
+               "ttft_s, e2e_s, finished, inter_event_count, output_tokens, finish_reason, "
+               "output_text, text_truncated) VALUES (?, ?, ?, ?, ?, ?, ?, 1, 0, ?, ?, ?, 0)")
 exchanges, observations, observed, conns = [], [], 0, set()
 
 async def one_copy(session, m, body):
@@ -154,10 +190,14 @@ async def main():
         server = await asyncio.get_running_loop().create_unix_server(
             lambda: Conn(session, tasks), socket_path)
         background = [asyncio.create_task(flush(db)), asyncio.create_task(stats())]
-        await stop.wait()
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([stopped, *background],
+                                     return_when=asyncio.FIRST_COMPLETED)
         server.close()
         for task in background:
             task.cancel()
+        for task in done:
+            task.result()  # a flush that failed (the schema moved on) ends the process, loudly
 
 uvloop.run(main())
 """
@@ -169,29 +209,36 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def _pace(worker: Worker, rate: float, n: int) -> None:
+    """`n` copies open loop at `rate` per second, one write each (COPY and RESULT frames)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for i in range(n):
+        delay = start + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        worker.writer.write(b"".join(copy_frames(worker.sent)))
+        worker.sent += 1
+
+
+async def _until_observed(worker: Worker, n: int, timeout_s: float) -> int:
+    """Copies observed once `n` are, or once `timeout_s` has passed (STATS every 0.5 s)."""
+    deadline = time.monotonic() + timeout_s
+    while (seen := _observed(await worker.fresh_stats())) < n and time.monotonic() < deadline:
+        pass
+    return seen
+
+
 async def _drive(sock: str, pid: int, rate: float, seconds: float) -> tuple[float, int]:
     """Warm up, then `seconds` at `rate` copies/s: (mirror CPU s, copies observed)."""
     worker = await _connect(sock)
-    loop = asyncio.get_running_loop()
-
-    async def pace(n: int) -> None:
-        start = loop.time()
-        for i in range(n):
-            delay = start + i / rate - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            worker.writer.write(b"".join(copy_frames(worker.sent)))
-            worker.sent += 1
-
-    await pace(int(rate))  # a second of warm-up
+    await _pace(worker, rate, int(rate))  # a second of warm-up
     await asyncio.sleep(1.0)
     before = _observed(await worker.fresh_stats())
     c0 = _cpu_s(pid)
     n = int(rate * seconds)
-    await pace(n)
-    deadline = time.monotonic() + 30
-    while _observed(await worker.fresh_stats()) < before + n and time.monotonic() < deadline:
-        pass
+    await _pace(worker, rate, n)
+    await _until_observed(worker, before + n, 30)
     cpu = _cpu_s(pid) - c0
     observed = _observed(await worker.fresh_stats()) - before
     worker.task.cancel()
@@ -199,19 +246,26 @@ async def _drive(sock: str, pid: int, rate: float, seconds: float) -> tuple[floa
     return cpu, observed
 
 
-def run_once(setup: Setup, tree: Path, rate: float, seconds: float, pin: bool) -> float:
-    db_url, sock = setup.fresh()
-    prefix = ["taskset", "-c", "0"] if pin else []
+def _start(
+    setup: Setup, tree: Path, prefix: list[str], sock: str, db_url: str
+) -> subprocess.Popen[bytes]:
+    """The mirror process of `tree` (or the naive one), `prefix` + its script's command line."""
     naive = tree == NAIVE_ROW
     script = setup.tmp / "naive.py" if naive else setup.script
     source = Path(ROOT) if naive else tree
-    proc = subprocess.Popen(
-        [*prefix, sys.executable, str(script), sock, db_url, setup.url, setup.url],
+    return subprocess.Popen(
+        [*prefix, str(script), sock, db_url, setup.url, setup.url],
         cwd=source,
         env={**os.environ, "PYTHONPATH": str(source)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def run_once(setup: Setup, tree: Path, rate: float, seconds: float, pin: bool) -> float:
+    db_url, sock = setup.fresh()
+    prefix = ["taskset", "-c", "0"] if pin else []
+    proc = _start(setup, tree, [*prefix, sys.executable], sock, db_url)
     try:
         cpu, observed = asyncio.run(_drive(sock, proc.pid, rate, seconds))
     finally:
@@ -219,6 +273,118 @@ def run_once(setup: Setup, tree: Path, rate: float, seconds: float, pin: bool) -
     if observed < rate * seconds:
         print(f"  ({tree.name}: {observed} of {int(rate * seconds)} copies observed)")
     return cpu * 1e6 / max(observed, 1)
+
+
+# `--callgrind`: valgrind slows the loop down 50-fold; no overload shedding, every copy is sent.
+CALLGRIND_OVERRIDES = '"mirror.shed_loop_lag_ms": 1e9, "mirror.shed_cpu_busy": 0,'
+SETTLE_S = 2.0  # after the last copy is observed: its rows written (0.5 s timers) in the window
+
+
+def _rows(db_url: str) -> tuple[int, int]:
+    """(exchanges, observations) stored in the SQLite file of `db_url`."""
+    with contextlib.closing(sqlite3.connect(db_url.split(":///", 1)[1])) as db:
+        (exchanges,) = db.execute("SELECT count(*) FROM exchanges").fetchone()
+        (observations,) = db.execute("SELECT count(*) FROM observations").fetchone()
+    return exchanges, observations
+
+
+def callgrind_once(setup: Setup, tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One row under callgrind: raw and net instructions per copy, the background per second."""
+    db_url, sock = setup.fresh()
+    out = setup.tmp / f"callgrind.{tree.name}"
+    proc = _start(setup, tree, callgrind_prefix(out), sock, db_url)
+    rate, expect = args.callgrind_rate, args.warmup + args.copies
+    backlog = [0]
+
+    async def drive() -> dict[str, Any]:
+        worker = await _connect(sock)  # valgrind's start: minutes (the wait is up to 10 min)
+        await _pace(worker, rate, args.warmup)
+        warm = await _until_observed(worker, args.warmup, args.wait_s)
+        assert warm == args.warmup, f"{tree.name}: warm-up {warm} of {args.warmup} observed"
+        await asyncio.sleep(SETTLE_S)  # the warm-up's last rows written before the window
+        zero(proc.pid)
+        t0 = time.monotonic()
+        watch = asyncio.get_running_loop().create_task(_watch_backlog(worker, backlog))
+        await _pace(worker, rate, args.copies)
+        watch.cancel()
+        seen = await _until_observed(worker, expect, args.wait_s)
+        await asyncio.sleep(SETTLE_S)
+        wall = time.monotonic() - t0
+        run = dump(proc.pid, out)
+        row = await worker.fresh_stats()
+        idle, idle_wall = await idle_dump(proc.pid, out, args.idle_s)
+        worker.task.cancel()
+        worker.writer.close()
+        return {"run": run, "wall": wall, "idle": idle, "idle_wall": idle_wall,
+                "observed": seen - warm, "row": row}  # fmt: skip
+
+    try:
+        res = asyncio.run(drive())
+    finally:
+        _stop(proc)
+    lag_s = backlog[0] / rate
+    assert lag_s <= args.max_lag_s, (
+        f"{tree.name} fell {lag_s:.1f} s behind (copies sent, not observed): bursts take other "
+        f"paths (more connections, bigger batches); lower --callgrind-rate"
+    )
+    row = res["row"]
+    if tree != NAIVE_ROW:  # the mirror's accounting row adds up, every copy sampled and sent
+        _check(row, expect)
+    ok = row.get("observed_ok", 0)
+    assert ok == expect, f"{tree.name}: observed_ok {ok} of {expect} copies: {row}"
+    assert res["observed"] == args.copies, f"{tree.name}: {res['observed']} of {args.copies}"
+    stored = _rows(db_url)
+    assert stored == (expect, 2 * expect), f"{tree.name}: (exchanges, observations) {stored}"
+    total = _total(res["run"].read_text(errors="replace"))
+    background, net = less_background(total, res["idle"], res["idle_wall"], res["wall"])
+    n = res["observed"]
+    return {"raw": total / n, "net": net / n, "background": background, "wall": res["wall"],
+            "observed": n, "stored": stored, "lag_s": lag_s}  # fmt: skip
+
+
+async def _watch_backlog(worker: Worker, worst: list[int]) -> None:
+    """Until cancelled: the most copies sent and not yet observed at a STATS frame, in worst[0]
+    (at the rate, one STATS period's worth and those in flight when the process keeps up)."""
+    while True:
+        row = await worker.fresh_stats()
+        worst[0] = max(worst[0], worker.sent - _observed(row))
+
+
+def callgrind_main(setup: Setup, trees: list[Path], args: argparse.Namespace) -> None:
+    """`--callgrind`: each tree's mirror process and the naive mirror, one after the other."""
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is missing: apt-get install -y valgrind")
+    load0, t0 = os.getloadavg()[0], time.monotonic()
+    rows = [*trees, NAIVE_ROW] if NAIVE_ROW not in trees else trees
+    results = {}
+    for tree in rows:
+        results[tree] = res = callgrind_once(setup, tree, args)
+        print(f"{tree}: net {res['net'] / 1e3:,.1f}K instructions / copy, raw "
+              f"{res['raw'] / 1e3:,.1f}K", flush=True)  # fmt: skip
+    print(
+        f"\nMachine: {os.cpu_count()} cores, load average {load0:.2f} -> "
+        f"{os.getloadavg()[0]:.2f}; callgrind, {args.copies} copies at "
+        f"{args.callgrind_rate:g}/s after {args.warmup} of warm-up, background over "
+        f"{args.idle_s:g} s; candidate "
+        f"'{CANDIDATE}' at 100 %; token_counter {args.token_counter}; "
+        f"{time.monotonic() - t0:.0f} s in all\n"
+    )
+    print(
+        "| mirror | copies observed | stored (exchanges, observations) | wall s | max lag s "
+        "| background K instr/s | raw K instr/copy | net K instr/copy |\n"
+        "|---|---:|---|---:|---:|---:|---:|---:|"
+    )
+    label = {t: "naive mirror" if t == NAIVE_ROW else f"mirror process ({t})" for t in results}
+    for tree, r in results.items():
+        print(f"| {label[tree]} | {r['observed']} | {r['stored'][0]}, {r['stored'][1]} | "
+              f"{r['wall']:.1f} | {r['lag_s']:.1f} | {r['background'] / 1e3:,.0f} | "
+              f"{r['raw'] / 1e3:,.1f} | {r['net'] / 1e3:,.1f} |")  # fmt: skip
+    naive = results[NAIVE_ROW]
+    for tree, r in results.items():
+        if tree != NAIVE_ROW:
+            print(f"| {label[tree]} / naive | | | | | | {r['raw'] / naive['raw']:.2f}x | "
+                  f"**{r['net'] / naive['net']:.2f}x** |")  # fmt: skip
 
 
 def main() -> None:
@@ -235,23 +401,39 @@ def main() -> None:
         help='[mirror] token_counter: "auto" (the default: the candidate\'s /tokenize counts '
         'every answer\'s text, one more request per distinct text) or "off"',
     )
+    g = p.add_argument_group("--callgrind: instructions per copy, this tree's against the naive")
+    g.add_argument("--callgrind", action="store_true", help="instead of the CPU rates")
+    g.add_argument("--copies", type=int, default=600, help="measured copies per row")
+    g.add_argument("--warmup", type=int, default=100, help="copies before the counters are zeroed")
+    g.add_argument("--callgrind-rate", type=float, default=30.0, help="copies per second")
+    g.add_argument("--max-lag-s", type=float, default=2.0, help="fail if a row falls behind more")
+    g.add_argument("--idle-s", type=float, default=10.0, help="background measure (seconds)")
+    g.add_argument("--wait-s", type=float, default=600.0, help="longest wait for the copies")
     args = p.parse_args()
-    pin = not args.no_pin
+    pin = not args.no_pin and not args.callgrind
     if pin:
         os.sched_setaffinity(0, {1})
     trees = [Path(ROOT), *(Path(t).resolve() for t in args.tree)]
     if args.naive:
         trees.append(NAIVE_ROW)
     rates = [float(r) for r in args.rates.split(",")]
-    print(f"Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
     results: dict[tuple[float, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         setup = Setup(Path(tmp))
         counter = f'"mirror.token_counter": {json.dumps(args.token_counter)},'
+        if args.callgrind:
+            counter += " " + CALLGRIND_OVERRIDES
         setup.script.write_text(
             PLANE.replace('"storage.registry_poll', counter + ' "storage.registry_poll')
         )
         (setup.tmp / "naive.py").write_text(NAIVE)
+        if args.callgrind:
+            try:
+                callgrind_main(setup, trees, args)
+            finally:
+                setup.procs.stop()
+            return
+        print(f"Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
         try:
             for rnd in range(args.rounds):
                 order = trees if rnd % 2 == 0 else trees[::-1]
