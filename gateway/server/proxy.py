@@ -413,12 +413,13 @@ class Proxy:
                 reads += 1
                 if relayable:  # from here on the upstream's reads go to the client directly
                     if relay is None:
-                        relay = Relay.attach(
+                        # (an answer already whole in the body stream has nothing to relay)
+                        relay = None if upstream.content.is_eof() else Relay.attach(
                             upstream.connection, upstream.content, request.writer,
                             request.protocol, watch, wd,
                         )  # fmt: skip
                         relayable = relay is not None  # else the task carries it all
-                    if relay is not None:
+                    if relay is not None and not relay.on:
                         await relay.resume()
             if relay is not None:
                 relay.stop()
