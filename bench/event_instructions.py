@@ -29,15 +29,19 @@ import argparse
 import asyncio
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from instructions import BARE_GATEWAY, DRAIN, total_per_request  # siblings, via sys.path
-from overhead import PASSTHROUGH, PY, ROOT, Procs, free_port, wait_port
+from instructions import (  # siblings, via sys.path
+    BARE_GATEWAY,
+    DRAIN,
+    total_per_request,
+    under_callgrind,
+)
+from overhead import PASSTHROUGH, PY, ROOT, Procs, free_port
 from scale import PACED, sse_events
 
 # The paced engine answering any method and path (the gateway mirrors POST chat requests only).
@@ -85,29 +89,13 @@ def measure(script: Path, root: Path, ups: dict[str, str], tmp: Path, args: argp
     out = {}
     for name, up in ups.items():
         expect = (tmp / f"sse-{name}").read_bytes()
-        port = free_port()
-        dump = tmp / f"callgrind.{name}.{port}"
-        proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}.%p", PY, str(script),
-             str(port), up, *extra],
-            cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            wait_port(port, timeout=600)
+        with under_callgrind(script, root, up, tmp, *extra) as (port, zero, dump):
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             asyncio.run(_stream(url, max(4, args.answers // 4), args.streams, expect))
-            subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True,
-                           capture_output=True)  # fmt: skip
+            zero()
             asyncio.run(_stream(url, args.answers, args.streams, expect))
-            subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True,
-                           capture_output=True)  # fmt: skip
-            time.sleep(1)
-            dumps = sorted(tmp.glob(f"{dump.name}.{proc.pid}*"), key=lambda p: p.stat().st_mtime)
-            out[name] = total_per_request(dumps[-1].read_text(errors="replace"), args.answers)
-        finally:
-            proc.terminate()
-            proc.wait(60)
+            text = dump().read_text(errors="replace")
+        out[name] = total_per_request(text, args.answers)
     return out
 
 

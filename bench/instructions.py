@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -127,11 +129,12 @@ async def _send(url: str, n: int, conns: int = 8, body: bytes | None = None) -> 
         await asyncio.gather(*(worker() for _ in range(conns)))
 
 
-def callgrind_dump(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra: str,
-                   chat: bool = False) -> Path:  # fmt: skip
-    """Run `script` (a proxy on a port, in front of `up`) under callgrind, warm it up with 200
-    requests, zero the counters, send `requests` (GET /v1/completions, or with `chat` a small
-    POST /v1/chat/completions), dump: the dump's path."""
+@contextlib.contextmanager
+def under_callgrind(
+    script: Path, root: Path, up: str, tmp: Path, *extra: str
+) -> Iterator[tuple[int, Callable[[], None], Callable[[], Path]]]:
+    """`script` (a proxy on a port, in front of `up`) running under callgrind: its port, a
+    function zeroing its counters and one dumping them (the dump's path)."""
     port = free_port()
     out = tmp / f"callgrind.{port}"
     proc = subprocess.Popen(
@@ -140,20 +143,36 @@ def callgrind_dump(script: Path, root: Path, up: str, requests: int, tmp: Path, 
         cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+
+    def control(flag: str) -> None:
+        subprocess.run(["callgrind_control", flag, str(proc.pid)], check=True, capture_output=True)
+
+    def dump() -> Path:
+        control("-d")
+        time.sleep(1)
+        dumps = sorted(tmp.glob(f"{out.name}.{proc.pid}*"), key=lambda p: p.stat().st_mtime)
+        return dumps[-1]
+
     try:
         wait_port(port, timeout=600)
-        path, body = (CHAT_PATH, CHAT_BODY) if chat else ("/v1/completions", None)
-        url = f"http://127.0.0.1:{port}{path}"
-        asyncio.run(_send(url, 200, body=body))
-        subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
-        asyncio.run(_send(url, requests, body=body))
-        subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
-        time.sleep(1)
-        dumps = sorted(tmp.glob(f"callgrind.{port}.{proc.pid}*"), key=lambda p: p.stat().st_mtime)
-        return dumps[-1]
+        yield port, lambda: control("-z"), dump
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def callgrind_dump(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra: str,
+                   chat: bool = False) -> Path:  # fmt: skip
+    """Run `script` under callgrind, warm it up with 200 requests, zero the counters, send
+    `requests` (GET /v1/completions, or with `chat` a small POST /v1/chat/completions), dump:
+    the dump's path."""
+    with under_callgrind(script, root, up, tmp, *extra) as (port, zero, dump):
+        path, body = (CHAT_PATH, CHAT_BODY) if chat else ("/v1/completions", None)
+        url = f"http://127.0.0.1:{port}{path}"
+        asyncio.run(_send(url, 200, body=body))
+        zero()
+        asyncio.run(_send(url, requests, body=body))
+        return dump()
 
 
 def total_per_request(text: str, requests: int) -> float:

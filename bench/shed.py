@@ -300,11 +300,13 @@ def _config(
     path.write_text(text)
 
 
-def _grader() -> tuple[subprocess.Popen[bytes], str]:
-    """The simulator's LLM grader (`canary sim --profile grader`), answering at once."""
+def _grader(nice: int) -> tuple[subprocess.Popen[bytes], str]:
+    """The simulator's LLM grader (`canary sim --profile grader`), answering at once, at `nice`
+    (it stands for a remote LLM: on a 2-core host it otherwise takes production's cores)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "sim", "--port", str(port),
+        ["nice", "-n", str(nice), sys.executable, "-m", "gateway.cli.main", "sim",
+         "--port", str(port),
          "--profile", "grader", "--time-scale", "0.02"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -335,7 +337,7 @@ async def main(args: argparse.Namespace) -> None:
         on_dir, off_dir = tmp / "on", tmp / "off"
         on_dir.mkdir()
         off_dir.mkdir()
-        grader, grader_url = _grader() if args.grading else (None, None)
+        grader, grader_url = _grader(args.grader_nice) if args.grading else (None, None)
         _config(on_dir / "on.toml", cand_port, args, grader_url)
         _config(off_dir / "off.toml", None, args)
         # Both gateways run all along, the idle one idle: mirroring on and off are measured in
@@ -470,4 +472,5 @@ if __name__ == "__main__":
         "--grading", action="store_true",
         help="the candidate a model upgrade with the simulator's grader at rate 1.0",
     )  # fmt: skip
+    parser.add_argument("--grader-nice", type=int, default=0, help="the grader's nice value")
     asyncio.run(main(parser.parse_args()))
