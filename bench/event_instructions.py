@@ -31,13 +31,12 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from instructions import (  # siblings, via sys.path
     BARE_GATEWAY,
-    DRAIN,
+    start_drain,
     total_per_request,
     under_callgrind,
 )
@@ -126,14 +125,7 @@ def main() -> int:
                 gw, args.before_root.resolve(), ups, tmp, args
             )
         if args.stored:
-            sock = str(tmp / "plane.sock")
-            drain = tmp / "drain.py"
-            drain.write_text(DRAIN)
-            procs.start(PY, str(drain), sock)
-            for _ in range(100):
-                if Path(sock).exists():
-                    break
-                time.sleep(0.05)
+            sock = start_drain(procs, tmp)
             rows["gateway, every answer mirrored (this tree)"] = measure(
                 gw, ROOT, ups, tmp, args, f"candidate={sock}"
             )

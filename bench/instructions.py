@@ -187,6 +187,20 @@ def measure(script: Path, root: Path, up: str, requests: int, tmp: Path, *extra:
     return total_per_request(dump.read_text(errors="replace"), requests)
 
 
+def start_drain(procs: Procs, tmp: Path) -> str:
+    """A process standing where the mirror process listens, discarding what the worker's tee
+    writes (`DRAIN`): its Unix socket's path, once it listens."""
+    sock = str(tmp / "plane.sock")
+    drain = tmp / "drain.py"
+    drain.write_text(DRAIN)
+    procs.start(PY, str(drain), sock)
+    for _ in range(100):
+        if Path(sock).exists():
+            break
+        time.sleep(0.05)
+    return sock
+
+
 def setup(procs: Procs, tmp: Path) -> tuple[str, Path, Path]:
     """nginx `return 200` started in `procs` (its URL), and the bare gateway's and the
     pass-through's scripts written to `tmp`: what every callgrind measure here runs against."""
@@ -234,14 +248,7 @@ def main() -> int:
             )
         rows["minimal aiohttp pass-through"] = measure(pt_script, ROOT, live, args.requests, tmp)
         if args.candidate:
-            sock = str(tmp / "plane.sock")
-            drain = tmp / "drain.py"
-            drain.write_text(DRAIN)
-            procs.start(PY, str(drain), sock)
-            for _ in range(100):
-                if Path(sock).exists():
-                    break
-                time.sleep(0.05)
+            sock = start_drain(procs, tmp)
             rows["POST chat: minimal aiohttp pass-through"] = measure(
                 pt_script, ROOT, live, args.requests, tmp, chat=True
             )
