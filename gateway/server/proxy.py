@@ -37,6 +37,7 @@ from domain.ids import uuid7
 from domain.outcomes import ErrorKind
 from gateway.config.sections import LimitsConfig, UpstreamConfig
 from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
+from gateway.server.deadlines import CLIENT_WRITE, DeadlineSweeper, UpstreamTimeouts
 from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
 from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.meter import MeterResult, ResponseMeter
@@ -46,14 +47,11 @@ from gateway.server.ramp.route import RampRoute, ramp_kind
 from gateway.server.stream.relay import Relay
 from gateway.server.stream.watch import StreamWatch
 from gateway.server.upstream import (
-    CLIENT_WRITE,
-    DeadlineSweeper,
     Origin,
     UpstreamError,
     UpstreamPool,
     UpstreamResponse,
     UpstreamTimeoutError,
-    UpstreamTimeouts,
     read_chunk,
     request_body,
 )

@@ -18,15 +18,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from gateway.server.deadlines import DeadlineSweeper, UpstreamTimeouts
 from gateway.server.meter import MeterResult, ResponseMeter
 from gateway.server.stream.relay import MeterSink
-from gateway.server.upstream import (
-    DeadlineSweeper,
-    Origin,
-    UpstreamPool,
-    UpstreamTimeouts,
-    read_chunk,
-)
+from gateway.server.upstream import Origin, UpstreamPool, read_chunk
 from tests import fixtures_net
 from tests.waiting import SETTLE_S, until
 

@@ -16,14 +16,13 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from gateway.server.app import make_client_session
+from gateway.server.deadlines import DeadlineSweeper, UpstreamTimeouts
 from gateway.server.upstream import (
     SLICE_ABOVE,
-    DeadlineSweeper,
     Origin,
     UpstreamConnectError,
     UpstreamPool,
     UpstreamResetError,
-    UpstreamTimeouts,
     request_body,
 )
 from tests import fixtures_net

@@ -43,17 +43,16 @@ from gateway.credentials import candidate_credential
 from gateway.mirror.counters import LaneCounters
 from gateway.mirror.replay.observe import classify, observation
 from gateway.mirror.replay.ring import Entry, MemoryBudget, Offer, RingBuffer
+from gateway.server.deadlines import DeadlineSweeper, UpstreamTimeouts
 from gateway.server.headers import COPY_SKIP, copy_end_to_end, copy_skip
 from gateway.server.hooks import ObservationSink
 from gateway.server.meter import MeterResult, ResponseMeter
 from gateway.server.stream.relay import MeterSink
 from gateway.server.upstream import (
-    DeadlineSweeper,
     Origin,
     UpstreamError,
     UpstreamPool,
     UpstreamResponse,
-    UpstreamTimeouts,
     read_chunk,
     request_body,
 )

@@ -24,18 +24,17 @@ from domain.exposition import Family, Sample
 from domain.outcomes import ErrorKind
 from domain.records import RampRequest
 from gateway.config.sections import RolloutConfig
+from gateway.server.deadlines import CLIENT_WRITE, Watchdog
 from gateway.server.hooks import LiveTarget
 from gateway.server.prometheus import Exporter
 from gateway.server.ramp.arms import GUARD_BURST, GUARD_CONSECUTIVE, ArmGuard, ArmRouter, Split
 from gateway.server.ramp.hooks import RampSink, RolloutGuard
 from gateway.server.upstream import (
-    CLIENT_WRITE,
     Origin,
     UpstreamError,
     UpstreamPool,
     UpstreamResponse,
     UpstreamTimeoutError,
-    Watchdog,
     request_body,
 )
 

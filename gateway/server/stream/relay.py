@@ -42,7 +42,8 @@ from aiohttp.http_writer import StreamWriter
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from gateway.server.upstream import UpstreamConnection, Watchdog
+from gateway.server.deadlines import Watchdog
+from gateway.server.upstream import UpstreamConnection
 
 
 class _Feed(Protocol):
