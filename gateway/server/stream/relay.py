@@ -105,12 +105,21 @@ class Relay:
             and type(reader) is StreamReader
             and isinstance(writer, StreamWriter)
             and isinstance(client, RequestHandler)
-            and writer.length is None
-            and writer._compress is None
-            and writer._on_chunk_sent is None
-            and writer.on_body_write is None
-            and writer._headers_written
         ):
+            return None
+        try:  # aiohttp's private state: a release without it gets no relay, not a failure
+            plain = (
+                writer.length is None
+                and writer._compress is None
+                and writer._on_chunk_sent is None
+                and writer.on_body_write is None
+                and writer._headers_written
+                and isinstance(client._paused, bool)
+                and reader._buffer is not None
+            )
+        except AttributeError:
+            return None
+        if not plain:
             return None
         relay = cls(source, reader, writer, client, feed, wd)
         reader.__class__ = _RelayedReader
