@@ -119,6 +119,48 @@ async def test_compiled_insert_stores_what_sqlalchemy_would(
     assert writer.stats()["written_exchanges"] == 2  # both attempted; the duplicate is ignored
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_sqlite_batch_is_one_call_on_the_connections_thread(migrated_db_url: str) -> None:
+    """On SQLite a batch of 250 exchanges and 250 observations is one transaction issued from
+    aiosqlite's thread in one call: BEGIN IMMEDIATE, the 500 rows, COMMIT, traced by SQLite
+    itself (SQLAlchemy's path would BEGIN and insert in statements of 100 rows, a hand-off
+    each); and a row SQLite refuses there still costs only itself."""
+    engine = make_engine(migrated_db_url)
+    statements: list[str] = []
+
+    async def write(bad: int | None) -> ObservationWriter:
+        writer = ObservationWriter(
+            engine, batch_size=500, flush_interval_s=60.0, queue_max=10_000, store_text=True,
+            store_text_max_chars=4096,
+        )  # fmt: skip
+        await writer.start()
+        base = 0 if bad is None else 1000
+        for i in range(base, base + 250):
+            writer.put_exchange(exchange(i))
+            writer.put_observation(observation(i, output_tokens=2**64 if i == bad else 3))
+        await writer.close()
+        return writer
+
+    try:
+        async with engine.connect() as conn:  # the pool's one connection, traced
+            raw = await conn.get_raw_connection()
+            await raw.driver_connection.set_trace_callback(statements.append)
+        good = await write(None)
+        begin = statements.index("BEGIN IMMEDIATE")
+        batch = statements[begin : statements.index("COMMIT", begin) + 1]
+        assert len(batch) == 502 and all(sql.startswith("INSERT") for sql in batch[1:-1])
+        assert good.stats()["written_observations"] == 250
+        assert good.stats()["written_exchanges"] == 250
+        # 2**64 does not fit an INTEGER: the batch rolls back and goes row by row.
+        refused = await write(1009)
+        assert refused.stats()["rows_rejected"] == 1
+        assert refused.stats()["written_observations"] == 249
+        assert await count_rows(engine, "observations") == 499
+        assert await count_rows(engine, "exchanges") == 500
+    finally:
+        await engine.dispose()
+
+
 async def test_batches_by_count_before_the_interval(writer_factory: WriterFactory) -> None:
     """With a long flush interval, a full batch is written as soon as it is queued."""
     writer = await writer_factory(batch_size=10, flush_interval_s=60.0)
