@@ -15,7 +15,12 @@ from domain.endpoint import Endpoint
 from domain.exposition import render
 from gateway.mirror.counters import identity_holds
 from gateway.mirror.replay.sinks import InMemorySink
-from gateway.mirror.sampling.loopguard import LoopLagGuard
+from gateway.mirror.sampling.loopguard import (
+    FAST_ABOVE_BUSY,
+    IDLE_INTERVAL_S,
+    INTERVAL_S,
+    LoopLagGuard,
+)
 from gateway.mirror.tee import Mirror
 from gateway.server.meter import MeterResult
 from tests.mirror.test_mirror_lane import (
@@ -27,6 +32,7 @@ from tests.mirror.test_mirror_lane import (
     send,
     sim,
 )
+from tests.waiting import SETTLE_S, until
 
 HANG = dict(timeout_s=30.0, concurrency=2)
 
@@ -407,6 +413,46 @@ def test_guard_sheds_on_cpu_saturation_and_lag() -> None:
     off = LoopLagGuard(20.0, cpu_busy=None)
     off.observe_cpu(1.0, 1.0)
     assert not off.shedding
+
+
+def test_guard_wakes_rarely_while_its_lag_cannot_shed() -> None:
+    """Below FAST_ABOVE_BUSY of a core (half of what lag needs to count) the guard's next
+    wake-up is IDLE_INTERVAL_S away, at or above it `interval_s`: an idle mirror process does
+    not wake 20 times a second."""
+    guard = LoopLagGuard(20.0, cpu_busy=0.9, window_s=1.0)
+    assert guard.current_interval_s == guard.interval_s == INTERVAL_S  # until a window says
+    guard.observe_cpu(FAST_ABOVE_BUSY * 0.9, 1.0)
+    assert guard.current_interval_s == IDLE_INTERVAL_S > INTERVAL_S
+    guard.observe_cpu(FAST_ABOVE_BUSY, 1.0)
+    assert guard.current_interval_s == INTERVAL_S
+    guard.observe_cpu(0.95, 1.0)
+    assert guard.current_interval_s == INTERVAL_S and guard.shedding
+
+
+def test_idle_guard_ticks_at_the_idle_interval(run: Run[None]) -> None:
+    """On a real loop: after one CPU window of idling the guard's wake-ups are IDLE_INTERVAL_S
+    apart, and a loop kept busy brings back the fast ones within a window."""
+
+    async def scenario() -> None:
+        guard = LoopLagGuard(20.0, cpu_busy=None, window_s=0.2)
+        guard.start()
+        try:
+
+            async def slow() -> bool:
+                return guard.current_interval_s == IDLE_INTERVAL_S
+
+            await until(slow, what="the idle guard's slow wake-ups", within_s=SETTLE_S)
+            end = time.perf_counter() + 30.0
+            while guard.current_interval_s != INTERVAL_S and time.perf_counter() < end:
+                spin = time.thread_time() + 0.02
+                while time.thread_time() < spin:  # the loop's own thread busy: its CPU share
+                    pass
+                await asyncio.sleep(0)
+            assert guard.current_interval_s == INTERVAL_S, guard.busy
+        finally:
+            await guard.close()
+
+    run(scenario())
 
 
 def test_busy_loop_sheds_copies(run: Run[None]) -> None:

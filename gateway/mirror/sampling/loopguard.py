@@ -3,7 +3,8 @@
 The mirror runs in its own low-priority process, so production is protected structurally (the
 channel's bound and the OS scheduler), not by this guard. What is left for the guard is the
 mirror process's own sustained overload: copies it cannot meter in time would measure the
-candidate wrongly. A timer callback re-armed every `interval_s` measures how late it runs;
+candidate wrongly. A timer callback re-armed every `interval_s` (every `IDLE_INTERVAL_S` while
+the process uses less than `FAST_ABOVE_BUSY` of a core) measures how late it runs;
 two sustained signals over `window_s` set `shed_fraction` in [0, 1]:
 
 - `lag`: the median lag of the wake-ups in the last `window_s` above `threshold_ms`; the share
@@ -41,6 +42,12 @@ SAMPLES_MAX: Final = 1024
 _MEDIAN_EVERY: Final = 5
 # Share of a core the mirror process must itself use for its lag to mean its own overload.
 LAG_NEEDS_BUSY: Final = 0.5
+# Below this share of a core its lag cannot shed, so the guard wakes only every
+# `IDLE_INTERVAL_S` (the CPU window still closes on time, and the lag samples are there, fewer,
+# before the share reaches `LAG_NEEDS_BUSY`): 20 wake-ups a second were half an idle mirror
+# process's CPU (3.3 of 6.7 ms a second), and a light load pays for them as much.
+FAST_ABOVE_BUSY: Final = LAG_NEEDS_BUSY / 2
+IDLE_INTERVAL_S: Final = 0.5
 
 
 class LoopLagGuard:
@@ -61,6 +68,7 @@ class LoopLagGuard:
         "busy",
         "cpu_busy",
         "cpu_window_s",
+        "current_interval_s",
         "frac_cpu",
         "frac_lag",
         "interval_s",
@@ -84,6 +92,7 @@ class LoopLagGuard:
     ) -> None:
         self.threshold_s = threshold_ms / 1000.0
         self.interval_s = interval_s
+        self.current_interval_s = interval_s  # the next wake-up's: see FAST_ABOVE_BUSY
         self.cpu_busy = cpu_busy  # None: the CPU signal is off
         self.window_s = window_s
         self.cpu_window_s = window_s
@@ -142,6 +151,8 @@ class LoopLagGuard:
     def observe_cpu(self, cpu_s: float, wall_s: float) -> None:
         """Record CPU seconds used over `wall_s` seconds of wall time (pure)."""
         self.busy = cpu_s / wall_s if wall_s > 0 else 0.0
+        fast = self.busy >= FAST_ABOVE_BUSY
+        self.current_interval_s = self.interval_s if fast else max(self.interval_s, IDLE_INTERVAL_S)
         limit = self.cpu_busy
         if limit is None or self.busy <= limit:
             self.frac_cpu = 0.0
@@ -166,15 +177,16 @@ class LoopLagGuard:
         return True
 
     def start(self) -> None:
-        """Start measuring: a timer callback every `interval_s` (no task, no future per
-        wake-up: the sleep's own objects were most of the guard's cost)."""
+        """Start measuring: a timer callback every `interval_s`, or `IDLE_INTERVAL_S` while
+        the process is far from busy (no task, no future per wake-up: the sleep's own objects
+        were most of the guard's cost)."""
         if self._handle is not None:
             return
         loop = self._loop = asyncio.get_running_loop()
         now = loop.time()
         self._window_start, self._window_cpu = now, time.thread_time()
         self._last = now
-        self._expected = now + self.interval_s
+        self._expected = now + self.current_interval_s
         self._handle = loop.call_at(self._expected, self._tick)
 
     async def close(self) -> None:
@@ -195,5 +207,5 @@ class LoopLagGuard:
             cpu = time.thread_time()
             self.observe_cpu(cpu - self._window_cpu, now - self._window_start)
             self._window_start, self._window_cpu = now, cpu
-        self._expected = now + self.interval_s
+        self._expected = now + self.current_interval_s
         self._handle = loop.call_at(self._expected, self._tick)
