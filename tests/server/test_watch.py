@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 from gateway.server.meter import ResponseMeter
 from gateway.server.stream.watch import StreamWatch
 
-# Texts that look like the markers the watch searches for, inside JSON strings.
+# Texts that look like the markers the watch searches for, inside JSON strings (capital Ds:
+# the watch finds `[DONE]` by memchr for its D, a text of many hands over to a substring search).
 TEXTS = st.sampled_from(
-    ["", "Hel", "lo", '"finish_reason":"stop"', "[DONE]", "a\nb", '\\"finish_reason\\"', "é"]
-)
+    ["", "Hel", "lo", '"finish_reason":"stop"', "[DONE]", "a\nb", '\\"finish_reason\\"', "é",
+     "D", "[D", "DDDDDDDDDDDD[DONE]", "DONE] [DON"]
+)  # fmt: skip
 
 
 def _event(kind: str, text: str, compact: bool) -> bytes:
@@ -92,3 +94,18 @@ def test_after_the_first_token_only_reads_with_an_end_are_metered() -> None:
     watch.feed(final[30:], 4.0)
     assert watch.final_event_seen()
     assert watch.first_token_at == 1.0
+
+
+def test_done_among_many_capital_ds_is_found() -> None:
+    """A read whose `[DONE]` comes after more capital Ds than the watch looks at one by one,
+    and is not the read's last event (a comment follows it), is still the final event."""
+    watch = StreamWatch(0.0)
+    meter = ResponseMeter(0.0, is_sse=True, text_max_chars=100)
+    first = _event("role", "", True) + b"\n\n" + _event("content", "x", True) + b"\n\n"
+    rest = b"".join(
+        [_event("content", "D" * 20, True) + b"\n\n", b"data: [DONE]\n\n", b": bye\n\n"]
+    )
+    for i, read in enumerate((first, rest)):
+        watch.feed(read, float(i))
+        meter.feed(read, float(i))
+    assert meter.final_event_seen() and watch.final_event_seen()

@@ -26,6 +26,8 @@ from gateway.server.meter import MAX_LINE_BYTES, ResponseMeter
 _KEY = b'"finish_reason"'
 _NULL = b'"finish_reason":null'
 _DONE = b"[DONE]"
+_DONE_END = b"[DONE]\n\n"  # a read that ends with the stream's last event
+_HITS_MAX = 8  # capital Ds looked at one by one before one substring search takes over
 
 
 class StreamWatch:
@@ -53,11 +55,9 @@ class StreamWatch:
         """Account one received chunk (any size, any boundary) at `now` (perf_counter)."""
         if self._steady and chunk[-2:] == b"\n\n" and b"\r" not in chunk:
             # Past the first token, no partial event held, a read of whole events: the usual
-            # read costs three substring searches.
-            ends = chunk.count(_KEY) != chunk.count(_NULL)
-            if ends or _DONE in chunk:
-                self._meter_ends(chunk, now, ends)
-                self._final = self._meter.final_event_seen()
+            # read costs two substring counts and a memchr.
+            self._final_in(chunk, now)
+            self._final = self._meter.final_event_seen()
             return
         self._feed(chunk, now)
         self._final = self._meter.final_event_seen()
@@ -97,8 +97,20 @@ class StreamWatch:
             else:
                 return
             whole = data[start:end]
+        self._final_in(whole, now)
+
+    def _final_in(self, whole: bytes, now: float) -> None:
+        """Meter the events of `whole` (whole events, past the first token) that can end the
+        stream. A read that ends with `[DONE]` (an answer's last read; a whole answer in one
+        read) meters its last event and is done; any other is searched whole: a finish reason
+        that is not null, and `[DONE]` found by memchr for its capital D (`_has_done`), where a
+        substring search of an answer's 50 KB cost half the watch."""
+        if whole.endswith(_DONE_END):
+            self._meter_ends(whole, now, False)
+            if self._meter.final_event_seen():
+                return
         ends = whole.count(_KEY) != whole.count(_NULL)  # a finish reason that is not null
-        if ends or _DONE in whole:
+        if ends or _has_done(whole):
             self._meter_ends(whole, now, ends)
 
     def _meter_ends(self, whole: bytes, now: float, ends: bool) -> None:
@@ -120,3 +132,18 @@ class StreamWatch:
             start = 0 if start < 0 else start + 2
             meter.feed(whole[start:stop], now)
             stop = start
+
+
+def _has_done(data: bytes) -> bool:
+    """Whether `[DONE]` occurs in `data`: its capital D found by memchr and each hit looked at;
+    past `_HITS_MAX` hits (a text of capitals) one substring search of the rest decides."""
+    at = data.find(b"D", 1)
+    hits = 0
+    while at >= 0:
+        if data.startswith(_DONE, at - 1):
+            return True
+        hits += 1
+        if hits == _HITS_MAX:
+            return data.find(_DONE, at) >= 0
+        at = data.find(b"D", at + 1)
+    return False
