@@ -53,10 +53,22 @@ class Family:
         return Sample(self, labels, value)
 
     def line(self, labels: Sequence[str], value: float) -> str:
-        text = label_text(self.labels, labels)
-        return (
-            f"{self.name}{{{text}}} {self.fmt(value)}" if text else f"{self.name} {self.fmt(value)}"
-        )
+        key: tuple[object, ...] = (self.name, self.labels, *labels)
+        prefix = _PREFIXES.get(key)
+        if prefix is None:
+            text = label_text(self.labels, labels)
+            prefix = f"{self.name}{{{text}}} " if text else f"{self.name} "
+            if len(_PREFIXES) >= _PREFIXES_MAX:
+                _PREFIXES.clear()
+            _PREFIXES[key] = prefix
+        return prefix + self.fmt(value)
+
+
+# A series' name and escaped labels, kept: the same series are rendered at every scrape (and by
+# the mirror process twice a second), and escaping their labels was half of rendering them.
+# Bounded (cleared when full): label values come from configuration and counters' keys.
+_PREFIXES: dict[tuple[object, ...], str] = {}
+_PREFIXES_MAX = 4096
 
 
 class Sample(NamedTuple):

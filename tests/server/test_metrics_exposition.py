@@ -128,6 +128,24 @@ def test_the_parser_refuses_what_prometheus_refuses() -> None:
         raise AssertionError(f"accepted: {text!r}")
 
 
+def test_a_series_renders_the_same_every_time() -> None:
+    """The series' rendered names and labels are kept between scrapes (domain.exposition):
+    values change, escaping holds, two families of one name with other label names never share
+    a line, and the kept ones stay bounded."""
+    import domain.exposition as exposition
+
+    fam = Family("c_total", "counter", "C.", ("k", "v"))
+    other = Family("c_total", "counter", "C.", ("x", "y"))
+    assert fam.line(("a\\b", 'q"\n'), 1) == 'c_total{k="a\\\\b",v="q\\"\\n"} 1'
+    assert fam.line(("a\\b", 'q"\n'), 2.5) == 'c_total{k="a\\\\b",v="q\\"\\n"} 2.5'
+    assert other.line(("a\\b", 'q"\n'), 1).startswith('c_total{x="a')
+    assert Family("g", "gauge", "G.").line((), 3) == "g 3"
+    for i in range(exposition._PREFIXES_MAX + 10):
+        fam.line((str(i), "v"), i)
+    assert len(exposition._PREFIXES) <= exposition._PREFIXES_MAX
+    assert fam.line(("7", "v"), 7) == 'c_total{k="7",v="v"} 7'
+
+
 def test_no_module_writes_help_or_type_lines() -> None:
     """HELP and TYPE lines come from `Family` declarations only (domain/exposition.py)."""
     bad = []
