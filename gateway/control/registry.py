@@ -236,8 +236,9 @@ class Registry:
         finally:
             if ping is not None:
                 ping.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await ping
+                # asyncio.wait neither raises the ping's CancelledError nor hides a cancel of
+                # this task that lands while it waits.
+                await asyncio.wait({ping})
 
     def _hold(self, lost_for: float) -> None:
         """New sessions to production now; sessions already on the candidate keep it."""
