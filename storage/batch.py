@@ -30,7 +30,7 @@ import operator
 import random
 import sqlite3
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -377,15 +377,11 @@ class BatchWriter:
             statements.append((compiled.sql, params))
         async with self._engine.connect() as conn:
             raw = await conn.get_raw_connection()
-            driver = raw.driver_connection
-            run = getattr(driver, "_execute", None)
-            try:
-                db = driver._conn  # type: ignore[union-attr]
-            except (AttributeError, ValueError):
-                db = None
-            if run is None or not isinstance(db, sqlite3.Connection):
+            entry = thread_entry(raw.driver_connection)
+            if entry is None:
                 self._direct = False
                 return False
+            run, db = entry
             try:
                 await run(_write_in_thread, db, statements)
             except sqlite3.Error as exc:
@@ -442,6 +438,22 @@ class BatchWriter:
         except Exception:
             return True
         return False
+
+
+def thread_entry(
+    driver: object,
+) -> tuple[Callable[..., Awaitable[Any]], sqlite3.Connection] | None:
+    """aiosqlite's private way to run a function on its connection's thread, and the sqlite3
+    connection it holds: (`Connection._execute`, `Connection._conn`), or None when this
+    aiosqlite (or another driver) does not have them, and the writer takes SQLAlchemy's path."""
+    run = getattr(driver, "_execute", None)
+    try:
+        db = driver._conn  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return None
+    if not callable(run) or not isinstance(db, sqlite3.Connection):
+        return None
+    return run, db
 
 
 def _write_in_thread(db: sqlite3.Connection, statements: list[tuple[str, Any]]) -> None:

@@ -3,6 +3,7 @@ outages (the batch is retried, the bounded queue drops and counts), refused rows
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.exposition import render
 from domain.records import ExchangeRecord, ObservationRecord
+from storage.batch import thread_entry
 from storage.engine import make_engine
 from storage.queries import count_rows
 from storage.sql import EXCHANGES, OBSERVATIONS
@@ -159,6 +161,48 @@ async def test_sqlite_batch_is_one_call_on_the_connections_thread(migrated_db_ur
         assert await count_rows(engine, "exchanges") == 500
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_without_aiosqlites_thread_entry_the_writer_takes_sqlalchemys_path(
+    migrated_db_url: str,
+) -> None:
+    """The direct path needs two private parts of aiosqlite; a driver without them is found
+    out (`thread_entry` None), and the writer's other path, SQLAlchemy's, writes the same
+    batch on the same SQLite file: its own BEGIN, not the direct path's, and every row stored."""
+    assert thread_entry(object()) is None
+    engine = make_engine(migrated_db_url)
+    statements: list[str] = []
+    try:
+        async with engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            entry = thread_entry(driver)
+            assert entry is not None and isinstance(entry[1], sqlite3.Connection)
+            await driver.set_trace_callback(statements.append)
+        writer = ObservationWriter(
+            engine, batch_size=500, flush_interval_s=60.0, queue_max=10_000, store_text=True,
+            store_text_max_chars=4096,
+        )  # fmt: skip
+        writer._direct = False  # as after a driver without the entry
+        await writer.start()
+        for i in range(250):
+            writer.put_exchange(exchange(i))
+            writer.put_observation(observation(i))
+        await writer.close()
+        assert "BEGIN IMMEDIATE" not in statements
+        inserts = [sql for sql in statements if sql.startswith("INSERT")]
+        assert len(inserts) == 500  # SQLite traces each row of an executemany
+        assert writer.stats()["written_observations"] == 250
+        assert await count_rows(engine, "observations") == 250
+        assert await count_rows(engine, "exchanges") == 250
+    finally:
+        await engine.dispose()
+    async with make_engine(migrated_db_url).connect() as conn:  # a closed driver has none
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+    await conn.engine.dispose()
+    assert thread_entry(driver) is None
 
 
 async def test_batches_by_count_before_the_interval(writer_factory: WriterFactory) -> None:
