@@ -146,6 +146,7 @@ async def test_sqlite_batch_is_one_call_on_the_connections_thread(migrated_db_ur
     try:
         async with engine.connect() as conn:  # the pool's one connection, traced
             raw = await conn.get_raw_connection()
+            assert raw.driver_connection is not None
             await raw.driver_connection.set_trace_callback(statements.append)
         good = await write(None)
         begin = statements.index("BEGIN IMMEDIATE")
@@ -178,7 +179,8 @@ async def test_without_aiosqlites_thread_entry_the_writer_takes_sqlalchemys_path
             raw = await conn.get_raw_connection()
             driver = raw.driver_connection
             entry = thread_entry(driver)
-            assert entry is not None and isinstance(entry[1], sqlite3.Connection)
+            assert driver is not None and entry is not None
+            assert isinstance(entry[1], sqlite3.Connection)
             await driver.set_trace_callback(statements.append)
         writer = ObservationWriter(
             engine, batch_size=500, flush_interval_s=60.0, queue_max=10_000, store_text=True,
