@@ -12,8 +12,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain.endpoint import Endpoint
 from domain.errors import EndpointNotFound, InvalidSettings
 from evaluators.judge.settings import VerdictSettings
+from evaluators.pairs.segments import GRID_S
 from gateway.control.reports import LocalReports, ReportsUnavailable
 from storage import queries
+
+GRID_MARGIN_S = 10.0  # far more than the refreshes take on a busy host (under 2 s)
 
 
 async def _register(engine: AsyncEngine, *names: str) -> None:
@@ -71,6 +74,12 @@ async def test_background_refresh_keeps_segments_current(db_engine: AsyncEngine)
 
     await register(db_engine)  # live, cand, ctrl (control), other
     await queries.update_endpoint(db_engine, "other", {"state": "paused"})
+    # The refreshes below count spans, so they must not straddle a grid line: one passing
+    # between them closes the cell the newest traffic is in, and the next refresh builds it
+    # (rightly). Start with at least GRID_MARGIN_S left in the current cell.
+    left = GRID_S - time.time() % GRID_S
+    if left < GRID_MARGIN_S:
+        await asyncio.sleep(left + 0.1)
     now = time.time()
     async with db_engine.begin() as conn:  # registered an hour ago, before the traffic
         await conn.execute(update(EndpointRow).values(created_at=now - 3600))
