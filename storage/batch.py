@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Table, select
+from sqlalchemy import Column, Table, select
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -72,15 +72,39 @@ class _Compiled:
     SQLAlchemy would), without SQLAlchemy building every row's parameters from the statement.
     Only for positional paramstyles (SQLite's qmark, asyncpg's numeric); the keys must match
     the statement's columns exactly, else `build` returns None and the rows take the ordinary
-    path (which raises for an unknown column, as before)."""
+    path (which raises for an unknown column, as before).
 
-    __slots__ = ("get", "keys", "procs", "sql")
+    `chunk` also narrows the INSERT to the columns a chunk's rows give a value: a nullable
+    column with no default that is None in every row of the chunk is left out, and the
+    database stores the NULL it would have been given. Most of an observation's columns are
+    None on most rows (scores, tool calls, inter-event statistics of an unstreamed answer),
+    and binding a None costs the SQLite driver as much as binding a value (it looks for an
+    adapter first). The narrowed statements are compiled once per set of left-out columns,
+    at most `MAX_NARROWED` of them; past it a chunk binds every column."""
 
-    def __init__(self, sql: str, keys: tuple[str, ...], procs: tuple[tuple[int, Any], ...]):
+    __slots__ = ("_dialect", "_narrowed", "_optional", "_stmt", "get", "keys", "procs", "sql")
+
+    MAX_NARROWED: Final = 64
+
+    def __init__(
+        self,
+        sql: str,
+        keys: tuple[str, ...],
+        procs: tuple[tuple[int, Any], ...],
+        optional: tuple[int, ...] = (),
+        stmt: Insert | None = None,
+        dialect: Dialect | None = None,
+    ):
         self.sql = sql
         self.keys = keys
         self.procs = procs
         self.get = operator.itemgetter(*keys)
+        self._optional = optional if stmt is not None else ()
+        self._stmt = stmt
+        self._dialect = dialect
+        # Left-out column positions -> (the narrowed SQL, the positions it binds, in its
+        # order); None: it could not be narrowed (the full statement is used).
+        self._narrowed: dict[tuple[int, ...], tuple[str, tuple[int, ...]] | None] = {}
 
     @classmethod
     def build(cls, stmt: Insert, table: Table, dialect: Dialect, row: Row) -> _Compiled | None:
@@ -95,7 +119,8 @@ class _Compiled:
             proc = table.c[key].type.bind_processor(dialect)
             if proc is not None:
                 procs.append((i, proc))
-        return cls(str(compiled), order, tuple(procs))
+        optional = tuple(i for i, key in enumerate(order) if _may_leave_out(table.c[key]))
+        return cls(str(compiled), order, tuple(procs), optional, stmt, dialect)
 
     def params(self, rows: list[Row]) -> list[tuple[Any, ...]] | None:
         """The rows as the driver's parameter tuples; None if a row has other keys."""
@@ -110,6 +135,51 @@ class _Compiled:
                     values[i] = proc(v)
             out.append(tuple(values))
         return out
+
+    def chunk(self, rows: list[Row]) -> tuple[str, list[tuple[Any, ...]]] | None:
+        """(SQL, parameter tuples) for `rows`, narrowed to the columns they give a value;
+        None if a row has other keys."""
+        params = self.params(rows)
+        if params is None:
+            return None
+        n = len(params)
+        if not self._optional or not n:
+            return self.sql, params
+        columns = list(zip(*params, strict=True))  # C-level transposition: one tuple a column
+        absent = tuple(i for i in self._optional if columns[i].count(None) == n)
+        if not absent:
+            return self.sql, params
+        if absent in self._narrowed:
+            narrowed = self._narrowed[absent]
+        else:
+            narrowed = self._narrow(absent)
+            if len(self._narrowed) < self.MAX_NARROWED:
+                self._narrowed[absent] = narrowed
+        if narrowed is None:
+            return self.sql, params
+        sql, take = narrowed
+        return sql, list(zip(*[columns[i] for i in take], strict=True))
+
+    def _narrow(self, absent: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | None:
+        assert self._stmt is not None
+        left_out = {self.keys[i] for i in absent}
+        kept = [k for k in self.keys if k not in left_out]
+        compiled = self._stmt.compile(dialect=self._dialect, column_keys=kept)
+        order = tuple(compiled.positiontup or ())
+        if set(order) != set(kept) or len(order) != len(kept):
+            return None  # the statement would add columns of its own (a default): bind all
+        position = {key: i for i, key in enumerate(self.keys)}
+        return str(compiled), tuple(position[key] for key in order)
+
+
+def _may_leave_out(column: Column[Any]) -> bool:
+    """Whether an INSERT without `column` stores what binding None would: NULL."""
+    return (
+        column.nullable is True
+        and not column.primary_key
+        and column.default is None
+        and column.server_default is None
+    )
 
 
 class BatchWriter:
@@ -366,15 +436,17 @@ class BatchWriter:
             compiled = self._compiled_for(s, part[0])
             if compiled is None:
                 return False
-            params: list[tuple[Any, ...]] = []
             for start in range(0, len(part), CHUNK):
                 if start:
                     await asyncio.sleep(0)  # parameter processing runs on the shared loop
-                chunk = compiled.params(part[start : start + CHUNK])
+                chunk = compiled.chunk(part[start : start + CHUNK])
                 if chunk is None:
                     return False
-                params += chunk
-            statements.append((compiled.sql, params))
+                sql, params = chunk
+                if statements and statements[-1][0] == sql:
+                    statements[-1][1].extend(params)  # one executemany while the SQL is the same
+                else:
+                    statements.append((sql, params))
         async with self._engine.connect() as conn:
             raw = await conn.get_raw_connection()
             entry = thread_entry(raw.driver_connection)
@@ -395,10 +467,10 @@ class BatchWriter:
         """One INSERT … ON CONFLICT DO NOTHING of `rows` (the same keys each, by construction),
         through the stream's compiled statement when it applies."""
         compiled = self._compiled_for(stream, rows[0])
-        if compiled is None or (params := compiled.params(rows)) is None:
+        if compiled is None or (chunk := compiled.chunk(rows)) is None:
             await conn.execute(self._inserts[stream.name], rows)
         else:
-            await conn.exec_driver_sql(compiled.sql, params)
+            await conn.exec_driver_sql(*chunk)
 
     async def _write_singly(self, rows: dict[str, list[Row]]) -> None:
         """Write rows one transaction each; drop (and count) the ones refused for their content.

@@ -121,6 +121,49 @@ async def test_compiled_insert_stores_what_sqlalchemy_would(
     assert writer.stats()["written_exchanges"] == 2  # both attempted; the duplicate is ignored
 
 
+async def test_inserts_bind_only_the_columns_a_chunk_gives_a_value(
+    db_engine: AsyncEngine, writer_factory: WriterFactory
+) -> None:
+    """A chunk's INSERT leaves out the nullable, default-less columns that are None in every
+    row of it (binding a None costs the SQLite driver as much as a value), and what is stored
+    is what binding them would have stored: NULL where None, every value where one row of
+    the chunk has it. A NOT NULL column with a server default (`finished`) is never left out."""
+    writer = await writer_factory(batch_size=1000, flush_interval_s=60.0)
+    for i in range(150):  # two chunks of the stream: rows 0-99 and 100-149
+        extra: dict[str, Any] = {}
+        if i == 120:
+            extra = {"score_logprob": -0.5, "tool_calls": '[{"name":"f","arguments":"{}"}]'}
+        writer.put_exchange(exchange(i))
+        writer.put_observation(observation(i, e2e_s=0.25, finish_reason="stop", **extra))
+    await writer.close()
+    compiled = writer._compiled["observation"]
+    assert compiled is not None
+    # The same rows through the compiled statement: the first chunk's SQL lists neither the
+    # scores nor the tool calls; the second's lists the two columns row 120 gives.
+    rows = [writer._observation_stream.convert(observation(i)) for i in range(3)]
+    chunk = compiled.chunk(rows)
+    assert chunk is not None
+    narrow_sql, params = chunk
+    assert "score_logprob" not in narrow_sql and "tool_calls" not in narrow_sql
+    assert "finished" in narrow_sql and "text_truncated" in narrow_sql
+    assert len(params[0]) < len(compiled.keys) == len(OBSERVATIONS.c) - 1  # all but the id
+    columns = {c.name: c for c in OBSERVATIONS.c}
+    left_out = set(compiled.keys) - {k for k in compiled.keys if k in narrow_sql}
+    assert left_out and all(
+        columns[k].nullable and columns[k].server_default is None for k in left_out
+    )
+    async with db_engine.connect() as conn:
+        stored = await conn.execute(select(OBSERVATIONS).order_by(OBSERVATIONS.c.exchange_id))
+        got = stored.mappings().all()
+    assert len(got) == 150 and await count_rows(db_engine, "exchanges") == 150
+    for i, row in enumerate(got):
+        assert row["exchange_id"] == f"ex-{i:06d}" and row["e2e_s"] == 0.25
+        assert row["finish_reason"] == "stop" and row["finished"] is False
+        assert row["tpot_s"] is None and row["score_kl"] is None
+        assert row["score_logprob"] == (-0.5 if i == 120 else None)
+        assert (row["tool_calls"] is None) is (i != 120)
+
+
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 async def test_sqlite_batch_is_one_call_on_the_connections_thread(migrated_db_url: str) -> None:
     """On SQLite a batch of 250 exchanges and 250 observations is one transaction issued from
