@@ -6,7 +6,8 @@ evaluators keep it as a per-pair column (`per_pair`), and for strings the column
 rest of the code reads this declaration instead of typing the fields again:
 
 - `gateway.server.meter.MeterResult` and `domain.records.ObservationRecord` subclass it, so
-  the meter's result becomes a record by one conversion (`measured`);
+  the meter's result becomes a record by one conversion (`gateway.mirror.replay.observe`'s
+  builder, generated from `MEASURED`);
 - `storage.models.ObservationRow`'s columns are generated from `ObservationRecord`
   (`describe`), and the migrations' schema is compared with them by a test;
 - the evaluators' row layout (`evaluators.pairs.columns.ARM_FIELDS`), their `ArmObs` and the
@@ -21,7 +22,6 @@ the metric that reads it, and an Alembic revision adding the column (docs/add-a-
 
 from __future__ import annotations
 
-import operator
 import types
 import typing
 from typing import Annotated, Any, Final, Literal, Union
@@ -36,7 +36,6 @@ __all__ = [
     "Quantity",
     "describe",
     "kept_text",
-    "measured",
 ]
 
 
@@ -175,13 +174,6 @@ def describe(struct: type[msgspec.Struct]) -> tuple[Field, ...]:
 MEASURED: Final = tuple(f.name for f in describe(Measured))
 # The per-pair quantities: the float columns of each arm in the evaluators' PairSet.
 PER_PAIR: Final = tuple(f.name for f in describe(Measured) if f.quantity.per_pair)
-
-_get_measured: Final = operator.attrgetter(*MEASURED)
-
-
-def measured(value: Measured) -> dict[str, Any]:
-    """The `Measured` fields of any of its subclasses (a meter result, a record), by name."""
-    return dict(zip(MEASURED, _get_measured(value), strict=True))
 
 
 def kept_text(

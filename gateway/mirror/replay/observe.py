@@ -1,7 +1,7 @@
 """Turn a metered response into the records storage keeps (pure: no IO).
 
 One function for both arms so production and candidate observations are built the same way:
-the meter's measured fields carried over as they are (`domain.observation.measured`), output
+the meter's measured fields carried over as they are (every name in `MEASURED`), output
 text kept by `domain.observation.kept_text` (cut to `store_text_max_chars`, or None when
 `store_text` is false), the hash of the full text always kept, tool calls as JSON text, and
 an `error_kind` derived from the response when the transport itself did not fail.
@@ -14,11 +14,12 @@ never do IO or look at anything but the meter's result.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final, Literal
 
 import msgspec
 
-from domain.observation import kept_text, measured
+from domain.observation import MEASURED, kept_text
 from domain.outcomes import ErrorKind
 from domain.records import ObservationRecord
 from gateway.server.meter import MeterResult
@@ -26,6 +27,33 @@ from gateway.server.meter import MeterResult
 __all__ = ["classify", "observation"]
 
 _encode: Final = msgspec.json.Encoder().encode
+
+# Set by `observation` itself, not carried from the meter's result.
+_OWN: Final = ("queue_wait_s", "text_truncated", "error_kind")
+
+
+def _builder() -> Callable[..., ObservationRecord]:
+    """`ObservationRecord(ttft_s=r.ttft_s, …)` with every measured field written out: the
+    keywords are known when the function is compiled, where `ObservationRecord(**fields)`
+    builds and unpacks a dict of them per observation (twice the cost, on every copy's path).
+    Generated from the declaration (`MEASURED`, struct field names), so a field added there is
+    carried here without a change; tests/test_observation.py checks every one arrives."""
+    carried = "".join(f"{name}=r.{name}, " for name in MEASURED if name not in _OWN)
+    source = (
+        "def build(r, exchange_id, endpoint, arm, started_at, output_text, tool_calls,"
+        " queue_wait_s, text_truncated, error_kind):\n"
+        f"    return Record({carried}queue_wait_s=queue_wait_s, text_truncated=text_truncated,"
+        " error_kind=error_kind, exchange_id=exchange_id, endpoint=endpoint, arm=arm,"
+        " started_at=started_at, output_text=output_text, tool_calls=tool_calls)\n"
+    )
+    scope: dict[str, object] = {"Record": ObservationRecord}
+    exec(compile(source, "<observation builder>", "exec"), scope)  # names from MEASURED only
+    build = scope["build"]
+    assert callable(build)
+    return build
+
+
+_build: Final = _builder()
 
 
 def classify(result: MeterResult) -> ErrorKind | None:
@@ -67,19 +95,18 @@ def observation(
     text, truncated = kept_text(
         result.text, result.text_truncated, store_text=store_text, max_chars=max_chars
     )
-    fields = measured(result)
-    fields.update(queue_wait_s=queue_wait_s, text_truncated=truncated, error_kind=error_kind)
     tools = result.tool_calls
-    return ObservationRecord(
-        **fields,
-        exchange_id=exchange_id,
-        endpoint=endpoint,
-        arm=arm,
-        started_at=started_at,
-        output_text=text,
-        tool_calls=(
-            None
-            if tools is None
-            else _encode([{"name": n, "arguments": a} for n, a in tools]).decode()
-        ),
+    return _build(
+        result,
+        exchange_id,
+        endpoint,
+        arm,
+        started_at,
+        text,
+        None
+        if tools is None
+        else _encode([{"name": n, "arguments": a} for n, a in tools]).decode(),
+        queue_wait_s,
+        truncated,
+        error_kind,
     )
