@@ -7,6 +7,11 @@ so a family's `# HELP` and `# TYPE` lines come from its one declaration and appe
 collector may also yield plain text lines another process rendered with `render` (the mirror
 process's exposition relayed by each worker). Pure: no IO, nothing of ours imported, so
 `storage` can declare its writer's families too.
+
+With several workers on a host, each worker's own series carry a `worker` label
+(`with_label`), and every worker serves the host's whole exposition: its own series, the other
+workers' last rendered ones (relayed through the mirror process) and the mirror process's,
+merged so that each family's header appears once (`merge`).
 """
 
 from __future__ import annotations
@@ -136,3 +141,51 @@ GRADING_FAMILIES: dict[str, Family] = {
     key: Family(f"canary_grading_{key}_total", "counter", text, ("candidate",))
     for key, text in _GRADING_HELP.items()
 }
+
+
+def with_label(lines: Iterable[str], name: str, value: str) -> list[str]:
+    """`lines` (text format, as `render` writes them) with the label `name="value"` first on
+    every sample; comment lines unchanged."""
+    label = f'{name}="{escape(value)}"'
+    out: list[str] = []
+    for line in lines:
+        if not line or line[0] == "#":
+            out.append(line)
+            continue
+        brace, space = line.find("{"), line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            rest = line[brace + 1 :]
+            sep = "" if rest.startswith("}") else ","
+            out.append(f"{line[: brace + 1]}{label}{sep}{rest}")
+        else:
+            out.append(f"{line[:space]}{{{label}}}{line[space:]}")
+    return out
+
+
+def merge(texts: Iterable[Iterable[str]]) -> list[str]:
+    """Several expositions as one: each family's `# HELP` and `# TYPE` once (the first text's),
+    then its samples from every text, families in the order first seen. A sample belongs to
+    the family whose header precedes it in its own text (a histogram's `_bucket`, `_sum` and
+    `_count` lines included); other comment lines are kept, after the families."""
+    heads: dict[str, dict[str, str]] = {}  # family -> {"HELP": line, "TYPE": line}
+    samples: dict[str, list[str]] = {}
+    rest: list[str] = []
+    for lines in texts:
+        family: str | None = None
+        for line in lines:
+            if line.startswith(("# HELP ", "# TYPE ")):
+                family = line[7:].split(" ", 1)[0]
+                heads.setdefault(family, {}).setdefault(line[2:6], line)
+                samples.setdefault(family, [])
+            elif not line:
+                continue
+            elif line[0] != "#" and family is not None:
+                samples[family].append(line)
+            else:
+                rest.append(line)  # a comment, or a sample before any header: kept, not lost
+    out: list[str] = []
+    for family, head in heads.items():
+        out.extend(head[key] for key in ("HELP", "TYPE") if key in head)
+        out.extend(samples[family])
+    out.extend(rest)
+    return out

@@ -78,6 +78,7 @@ _decode_copy = msgspec.msgpack.Decoder(frames.CopyMeta).decode
 _decode_result = msgspec.msgpack.Decoder(frames.ResultMeta).decode
 _decode_idle = msgspec.msgpack.Decoder(frames.IdleMeta).decode
 _decode_eligible = msgspec.msgpack.Decoder(frames.EligibleMeta).decode
+_decode_metrics = msgspec.msgpack.Decoder(frames.MetricsMeta).decode
 
 
 class _Stored:
@@ -128,7 +129,10 @@ class _Plane:
             "results_lost": 0,
             "results_unmatched": 0,
             "ramp_ignored": 0,
+            "metrics_refused": 0,
         }
+        # Each connected worker's last METRICS (its own series), relayed in every STATS frame.
+        self.worker_metrics: dict[int, frames.MetricsMeta] = {}
         self.conns: set[asyncio.Transport] = set()  # the workers' connections
         self.reload = asyncio.Event()
         self.ready = asyncio.Event()
@@ -188,6 +192,7 @@ class _Plane:
 
     def detach(self, transport: asyncio.Transport) -> None:
         self.conns.discard(transport)
+        self.worker_metrics.pop(id(transport), None)  # its series go stale, not frozen
         self.mirror.adaptive.control.eligible.forget(id(transport))
         self.mirror.channel.forget(id(transport))
 
@@ -226,6 +231,11 @@ class _Plane:
             now = time.monotonic()
             eligible.report(id(writer), m.count, m.interval_s, now)
             self.mirror.channel.report(id(writer), m.channel_fill, now)
+        elif kind == frames.KIND_METRICS:
+            if len(meta) > frames.METRICS_MAX_BYTES:
+                self.counts["metrics_refused"] += 1
+            else:
+                self.worker_metrics[id(writer)] = _decode_metrics(meta)
         elif kind == frames.KIND_RELOAD:
             self.reload.set()
         elif kind == frames.KIND_IDLE:
@@ -258,6 +268,7 @@ class _Plane:
                 writer=self.writer.stats(),
                 prometheus="\n".join(lines),
                 rates=mirror.rate_stats(),
+                workers={m.worker: m.text for m in self.worker_metrics.values()},
             )
         )
         return frames.frame_header(frames.KIND_STATS, len(meta), 0) + meta

@@ -54,6 +54,7 @@ from gateway.control.registry import Registry, Snapshot
 from gateway.control.reports import RemoteReports
 from gateway.control.rollout import GuardTrips
 from gateway.lifecycle import settle_heap
+from gateway.mirror.channel.frames import MetricsMeta
 from gateway.mirror.channel.handoff import Handoff
 from gateway.process import simulator
 from gateway.process.children import PlaneProcess, ReportProcess, StartWatch, replica_name
@@ -294,6 +295,7 @@ async def running(
     plane_socket: str | None = None,
     report_socket: str | None = None,
     arms_path: str | None = None,
+    worker: int | None = None,
 ) -> AsyncIterator[Components]:
     """Start a complete gateway on `config.server.listen`; stop it, in order, on exit.
 
@@ -301,7 +303,9 @@ async def running(
     (`gateway.process.simulator` decides when there is one; without it, it starts one here).
     `plane_socket`: the host's mirror process the supervisor started; without it this process
     starts (and owns) one. `report_socket`: likewise, the host's report process. `arms_path`:
-    the host's session-arm table the supervisor created; without it this process creates one."""
+    the host's session-arm table the supervisor created; without it this process creates one.
+    `worker`: this process's index among the host's workers (None: the only one); its series
+    then carry `worker="<index>"` and its /metrics serves the whole host's."""
     engine = make_engine(config.storage.db_url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(engine.dispose)
@@ -395,6 +399,10 @@ async def running(
                 )
                 stack.push_async_callback(_cancel, watch)
         metrics.add_collector(handoff.prometheus_lines)
+        if worker is not None:
+            label = metrics.worker = str(worker)
+            metrics.peers = handoff.peer_metrics
+            handoff.own_metrics = lambda: MetricsMeta(label, metrics.render_local())
         metrics.add_collector(lambda: _plane_lines(parts))
         metrics.add_collector(lambda: _registry_lines(registry))
         metrics.add_collector(reports.samples)
@@ -469,6 +477,7 @@ async def serve_until_stopped(
     report_socket: str | None = None,
     arms_path: str | None = None,
     stop: asyncio.Event | None = None,
+    worker: int | None = None,
 ) -> None:
     """What each `canary serve` process runs: the complete gateway until SIGTERM/SIGINT. The
     process is its own, so its heap is settled once it serves (`lifecycle.settle_heap`)."""
@@ -483,6 +492,7 @@ async def serve_until_stopped(
             plane_socket=plane_socket,
             report_socket=report_socket,
             arms_path=arms_path,
+            worker=worker,
         ) as parts:
             log.info(
                 "canary-gateway listening",

@@ -77,6 +77,7 @@ def _worker_main(
             plane_socket=plane_socket,
             report_socket=report_socket,
             arms_path=arms_path,
+            worker=index,
         ),
         config.server.event_loop,
     )

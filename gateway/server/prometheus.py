@@ -2,11 +2,16 @@
 
 Metrics are declared once with a fixed tuple of label names; `labels(...)` returns a child that
 callers keep, so the hot path does one attribute increment and no allocation. There is no lock:
-everything runs on one event loop per process (each worker process exports its own values).
+everything runs on one event loop per process (each worker process counts its own values).
 Other parts (mirror, storage writer) export their own values through `add_collector`: a
 collector yields the `domain.exposition.Family` declarations it exports and their samples, and
 `render()` writes every family's HELP and TYPE from its declaration, once. No other module writes
 a HELP or TYPE line (tests/server/test_metrics_exposition.py).
+
+With `--workers N` (N > 1) each worker's own series carry `worker="<index>"` (`worker`), and
+`render()` serves the host: this worker's series, the other workers' last ones (`peers`: relayed
+by the mirror process about once a second) and the lines collectors relay, merged by family.
+`render_local()` is what this worker sends for the others to serve.
 
 This module must never do IO, never format text outside `render()`, never block.
 """
@@ -14,9 +19,9 @@ This module must never do IO, never format text outside `render()`, never block.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from domain.exposition import Exposed, Family, Kind, Sample, label_text, render
+from domain.exposition import Exposed, Family, Kind, Sample, label_text, merge, render, with_label
 from domain.exposition import fmt as _fmt
 
 # Latency buckets in seconds: sub-millisecond proxy overhead up to very long generations.
@@ -201,6 +206,10 @@ class Exporter:
     def __init__(self) -> None:
         self._metrics: dict[str, _Metric] = {}
         self._collectors: list[Collector] = []
+        # One of several workers: its label value, and the other workers' last rendered text
+        # by label value (None: a single process, no label).
+        self.worker: str | None = None
+        self.peers: Callable[[], Mapping[str, str]] | None = None
 
     def _add(self, metric: _Metric) -> None:
         if metric.name in self._metrics:
@@ -247,15 +256,38 @@ class Exporter:
                     out.append(item.family)
         return out
 
-    def render(self) -> str:
-        lines: list[str] = []
+    def _lines(self) -> tuple[list[str], list[str]]:
+        """(this process's own lines, the lines its collectors relay from another process)."""
+        own: list[str] = []
+        relayed: list[str] = []
         for metric in self._metrics.values():
-            lines.extend(metric.lines())
+            own.extend(metric.lines())
         seen = set(self._metrics)
         for fn in self._collectors:
             try:
-                lines.extend(render(fn(), seen))
+                items = list(fn())
+                own.extend(render((i for i in items if not isinstance(i, str)), seen))
+                relayed.extend(i for i in items if isinstance(i, str))
             except Exception as exc:  # one broken exporter must not hide every other metric
-                lines.append(f"# collector {getattr(fn, '__name__', fn)!s} failed: {exc!r}")
+                own.append(f"# collector {getattr(fn, '__name__', fn)!s} failed: {exc!r}")
+        return own, relayed
+
+    def render_local(self) -> str:
+        """This process's own series (with its `worker` label, if any): what a worker sends the
+        mirror process for the other workers to serve."""
+        own, _ = self._lines()
+        if self.worker is not None:
+            own = with_label(own, "worker", self.worker)
+        return "\n".join(own)
+
+    def render(self) -> str:
+        own, relayed = self._lines()
+        if self.worker is None:
+            lines = own + relayed
+        else:
+            peers = self.peers() if self.peers is not None else {}
+            texts = [with_label(own, "worker", self.worker)]
+            texts.extend(text.split("\n") for name, text in peers.items() if name != self.worker)
+            lines = merge([*texts, relayed])
         lines.append("")
         return "\n".join(lines)

@@ -1,7 +1,8 @@
 """`canary serve --workers 2`: one mirror process for the host. A session's turns reach the
-candidate one at a time and in order whichever worker served them, and the copy accounting
-summed over the workers' and the mirror's stored rows is exact (real processes, real sockets,
-a real recording candidate, real SQLite)."""
+candidate one at a time and in order whichever worker served them, the copy accounting
+summed over the workers' and the mirror's stored rows is exact, and /metrics shows the whole
+host whichever worker answers the scrape (real processes, real sockets, a real recording
+candidate, real SQLite)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from domain.accounting import identity_holds
 from storage import queries
 from storage.engine import make_engine
 from tests.process.test_serve_cli import start_serve, stop
+from tests.server.test_metrics_exposition import parse_exposition
+from tests.waiting import until
 
 SESSIONS = 8
 TURNS = 4
@@ -71,12 +74,57 @@ async def _turn(url: str, session: int, turn: int) -> None:
             await r.read()
 
 
+def _requests_by_worker(text: str) -> dict[str, int]:
+    """canary_proxy_requests_total summed per `worker` label, from one scrape."""
+    out: dict[str, int] = {}
+    for m in re.finditer(
+        r'^canary_proxy_requests_total\{worker="(\d+)",[^}]*\} (\d+)$', text, re.M
+    ):
+        out[m[1]] = out.get(m[1], 0) + int(m[2])
+    return out
+
+
+async def _host_metrics(url: str, served: int) -> str:
+    """/metrics on new connections (SO_REUSEPORT hands them to either worker) once every
+    worker's view has caught up (each worker sends its series about once a second and the
+    mirror process relays them with its STATS twice a second: a few periods are allowed);
+    then every scrape, whichever worker answers it, must show the host: both workers'
+    requests adding up to `served`, the same per worker each time, by the text-format rules."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def caught_up() -> bool:
+            for _ in range(6):
+                counts = _requests_by_worker(await _get(http, url))
+                if set(counts) != {"0", "1"} or sum(counts.values()) != served:
+                    return False
+            return True
+
+        await until(caught_up, what="both workers' requests in every scrape", within_s=15)
+        scrapes = [await _get(http, url) for _ in range(12)]
+    per_worker = [_requests_by_worker(text) for text in scrapes]
+    assert all(p == per_worker[0] for p in per_worker), per_worker
+    assert sum(per_worker[0].values()) == served and all(per_worker[0].values()), per_worker
+    for text in scrapes:
+        parse_exposition(text)  # each family headed once, its samples together, no series twice
+        assert 'canary_mirror_channel_up{worker="0"} 1' in text
+        assert 'canary_mirror_channel_up{worker="1"} 1' in text
+    return scrapes[-1]
+
+
+async def _get(http: aiohttp.ClientSession, url: str) -> str:
+    async with http.get(url + "/metrics") as resp:
+        assert resp.status == 200
+        return await resp.text()
+
+
 async def test_session_turns_in_order_across_workers_and_exact_accounting(
     tmp_path: Path,
 ) -> None:
     """32 turns of 8 sessions through 2 workers: the candidate sees each session's turns in
     order and never two at once, the turns came through both workers, no turn is counted out
-    of order, and the stored accounting of all three processes sums to an exact identity."""
+    of order, the stored accounting of all three processes sums to an exact identity, and
+    every worker's /metrics shows both workers' series (`worker` label), not only its own."""
     recorder = _Recorder()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", recorder.chat)
@@ -102,8 +150,7 @@ async def test_session_turns_in_order_across_workers_and_exact_accounting(
             async with asyncio.timeout(60):
                 while sum(len(v) for v in recorder.spans.values()) < SESSIONS * TURNS:  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
-            async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
-                text = await resp.text()
+            text = await _host_metrics(url, SESSIONS * TURNS)
             assert "canary_mirror_out_of_order_turns_total 0" in text
             assert re.search(r"^canary_mirror_split_sessions_total\{[^}]*\} 0$", text, re.M)
         finally:

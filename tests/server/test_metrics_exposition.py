@@ -16,9 +16,10 @@ from pathlib import Path
 
 import aiohttp
 
-from domain.exposition import Family, render
+from domain.exposition import Family, merge, render, with_label
 from gateway.config.load import load_config
 from gateway.process.runtime import running
+from gateway.server.prometheus import Histogram
 from gateway.sim.profiles import get_profile
 from gateway.sim.server import start_sim
 from tests.waiting import IMPORTS_S, until
@@ -126,6 +127,34 @@ def test_the_parser_refuses_what_prometheus_refuses() -> None:
         except (AssertionError, ValueError):
             continue
         raise AssertionError(f"accepted: {text!r}")
+
+
+def test_several_workers_expositions_merge_into_one_valid_exposition() -> None:
+    """Each worker's own lines labelled `worker`, merged with the others' and a relayed text:
+    every family headed once with all of its samples, none lost, a histogram's lines kept in
+    its block; labels go first, also on a series without labels."""
+    reqs = Family("r_total", "counter", "R.", ("route",))
+    up = Family("up", "gauge", "Up.")
+    hist = Histogram("h_seconds", "H.", ("route",), (0.1, 1.0))
+    hist.labels("/a").observe(0.5)
+    mirror = render([Family("m_total", "counter", "M.").sample(7)])
+
+    def worker(i: int) -> list[str]:
+        own = render([reqs.sample(i + 1, "/a"), reqs.sample(10 * i, "/b"), up.sample(1)])
+        return with_label([*own, *hist.lines()], "worker", str(i))
+
+    merged = merge([worker(0), worker(1), worker(2), mirror])
+    families = parse_exposition("\n".join([*merged, ""]))
+    assert [f for f in families] == ["r_total", "up", "h_seconds", "m_total"]
+    series = {(n, tuple(sorted(lab.items()))): v for n, lab, v in families["r_total"]["series"]}  # type: ignore[attr-defined]
+    assert len(series) == 6 and series[("r_total", (("route", "/b"), ("worker", "2")))] == 20
+    assert 'up{worker="1"} 1' in merged and merged[-1] == "m_total 7"
+    assert len(families["h_seconds"]["series"]) == 3 * 5  # type: ignore[arg-type]
+    assert with_label(['a{b="c"} 1', "a 2", "# x"], "w", 'q"') == [
+        'a{w="q\\"",b="c"} 1',
+        'a{w="q\\""} 2',
+        "# x",
+    ]
 
 
 def test_a_series_renders_the_same_every_time() -> None:

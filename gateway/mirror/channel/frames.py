@@ -9,10 +9,11 @@ a copy that was handed off), RELOAD (the registry moved), IDLE (answer IDLE_ACK 
 before it is finished), ELIGIBLE (about once a second: how many requests on mirrored routes the
 worker served, sampled or not), RAMP (one request of an open rollout: its arm, session and
 outcome, a `domain.records.RampRequest` struct-packed in a fixed 45-byte meta whose layout is
-derived from that declaration; no msgpack, no body). Mirror -> worker: STATS
-(host-wide counters and metrics), IDLE_ACK, RATES (the adaptive sampling references and the
-instant they apply, and the capacity shares of an overloaded mirror; sent on connect and
-whenever they change). This module never does IO.
+derived from that declaration; no msgpack, no body), METRICS (with several workers, about once
+a second: the worker's own series, rendered and labelled). Mirror -> worker: STATS (host-wide
+counters and metrics, and every worker's last METRICS text), IDLE_ACK, RATES (the adaptive
+sampling references and the instant they apply, and the capacity shares of an overloaded
+mirror; sent on connect and whenever they change). This module never does IO.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "KIND_ELIGIBLE",
     "KIND_IDLE",
     "KIND_IDLE_ACK",
+    "KIND_METRICS",
     "KIND_RAMP",
     "KIND_RATES",
     "KIND_RELOAD",
@@ -45,6 +47,7 @@ __all__ = [
     "CopyMeta",
     "EligibleMeta",
     "IdleMeta",
+    "MetricsMeta",
     "RampLayout",
     "RatesMeta",
     "ResultMeta",
@@ -64,6 +67,10 @@ KIND_IDLE_ACK: Final = 6
 KIND_ELIGIBLE: Final = 7
 KIND_RATES: Final = 8
 KIND_RAMP: Final = 9
+KIND_METRICS: Final = 10
+# The longest METRICS text the mirror process relays (bytes): a worker's series with every
+# candidate and histogram are tens of kilobytes; past it the text is refused and counted.
+METRICS_MAX_BYTES: Final = 1 << 20
 
 
 def _code(field: Field) -> str:
@@ -175,6 +182,13 @@ class EligibleMeta(msgspec.Struct, array_like=True, frozen=True):
     channel_fill: float = 0.0
 
 
+class MetricsMeta(msgspec.Struct, array_like=True, frozen=True):
+    """One worker's own series, rendered with its `worker` label (the value is `worker`)."""
+
+    worker: str
+    text: str
+
+
 class RatesMeta(msgspec.Struct, array_like=True, frozen=True):
     """The adaptive sampling references (eligible req/s, per sampling mode) every worker uses
     from `apply_at` on (`time.monotonic()`, one clock for every process of the host); `seq`
@@ -199,6 +213,8 @@ class StatsMeta(msgspec.Struct, frozen=True):
     prometheus: str
     # Per candidate: target, effective share, realized copies/s, what changes cost (admin view).
     rates: dict[str, dict[str, float | None]] = msgspec.field(default_factory=dict)
+    # Each worker's last METRICS text, by its `worker` label value (several workers only).
+    workers: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 def frame_header(kind: int, meta_len: int, body_len: int) -> bytes:

@@ -52,7 +52,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 import msgspec
@@ -189,6 +189,9 @@ class Handoff:
         }
         self.stats: frames.StatsMeta | None = None
         self.stats_at = 0.0
+        # Several workers: this worker's own series (`Exporter.render_local`), sent about once a
+        # second; the mirror process relays every worker's to all (`peer_metrics`).
+        self.own_metrics: Callable[[], frames.MetricsMeta] | None = None
         self._stats_event = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
@@ -214,6 +217,8 @@ class Handoff:
             if self._send_small(frames.KIND_ELIGIBLE, meta):
                 sent, at = count, now
                 self._fill_min = 1.0
+            if self.own_metrics is not None:  # one of several workers: its series, for the rest
+                self._send_small(frames.KIND_METRICS, _encode(self.own_metrics()))
 
     def _channel_fill(self) -> float:
         """The channel's occupancy now: queued and transport-buffered bytes against the cap."""
@@ -538,6 +543,10 @@ class Handoff:
             name: {**host.get(name, {}), "worker_sample_rate": mine.get(name)}
             for name in {*host, *mine}
         }
+
+    def peer_metrics(self) -> Mapping[str, str]:
+        """Every worker's last series as the mirror process relayed them, by `worker` label."""
+        return self.stats.workers if self.stats is not None else {}
 
     def writer_stats(self) -> dict[str, int]:
         return dict(self.stats.writer) if self.stats else {}
