@@ -65,7 +65,8 @@ from isolation import (
 from overhead import free_port as _free_port
 
 _HANDOFF = re.compile(
-    r'canary_mirror_handoff_dropped_total\{candidate="([^"]+)",reason="(\w+)"\} (\d+)'
+    r'canary_mirror_handoff_dropped_total\{(?:worker="\d+",)?'  # every worker's (--workers N)
+    r'candidate="([^"]+)",reason="(\w+)"\} (\d+)'
 )
 
 

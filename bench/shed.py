@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -208,14 +209,21 @@ async def _copies(cand_url: str) -> int:
         return int((await resp.json())["copies"])
 
 
+_WORKER = re.compile(r'worker="\d+",?')
+
+
 async def _metrics(url: str) -> dict[str, float]:
+    """The host's series from one scrape: with several workers, each worker's own series
+    (labelled `worker`; any worker serves them all) summed over the workers."""
     async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
         text = await resp.text()
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            series = _WORKER.sub("", series).replace("{}", "")
+            out[series] = out.get(series, 0.0) + float(value)
+    return out
 
 
 async def _step(
