@@ -17,7 +17,7 @@ _encode = msgspec.msgpack.Encoder().encode
 def test_frame_kinds_are_distinct() -> None:
     """Each frame kind has its own byte."""
     kinds = [getattr(frames, n) for n in frames.__all__ if n.startswith("KIND_")]
-    assert len(kinds) == len(set(kinds)) == 9
+    assert len(kinds) == len(set(kinds)) == 10
     assert all(0 < k < 256 for k in kinds)
 
 

@@ -192,6 +192,7 @@ class Handoff:
         # Several workers: this worker's own series (`Exporter.render_local`), sent about once a
         # second; the mirror process relays every worker's to all (`peer_metrics`).
         self.own_metrics: Callable[[], frames.MetricsMeta] | None = None
+        self._metrics_failed = False
         self._stats_event = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
@@ -218,7 +219,12 @@ class Handoff:
                 sent, at = count, now
                 self._fill_min = 1.0
             if self.own_metrics is not None:  # one of several workers: its series, for the rest
-                self._send_small(frames.KIND_METRICS, _encode(self.own_metrics()))
+                try:
+                    self._send_small(frames.KIND_METRICS, _encode(self.own_metrics()))
+                except Exception:  # never the end of this loop: the eligible counts go on
+                    if not self._metrics_failed:  # logged once, retried every second
+                        log.exception("could not render this worker's metrics for the others")
+                    self._metrics_failed = True
 
     def _channel_fill(self) -> float:
         """The channel's occupancy now: queued and transport-buffered bytes against the cap."""
