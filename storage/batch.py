@@ -210,9 +210,11 @@ class BatchWriter:
         self._name = name
         self._on_count = on_count
         self._queues: dict[str, deque[Any]] = {s.name: deque() for s in self._streams}
-        # The same deques as tuples, summed with map(len, …) on every put (no generator).
-        self._all = tuple(self._queues.values())
-        self._shared = tuple(self._queues[s.name] for s in self._streams if s.queue_max is None)
+        # Records in every queue, and in the queues that share `queue_max`: kept as counts by
+        # `put`, `_take` and `_count_lost` (the only places the queues change), not summed over
+        # the queues on every put.
+        self._depth = 0
+        self._shared_depth = 0
         self._inserts = {s.name: insert_ignore(engine.dialect.name, s.table) for s in streams}
         # Per stream: the INSERT compiled for its rows' keys (None: the ordinary path).
         self._compiled: dict[str, _Compiled | None] = {}
@@ -228,25 +230,27 @@ class BatchWriter:
 
     # ---- the sink side: called on the request path, never waits
     def put(self, stream: Stream, record: Any) -> None:
-        if stream.queue_max is None:
-            full = self._shared_depth() >= self._queue_max
-        else:
-            full = len(self._queues[stream.name]) >= stream.queue_max
-        if self._closing or full:
+        queue = self._queues[stream.name]
+        if self._closing:
             self._count(stream.dropped, 1)
             return
-        self._queues[stream.name].append(record)
-        if self.depth >= self._batch_size:
+        if stream.queue_max is None:
+            if self._shared_depth >= self._queue_max:
+                self._count(stream.dropped, 1)
+                return
+            self._shared_depth += 1
+        elif len(queue) >= stream.queue_max:
+            self._count(stream.dropped, 1)
+            return
+        queue.append(record)
+        self._depth += 1
+        if self._depth >= self._batch_size:
             self._wake.set()
 
     @property
     def depth(self) -> int:
         """Records queued here (not those a stream's owner still holds)."""
-        return sum(map(len, self._all))
-
-    def _shared_depth(self) -> int:
-        """Records queued here by the streams that share `queue_max`."""
-        return sum(map(len, self._shared))
+        return self._depth
 
     @property
     def in_flight(self) -> int:
@@ -292,6 +296,7 @@ class BatchWriter:
             self._count(s.dropped, left)
             queue.clear()
             self._in_flight[s.name] = 0
+        self._depth = self._shared_depth = 0
 
     async def tick(self) -> None:
         """Called by the drain task after each wake-up (override for periodic work)."""
@@ -329,6 +334,9 @@ class BatchWriter:
         for s in self._streams:
             queue = self._queues[s.name]
             taken = [queue.popleft() for _ in range(min(room, len(queue)))]
+            self._depth -= len(taken)
+            if s.queue_max is None:
+                self._shared_depth -= len(taken)
             if s.pull is not None and room > len(taken):
                 taken += s.pull(room - len(taken))
             records[s.name] = taken
