@@ -27,7 +27,11 @@ another commit), interleaved round by round with this one, row order alternating
 one run, on the same host, nginx and database settings. Without the worker and the production
 path bench/core.py measures beside it, the spread from round to round is smaller, so a change
 of a few µs per copy shows. The mirror process is pinned to CPU 0, nginx and this script to
-CPU 1 (`--no-pin`: anywhere). A benchmark, not a test: the rates assert nothing.
+CPU 1 (`--no-pin`: anywhere). A benchmark, not a test: the rates assert nothing. With
+`--naive` the last table pairs each tree with the naive mirror round by round: the ratio of
+each round, their geometric mean and its 95 % t-interval on the log ratios, and n. A cell's
+CPU per copy moves by ±10 % from round to round on a shared 2-vCPU host, and the two cells of
+one round move together: the paired interval says whether a ratio is told apart from 1.0.
 
 `--callgrind` counts instructions instead of CPU time, which the neighbours on a shared host do
 not move: this tree's mirror process (and each `--tree`'s), then the naive mirror, each alone
@@ -58,6 +62,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import shutil
 import sqlite3
@@ -68,6 +73,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import scipy.stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mirror_instructions import (  # siblings, found through sys.path
@@ -452,6 +459,41 @@ def main() -> None:
     for (rate, tree), values in results.items():
         rounds = ", ".join(f"{v:.0f}" for v in values)
         print(f"| {rate:g} | {tree} | {statistics.median(values):.0f} | {rounds} |")
+    if args.naive:
+        print(paired_table(results, rates, [str(t) for t in trees if t != NAIVE_ROW]))
+
+
+def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """The geometric mean of the round-by-round ratios a/b and its 95 % t-interval (on the
+    log ratios: a round's cells ran back to back, so the host's drift over the run cancels in
+    the ratio); None under 3 rounds."""
+    logs = [math.log(x / y) for x, y in zip(a, b, strict=True) if x > 0 and y > 0]
+    if len(logs) < 3:
+        return None
+    mean = statistics.fmean(logs)
+    half = scipy.stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def paired_table(
+    results: dict[tuple[float, str], list[float]], rates: list[float], trees: list[str]
+) -> str:
+    """Each tree against the naive mirror, paired by round: the ratio, its interval and n."""
+    out = [
+        "\n| copies/s | tree | mirror / naive, per round | geometric mean [95 % CI] | n |",
+        "|---:|---|---|---:|---:|",
+    ]
+    for rate in rates:
+        naive = results[(rate, str(NAIVE_ROW))]
+        for tree in trees:
+            mine = results[(rate, tree)]
+            each = ", ".join(f"{x / y:.2f}" for x, y in zip(mine, naive, strict=True))
+            r = paired_ratio(mine, naive)
+            mean = "insufficient data (< 3 rounds)" if r is None else (
+                f"**{r[0]:.2f}x** [{r[1]:.2f}, {r[2]:.2f}]"
+            )  # fmt: skip
+            out.append(f"| {rate:g} | {tree} | {each} | {mean} | {len(mine)} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
