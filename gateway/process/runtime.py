@@ -400,8 +400,8 @@ async def running(
                 stack.push_async_callback(_cancel, watch)
         metrics.add_collector(handoff.prometheus_lines)
         if worker is not None:
-            label = metrics.worker = str(worker)
-            metrics.peers = handoff.peer_metrics
+            label = str(worker)
+            metrics.join_host(label, handoff.peer_metrics)
             handoff.own_metrics = lambda: MetricsMeta(label, metrics.render_local())
         metrics.add_collector(lambda: _plane_lines(parts))
         metrics.add_collector(lambda: _registry_lines(registry))

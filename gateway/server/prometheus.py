@@ -8,10 +8,10 @@ collector yields the `domain.exposition.Family` declarations it exports and thei
 `render()` writes every family's HELP and TYPE from its declaration, once. No other module writes
 a HELP or TYPE line (tests/server/test_metrics_exposition.py).
 
-With `--workers N` (N > 1) each worker's own series carry `worker="<index>"` (`worker`), and
-`render()` serves the host: this worker's series, the other workers' last ones (`peers`: relayed
-by the mirror process about once a second) and the lines collectors relay, merged by family.
-`render_local()` is what this worker sends for the others to serve.
+With `--workers N` (N > 1) each worker's exporter joins the host (`join_host`): its own series
+carry `worker="<index>"`, and `render()` serves the host: this worker's series, the other
+workers' last ones (relayed by the mirror process about once a second) and the lines collectors
+relay, merged by family. `render_local()` is what this worker sends for the others to serve.
 
 This module must never do IO, never format text outside `render()`, never block.
 """
@@ -206,10 +206,16 @@ class Exporter:
     def __init__(self) -> None:
         self._metrics: dict[str, _Metric] = {}
         self._collectors: list[Collector] = []
-        # One of several workers: its label value, and the other workers' last rendered text
-        # by label value (None: a single process, no label).
-        self.worker: str | None = None
-        self.peers: Callable[[], Mapping[str, str]] | None = None
+        # One of several workers (`join_host`): its label value, and the other workers' last
+        # rendered text by label value (None: a single process, no label).
+        self._worker: str | None = None
+        self._peers: Callable[[], Mapping[str, str]] | None = None
+
+    def join_host(self, worker: str, peers: Callable[[], Mapping[str, str]]) -> None:
+        """Make this the exporter of worker `worker` of several: its own series carry
+        `worker="<worker>"`, and `render` adds the others' (`peers()`: label value -> their
+        last `render_local` text). Called once, when the hand-off that relays them exists."""
+        self._worker, self._peers = worker, peers
 
     def _add(self, metric: _Metric) -> None:
         if metric.name in self._metrics:
@@ -276,18 +282,18 @@ class Exporter:
         """This process's own series (with its `worker` label, if any): what a worker sends the
         mirror process for the other workers to serve."""
         own, _ = self._lines()
-        if self.worker is not None:
-            own = with_label(own, "worker", self.worker)
+        if self._worker is not None:
+            own = with_label(own, "worker", self._worker)
         return "\n".join(own)
 
     def render(self) -> str:
         own, relayed = self._lines()
-        if self.worker is None:
+        if self._worker is None or self._peers is None:
             lines = own + relayed
         else:
-            peers = self.peers() if self.peers is not None else {}
-            texts = [with_label(own, "worker", self.worker)]
-            texts.extend(text.split("\n") for name, text in peers.items() if name != self.worker)
+            worker = self._worker
+            texts = [with_label(own, "worker", worker)]
+            texts.extend(text.split("\n") for name, text in self._peers().items() if name != worker)
             lines = merge([*texts, relayed])
         lines.append("")
         return "\n".join(lines)
