@@ -197,6 +197,22 @@ def child(argv: list[str]) -> dict[str, float]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+_WORKER_LABEL = re.compile(r'worker="\d+",?')
+
+
+def host_series(text: str) -> dict[str, float]:
+    """A /metrics text as {series: value} for the whole host: with `canary serve --workers N`
+    each worker's own series carry a `worker` label (any worker serves them all), and here
+    they are summed over it, so a series reads the same whichever worker answered."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            series = _WORKER_LABEL.sub("", series).replace("{}", "")
+            out[series] = out.get(series, 0.0) + float(value)
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(int(q * len(values)), len(values) - 1)] if values else float("nan")

@@ -63,11 +63,9 @@ from isolation import (
     tree_rss,
 )
 from overhead import free_port as _free_port
+from overhead import host_series
 
-_HANDOFF = re.compile(
-    r'canary_mirror_handoff_dropped_total\{(?:worker="\d+",)?'  # every worker's (--workers N)
-    r'candidate="([^"]+)",reason="(\w+)"\} (\d+)'
-)
+_HANDOFF = re.compile(r'canary_mirror_handoff_dropped_total\{candidate="([^"]+)",reason="(\w+)"\}')
 
 
 async def host_copies(url: str) -> dict[str, Any]:
@@ -76,10 +74,12 @@ async def host_copies(url: str) -> dict[str, Any]:
     out = await copies(url)
     async with _client() as http, http.get(f"{url}/metrics") as resp:
         text = await resp.text()
-    for name, reason, value in _HANDOFF.findall(text):
-        row = out.setdefault(name, {})
-        row["sampled"] = row.get("sampled", 0) + int(value)
-        row[reason] = row.get(reason, 0) + int(value)
+    for series, value in host_series(text).items():  # summed over the workers
+        if (m := _HANDOFF.fullmatch(series)) is not None:
+            name, reason = m.groups()
+            row = out.setdefault(name, {})
+            row["sampled"] = row.get("sampled", 0) + int(value)
+            row[reason] = row.get(reason, 0) + int(value)
     return out
 
 

@@ -40,7 +40,6 @@ import argparse
 import asyncio
 import multiprocessing
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,9 @@ from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from overhead import host_series  # noqa: E402  (a sibling)
+
 from tests.upstreams import free_port  # noqa: E402
 
 ANSWER = {
@@ -209,21 +211,10 @@ async def _copies(cand_url: str) -> int:
         return int((await resp.json())["copies"])
 
 
-_WORKER = re.compile(r'worker="\d+",?')
-
-
 async def _metrics(url: str) -> dict[str, float]:
-    """The host's series from one scrape: with several workers, each worker's own series
-    (labelled `worker`; any worker serves them all) summed over the workers."""
+    """The host's series from one scrape, summed over the workers (`host_series`)."""
     async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
-        text = await resp.text()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, value = line.rsplit(" ", 1)
-            series = _WORKER.sub("", series).replace("{}", "")
-            out[series] = out.get(series, 0.0) + float(value)
-    return out
+        return host_series(await resp.text())
 
 
 async def _step(
