@@ -82,7 +82,9 @@ class _Compiled:
     adapter first). The narrowed statements are compiled once per set of left-out columns,
     at most `MAX_NARROWED` of them; past it a chunk binds every column."""
 
-    __slots__ = ("_dialect", "_narrowed", "_optional", "_stmt", "get", "keys", "procs", "sql")
+    __slots__ = (
+        "_all", "_dialect", "_narrowed", "_optional", "_stmt", "get", "keys", "procs", "sql",
+    )  # fmt: skip
 
     MAX_NARROWED: Final = 64
 
@@ -100,6 +102,7 @@ class _Compiled:
         self.procs = procs
         self.get = operator.itemgetter(*keys)
         self._optional = optional if stmt is not None else ()
+        self._all = tuple(range(len(keys)))  # the full statement binds every column, in order
         self._stmt = stmt
         self._dialect = dialect
         # Left-out column positions -> (the narrowed SQL, the positions it binds, in its
@@ -118,46 +121,38 @@ class _Compiled:
         for i, key in enumerate(order):
             proc = table.c[key].type.bind_processor(dialect)
             if proc is not None:
-                procs.append((i, proc))
+                procs.append((i, proc if _keeps_none(proc) else _none_safe(proc)))
         optional = tuple(i for i, key in enumerate(order) if _may_leave_out(table.c[key]))
         return cls(str(compiled), order, tuple(procs), optional, stmt, dialect)
 
-    def params(self, rows: list[Row]) -> list[tuple[Any, ...]] | None:
-        """The rows as the driver's parameter tuples; None if a row has other keys."""
-        get, procs, n = self.get, self.procs, len(self.keys)
-        out: list[tuple[Any, ...]] = []
-        for row in rows:
-            if len(row) != n:
-                return None
-            values = list(get(row))
-            for i, proc in procs:
-                if (v := values[i]) is not None:
-                    values[i] = proc(v)
-            out.append(tuple(values))
-        return out
-
     def chunk(self, rows: list[Row]) -> tuple[str, list[tuple[Any, ...]]] | None:
         """(SQL, parameter tuples) for `rows`, narrowed to the columns they give a value;
-        None if a row has other keys."""
-        params = self.params(rows)
-        if params is None:
+        None if a row has other keys.
+
+        Column by column: the rows are transposed once (in C), the all-None optional columns
+        left out, and each kept column's bind processor mapped over it (every processor
+        SQLAlchemy has for these types returns None for None: checked in `build`); then the
+        kept columns are transposed back into the driver's tuples."""
+        if not rows:
+            return self.sql, []
+        if set(map(len, rows)) != {len(self.keys)}:
             return None
-        n = len(params)
-        if not self._optional or not n:
-            return self.sql, params
-        columns = list(zip(*params, strict=True))  # C-level transposition: one tuple a column
-        absent = tuple(i for i in self._optional if columns[i].count(None) == n)
-        if not absent:
-            return self.sql, params
-        if absent in self._narrowed:
-            narrowed = self._narrowed[absent]
-        else:
-            narrowed = self._narrow(absent)
-            if len(self._narrowed) < self.MAX_NARROWED:
-                self._narrowed[absent] = narrowed
-        if narrowed is None:
-            return self.sql, params
-        sql, take = narrowed
+        count = len(rows)
+        columns = list(zip(*map(self.get, rows), strict=True))  # one tuple a column, in C
+        absent = tuple(i for i in self._optional if columns[i].count(None) == count)
+        sql, take, left_out = self.sql, self._all, frozenset[int]()
+        if absent:
+            if absent in self._narrowed:
+                narrowed = self._narrowed[absent]
+            else:
+                narrowed = self._narrow(absent)
+                if len(self._narrowed) < self.MAX_NARROWED:
+                    self._narrowed[absent] = narrowed
+            if narrowed is not None:
+                (sql, take), left_out = narrowed, frozenset(absent)
+        for i, proc in self.procs:
+            if i not in left_out:
+                columns[i] = tuple(map(proc, columns[i]))
         return sql, list(zip(*[columns[i] for i in take], strict=True))
 
     def _narrow(self, absent: tuple[int, ...]) -> tuple[str, tuple[int, ...]] | None:
@@ -170,6 +165,19 @@ class _Compiled:
             return None  # the statement would add columns of its own (a default): bind all
         position = {key: i for i, key in enumerate(self.keys)}
         return str(compiled), tuple(position[key] for key in order)
+
+
+def _keeps_none(proc: Callable[[Any], Any]) -> bool:
+    """Whether a bind processor maps None to None (SQLAlchemy's own all do)."""
+    try:
+        return proc(None) is None
+    except Exception:
+        return False
+
+
+def _none_safe(proc: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`proc` applied to values only: None stays None (NULL), as the row-wise path did."""
+    return lambda value: None if value is None else proc(value)
 
 
 def _may_leave_out(column: Column[Any]) -> bool:
