@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import re
 import shutil
 import signal
 import socket
@@ -39,7 +40,14 @@ def _tail(path: Path, chars: int = 2000) -> str:
     return path.read_text(errors="replace")[-chars:]
 
 
+# The line `canary sim` prints once it listens: the demo learns each simulator's URL from it.
+_SIM_ANNOUNCED = re.compile(r"^canary sim: profile \S+ serving .* on (http://\S+)$", re.M)
+
+
 def free_port() -> int:
+    """A port free now, for the gateway's config. A simulator binds port 0 instead and says
+    where (`wait_announced`): two ports picked this way, each released before its process binds
+    it, can be the same one, and the second process then dies while the first answers for it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -109,6 +117,21 @@ async def wait_ready(url: str, proc: asyncio.subprocess.Process, what: str, log:
     raise CanaryError(
         f"{what} did not become ready at {url} within {READY_TIMEOUT_S:g} s (log: {log})"
     )
+
+
+async def wait_announced(proc: asyncio.subprocess.Process, what: str, log: Path) -> str:
+    """The URL a simulator started on port 0 says it listens on (read from its log, where its
+    stdout goes); a clear error if it exits first or does not say so in time."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        text = await asyncio.to_thread(log.read_text, errors="replace")
+        found = _SIM_ANNOUNCED.search(text)
+        if found:
+            return found.group(1)
+        if proc.returncode is not None:
+            raise CanaryError(f"{what} exited with code {proc.returncode}:\n{_tail(log)}")
+        await asyncio.sleep(0.05)
+    raise CanaryError(f"{what} did not start within {READY_TIMEOUT_S:g} s (log: {log})")
 
 
 @contextlib.asynccontextmanager

@@ -28,6 +28,7 @@ from gateway.process.demo.children import (
     Processes,
     ProgressBar,
     free_port,
+    wait_announced,
     wait_ready,
     workdir,
 )
@@ -65,23 +66,22 @@ async def _run(
     urls: dict[str, str] = {}
     say(f"canary demo: working directory {work}")
     for e in ENGINES:
-        port = free_port()
-        urls[e.name] = f"http://127.0.0.1:{port}"
         await procs.start(
             f"sim-{e.name}",
             "sim",
-            *("--port", str(port), "--profile", e.profile, "--seed", str(opts.seed)),
+            *("--port", "0", "--profile", e.profile, "--seed", str(opts.seed)),
             *("--time-scale", f"{opts.time_scale * e.time_factor:g}"),
             *e.extra,
         )
+    for e in ENGINES:
+        log = work / f"sim-{e.name}.log"
+        urls[e.name] = await wait_announced(procs.get(f"sim-{e.name}"), e.name, log)
+        await wait_ready(f"{urls[e.name]}/health", procs.get(f"sim-{e.name}"), e.name, log)
     gateway_port = free_port()
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     db_path = work / "canary.db"
     config_path = work / "demo.toml"
     write_config(config_path, gateway_port, urls, db_path)
-    for e in ENGINES:
-        log = work / f"sim-{e.name}.log"
-        await wait_ready(f"{urls[e.name]}/health", procs.get(f"sim-{e.name}"), e.name, log)
     gateway = await procs.start("gateway", "serve", "--config", str(config_path))
     await wait_ready(f"{gateway_url}/readyz", gateway, "gateway", work / "gateway.log")
     say(f"gateway on {gateway_url} in front of {urls['live']} (SQLite: {db_path})")
