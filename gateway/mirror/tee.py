@@ -162,7 +162,7 @@ class Mirror:
         self._ring_fill: dict[str, capacity_mod.Occupancy] = {}
         self.limit_times = capacity_mod.LimitTimes()  # when copies were shed by hash
         self.admitted = capacity_mod.Admitted()
-        self._capacity_task: asyncio.Task[None] | None = None
+        self._tick_task: asyncio.Task[None] | None = None
         self._capacity_at: float | None = None
         self.shed_capacity = 0  # copies shed here under a capacity share (later turns, undecided)
 
@@ -237,9 +237,8 @@ class Mirror:
         self.grading.start()
         for lane in self._lanes.values():
             lane.start()
-        self.adaptive.start()
-        self._capacity_task = asyncio.get_running_loop().create_task(
-            self._capacity_loop(), name="mirror-capacity"
+        self._tick_task = asyncio.get_running_loop().create_task(
+            self._tick_loop(), name="mirror-controllers"
         )
 
     async def close(self) -> None:
@@ -248,7 +247,7 @@ class Mirror:
             return
         self._closed = True
         self._offers = ()
-        task, self._capacity_task = self._capacity_task, None
+        task, self._tick_task = self._tick_task, None
         await finish_tasks([task] if task is not None else [], 0)
         await self.adaptive.close()
         lanes = list(self._lanes.values())
@@ -474,20 +473,31 @@ class Mirror:
         """One step of the `target_rps` controller (the mirror runs one a second)."""
         self.adaptive.tick(now)
 
-    async def _capacity_loop(self) -> None:
-        """Look at every ring's occupancy `SAMPLES_PER_TICK` times a tick, then tick."""
+    async def _tick_loop(self) -> None:
+        """Once a tick, both controllers: capacity, then `target_rps`. Within the tick every
+        ring's occupancy is looked at up to `SAMPLES_PER_TICK` times (its lowest kept); once
+        every ring was found empty no later look can find less, so the tick's rest is one
+        sleep: an idle or lightly loaded mirror wakes about once a second, not five times."""
         every = capacity_mod.TICK_S / capacity_mod.SAMPLES_PER_TICK
         while True:
-            for _ in range(capacity_mod.SAMPLES_PER_TICK):
+            left = capacity_mod.SAMPLES_PER_TICK
+            while left:
                 await asyncio.sleep(every)
-                self.sample_rings()
-            self.capacity_tick(time.monotonic())
+                left -= 1
+                if self.sample_rings() and left:
+                    await asyncio.sleep(every * left)
+                    break
+            now = time.monotonic()
+            self.capacity_tick(now)
+            self.control_tick(now)
 
-    def sample_rings(self) -> None:
+    def sample_rings(self) -> bool:
         """One look at each ring's occupancy: items or bytes against its bounds, or the host's
-        memory budget, whichever is fullest (the one it would overflow first)."""
+        memory budget, whichever is fullest (the one it would overflow first). True when every
+        ring's lowest this tick is 0."""
         budget = self.budget.used / max(1, self.budget.limit)
         fills = self._ring_fill
+        floor = True
         for name, lane in self._lanes.items():
             ring = lane.ring
             fill = max(
@@ -495,7 +505,8 @@ class Mirror:
                 ring.items / max(1, ring.max_items),
                 ring.bytes / max(1, ring.max_bytes),
             )
-            fills.setdefault(name, capacity_mod.Occupancy()).sample(fill)
+            floor = fills.setdefault(name, capacity_mod.Occupancy()).sample(fill) == 0 and floor
+        return floor
 
     def capacity_tick(self, now: float) -> None:
         """One step of the capacity controller; changed shares go to the workers."""

@@ -202,3 +202,16 @@ def test_admitted_sessions_are_bounded_per_candidate() -> None:
     assert not admitted.holds("y", b"c")
     admitted.forget(["y"])
     assert not admitted.holds("x", b"c")
+
+
+def test_occupancy_keeps_the_lowest_look_of_a_tick() -> None:
+    """Each look returns the tick's lowest so far; the tick closes on it (0 when never looked)."""
+    occ = cap.Occupancy()
+    assert occ.sample(0.8) == 0.8
+    assert occ.sample(0.9) == 0.8
+    assert occ.sample(0.0) == 0.0
+    assert occ.sample(0.7) == 0.0
+    assert occ.close_tick() == 0.0
+    assert occ.sample(0.6) == 0.6
+    assert occ.close_tick() == 0.6
+    assert occ.close_tick() == 0.0

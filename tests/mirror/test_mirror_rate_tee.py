@@ -108,3 +108,20 @@ def test_session_changes_count_cut_and_joined_conversations() -> None:
     assert stats["rate_changes"] == 3 and stats["sessions_cut"] == cut
     lines = "\n".join(render(mirror.prometheus_lines()))
     assert f'canary_mirror_sessions_cut_total{{candidate="s"}} {cut}' in lines
+
+
+def test_a_tick_looks_at_the_rings_until_every_one_was_empty() -> None:
+    """`sample_rings` keeps each ring's lowest occupancy of the tick and says when every ring's
+    is 0: the tick's loop then sleeps out the tick, since no later look can find less. One
+    ring holding a copy keeps it looking."""
+    idle = Endpoint(name="idle", url="http://127.0.0.1:9", sample_rate=0.0)
+    busy = Endpoint(name="busy", url="http://127.0.0.1:9", sample_rate=1.0)
+    mirror = make_mirror([idle, busy], InMemorySink())  # not started: a copy stays queued
+    assert mirror.sample_rings()  # nothing queued anywhere
+    mirror.capacity_tick(time.monotonic())
+    assert send(mirror, chat("one"), "r-1") is not None
+    assert not mirror.sample_rings()  # busy's ring holds the copy, idle's is empty
+    assert mirror.counters()["busy"]["sampled"] == 1
+    assert mirror.counters()["idle"]["sampled"] == 0
+    mirror.capacity_tick(time.monotonic())
+    assert not mirror.sample_rings()  # a new tick, the copy still queued

@@ -1,6 +1,7 @@
 """`AdaptiveRates`: the mirror's side of sampling toward a target rate (`target_rps`).
 
-It runs the controller (`gateway.mirror.sampling.rate`) once a second on the host's eligible rate,
+It steps the controller (`gateway.mirror.sampling.rate`) on the host's eligible rate once a
+second, when the mirror's loop ticks it (`Mirror._tick_loop`, with the capacity controller),
 applies a changed reference to the mirror's offers at the instant it names (and hands it to
 `on_change`, which the plane sends to every worker), and counts what a change cost: in session
 mode, the conversations in progress a lowered threshold cuts (from the recent-conversation
@@ -15,7 +16,6 @@ sampled conversations while some candidate has changed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Protocol
@@ -83,29 +83,16 @@ class AdaptiveRates:
         self.on_change: Callable[[frames.RatesMeta], None] | None = None
         self._costs: dict[str, _Cost] = {}
         self._timers: set[asyncio.TimerHandle] = set()
-        self._task: asyncio.Task[None] | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="mirror-rates")
-
     async def close(self) -> None:
+        """No change applies after this: the scheduled ones are cancelled."""
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(rate_mod.TICK_S)
-            self.tick(time.monotonic())
 
     # ------------------------------------------------------------------ control
 

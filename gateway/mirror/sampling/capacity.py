@@ -53,6 +53,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import Final, NamedTuple
 
 from domain.accounting import SHED_FIRST_AT, SHED_LAST_AT, SHED_SECONDS
+from gateway.mirror.sampling import rate as rate_mod
 
 __all__ = [
     "FILL_HIGH",
@@ -78,7 +79,7 @@ RISE: Final = 1.1  # a quiet tick raises a capacity share by 10 %
 GUARD_CUT: Final = 0.9  # the guard alone (no rate to go by) lowers a share by 10 %
 SHARE_FLOOR: Final = 1e-4
 SESSION_ACTIVE_S: Final = 120.0  # as `gateway.mirror.sampling.adaptive`: a session in progress
-TICK_S: Final = 1.0
+TICK_S: Final = rate_mod.TICK_S  # one loop ticks both controllers (`Mirror._tick_loop`)
 CHANNEL_STALE_S: Final = 3.0  # a worker's channel report older than this no longer counts
 ADMITTED_MAX: Final = 65536  # admitted sessions remembered per candidate (LRU)
 
@@ -94,10 +95,11 @@ class Occupancy:
         self._ticks: deque[float] = deque(maxlen=SUSTAIN_TICKS)
         self._tick_min: float | None = None
 
-    def sample(self, fill: float) -> None:
-        """One look at the buffer within the current tick."""
+    def sample(self, fill: float) -> float:
+        """One look at the buffer within the current tick; the tick's lowest so far."""
         low = self._tick_min
-        self._tick_min = fill if low is None else min(low, fill)
+        low = self._tick_min = fill if low is None else min(low, fill)
+        return low
 
     def close_tick(self) -> float:
         """End the tick: its lowest occupancy (0 when it was never looked at)."""
