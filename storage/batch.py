@@ -75,8 +75,9 @@ class _Compiled:
     path (which raises for an unknown column, as before).
 
     `chunk` also narrows the INSERT to the columns a chunk's rows give a value: a nullable
-    column with no default that is None in every row of the chunk is left out, and the
-    database stores the NULL it would have been given. Most of an observation's columns are
+    column with no default, whose bind processor (if any) binds None as None, that is None in
+    every row of the chunk is left out, and the database stores the NULL it would have been
+    given. Most of an observation's columns are
     None on most rows (scores, tool calls, inter-event statistics of an unstreamed answer),
     and binding a None costs the SQLite driver as much as binding a value (it looks for an
     adapter first). The narrowed statements are compiled once per set of left-out columns,
@@ -121,8 +122,11 @@ class _Compiled:
         for i, key in enumerate(order):
             proc = table.c[key].type.bind_processor(dialect)
             if proc is not None:
-                procs.append((i, proc if _keeps_none(proc) else _none_safe(proc)))
-        optional = tuple(i for i, key in enumerate(order) if _may_leave_out(table.c[key]))
+                procs.append((i, proc))
+        by_position = dict(procs)
+        optional = tuple(
+            i for i, key in enumerate(order) if _may_leave_out(table.c[key], by_position.get(i))
+        )
         return cls(str(compiled), order, tuple(procs), optional, stmt, dialect)
 
     def chunk(self, rows: list[Row]) -> tuple[str, list[tuple[Any, ...]]] | None:
@@ -130,9 +134,8 @@ class _Compiled:
         None if a row has other keys.
 
         Column by column: the rows are transposed once (in C), the all-None optional columns
-        left out, and each kept column's bind processor mapped over it (every processor
-        SQLAlchemy has for these types returns None for None: checked in `build`); then the
-        kept columns are transposed back into the driver's tuples."""
+        left out, and each kept column's bind processor mapped over it, None included, as
+        SQLAlchemy binds; then the kept columns are transposed back into the driver's tuples."""
         if not rows:
             return self.sql, []
         if set(map(len, rows)) != {len(self.keys)}:
@@ -167,27 +170,23 @@ class _Compiled:
         return str(compiled), tuple(position[key] for key in order)
 
 
-def _keeps_none(proc: Callable[[Any], Any]) -> bool:
-    """Whether a bind processor maps None to None (SQLAlchemy's own all do)."""
-    try:
-        return proc(None) is None
-    except Exception:
-        return False
-
-
-def _none_safe(proc: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """`proc` applied to values only: None stays None (NULL), as the row-wise path did."""
-    return lambda value: None if value is None else proc(value)
-
-
-def _may_leave_out(column: Column[Any]) -> bool:
-    """Whether an INSERT without `column` stores what binding None would: NULL."""
-    return (
+def _may_leave_out(column: Column[Any], proc: Callable[[Any], Any] | None) -> bool:
+    """Whether an INSERT without `column` stores what binding None would: NULL (nullable, no
+    default, and a bind processor, if any, that binds None as None; SQLAlchemy's own do, a
+    `TypeDecorator` may not)."""
+    if not (
         column.nullable is True
         and not column.primary_key
         and column.default is None
         and column.server_default is None
-    )
+    ):
+        return False
+    if proc is None:
+        return True
+    try:
+        return proc(None) is None
+    except Exception:
+        return False
 
 
 class BatchWriter:
@@ -238,10 +237,10 @@ class BatchWriter:
 
     # ---- the sink side: called on the request path, never waits
     def put(self, stream: Stream, record: Any) -> None:
-        queue = self._queues[stream.name]
         if self._closing:
             self._count(stream.dropped, 1)
             return
+        queue = self._queues[stream.name]
         if stream.queue_max is None:
             if self._shared_depth >= self._queue_max:
                 self._count(stream.dropped, 1)
