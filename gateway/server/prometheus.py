@@ -207,15 +207,14 @@ class Exporter:
         self._metrics: dict[str, _Metric] = {}
         self._collectors: list[Collector] = []
         # One of several workers (`join_host`): its label value, and the other workers' last
-        # rendered text by label value (None: a single process, no label).
-        self._worker: str | None = None
-        self._peers: Callable[[], Mapping[str, str]] | None = None
+        # rendered text by label value; None: a single process, no label.
+        self._host: tuple[str, Callable[[], Mapping[str, str]]] | None = None
 
     def join_host(self, worker: str, peers: Callable[[], Mapping[str, str]]) -> None:
         """Make this the exporter of worker `worker` of several: its own series carry
         `worker="<worker>"`, and `render` adds the others' (`peers()`: label value -> their
         last `render_local` text). Called once, when the hand-off that relays them exists."""
-        self._worker, self._peers = worker, peers
+        self._host = (worker, peers)
 
     def _add(self, metric: _Metric) -> None:
         if metric.name in self._metrics:
@@ -282,18 +281,18 @@ class Exporter:
         """This process's own series (with its `worker` label, if any): what a worker sends the
         mirror process for the other workers to serve."""
         own, _ = self._lines()
-        if self._worker is not None:
-            own = with_label(own, "worker", self._worker)
+        if self._host is not None:
+            own = with_label(own, "worker", self._host[0])
         return "\n".join(own)
 
     def render(self) -> str:
         own, relayed = self._lines()
-        if self._worker is None or self._peers is None:
+        if self._host is None:
             lines = own + relayed
         else:
-            worker = self._worker
+            worker, peers = self._host
             texts = [with_label(own, "worker", worker)]
-            texts.extend(text.split("\n") for name, text in self._peers().items() if name != worker)
+            texts.extend(text.split("\n") for name, text in peers().items() if name != worker)
             lines = merge([*texts, relayed])
         lines.append("")
         return "\n".join(lines)
