@@ -4,6 +4,8 @@
         [--tree DIR ...] [--naive]
     .venv/bin/python bench/mirror_rate.py --callgrind [--copies 600] [--callgrind-rate 30]
         [--token-counter off] [--tree DIR ...]
+    .venv/bin/python bench/mirror_rate.py --idle [--seconds 15] [--rounds 5] [--tree DIR ...]
+        [--naive]
 
 The mirror process (`gateway.mirror.plane.serve_plane`, real SQLite, the product's defaults:
 registry poll every 2 s, counters flushed every 5 s; `--poll-s S` sets both, as bench/core.py's
@@ -34,6 +36,12 @@ CPU 1 (`--no-pin`: anywhere). A benchmark, not a test: the rates assert nothing.
 each round, their geometric mean and its 95 % t-interval on the log ratios, and n. A cell's
 CPU per copy moves by ±10 % from round to round on a shared 2-vCPU host, and the two cells of
 one round move together: the paired interval says whether a ratio is told apart from 1.0.
+
+`--idle` measures the background instead: each tree's mirror process (and the naive) gets 100
+copies, then nothing; `IDLE_SETTLE_S` after they are observed, its CPU over `--seconds` (every
+thread's /proc schedstat, in ns: the clock ticks of /proc stat are 10 ms, too coarse for a few
+ms a second), in ms a second: its timers, STATS frames, registry poll, counter flushes. At 300
+copies a second each ms a second is 3.3 µs a copy.
 
 `--callgrind` counts instructions instead of CPU time, which the neighbours on a shared host do
 not move: this tree's mirror process (and each `--tree`'s), then the naive mirror, each alone
@@ -280,6 +288,42 @@ def _start(
     )
 
 
+IDLE_SETTLE_S = 3.0  # `--idle`: after the warm-up's copies are observed, before the window
+
+
+def _run_s(pid: int) -> float:
+    """CPU time of every live thread of `pid` (schedstat: nanoseconds, not clock ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def idle_once(setup: Setup, tree: Path, seconds: float, pin: bool) -> float:
+    """`--idle`: the mirror process's CPU in ms a second with no copies, after 100."""
+    db_url, sock = setup.fresh()
+    prefix = ["taskset", "-c", "0"] if pin else []
+    proc = _start(setup, tree, [*prefix, sys.executable], sock, db_url)
+
+    async def drive() -> float:
+        worker = await _connect(sock)
+        await _pace(worker, 100, 100)
+        await _until_observed(worker, 100, 30)
+        await asyncio.sleep(IDLE_SETTLE_S)
+        c0 = _run_s(proc.pid)
+        await asyncio.sleep(seconds)
+        used = _run_s(proc.pid) - c0
+        worker.task.cancel()
+        worker.writer.close()
+        return used
+
+    try:
+        return asyncio.run(drive()) * 1e3 / seconds
+    finally:
+        _stop(proc)
+
+
 def run_once(setup: Setup, tree: Path, rate: float, seconds: float, pin: bool) -> float:
     db_url, sock = setup.fresh()
     prefix = ["taskset", "-c", "0"] if pin else []
@@ -414,6 +458,12 @@ def main() -> None:
     p.add_argument("--naive", action="store_true", help="add the naive mirror (the floor)")
     p.add_argument("--no-pin", action="store_true")
     p.add_argument(
+        "--idle",
+        action="store_true",
+        help="instead of the rates: each tree's CPU a second with no copies (after 100 and "
+        f"{IDLE_SETTLE_S:g} s), over --seconds, every thread's schedstat",
+    )
+    p.add_argument(
         "--token-counter",
         default="auto",
         help='[mirror] token_counter: "auto" (the default: the candidate\'s /tokenize counts '
@@ -456,6 +506,12 @@ def main() -> None:
         try:
             for rnd in range(args.rounds):
                 order = trees if rnd % 2 == 0 else trees[::-1]
+                if args.idle:
+                    for tree in order:
+                        ms = idle_once(setup, tree, args.seconds, pin)
+                        results.setdefault((0.0, str(tree)), []).append(ms)
+                        print(f"r{rnd} idle {tree}: {ms:.2f} ms CPU/s", flush=True)
+                    continue
                 for rate in rates:
                     for tree in order:
                         us = run_once(setup, tree, rate, args.seconds, pin)
@@ -467,6 +523,12 @@ def main() -> None:
         f"\nload average {os.getloadavg()[0]:.2f} at the end; candidate '{CANDIDATE}' at 100 %; "
         f"token_counter {args.token_counter}\n"
     )
+    if args.idle:
+        print("| idle, after 100 copies | CPU ms a second (median) | by round |\n|---|---:|---|")
+        for (_, tree), values in results.items():
+            print(f"| {tree} | {statistics.median(values):.2f} | "
+                  f"{', '.join(f'{v:.2f}' for v in values)} |")  # fmt: skip
+        return
     print("| copies/s | tree | mirror CPU µs per copy (median) | by round |\n|---:|---|---:|---|")
     for (rate, tree), values in results.items():
         rounds = ", ".join(f"{v:.0f}" for v in values)
