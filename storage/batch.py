@@ -77,11 +77,11 @@ class _Compiled:
     `chunk` also narrows the INSERT to the columns a chunk's rows give a value: a nullable
     column with no default, whose bind processor (if any) binds None as None, that is None in
     every row of the chunk is left out, and the database stores the NULL it would have been
-    given. Most of an observation's columns are
-    None on most rows (scores, tool calls, inter-event statistics of an unstreamed answer),
-    and binding a None costs the SQLite driver as much as binding a value (it looks for an
-    adapter first). The narrowed statements are compiled once per set of left-out columns,
-    at most `MAX_NARROWED` of them; past it a chunk binds every column."""
+    given. Most of an observation's columns are None on most rows (scores, tool calls,
+    inter-event statistics of an unstreamed answer), and binding a None costs the SQLite
+    driver as much as binding a value (it looks for an adapter first). The narrowed statements
+    are compiled once per set of left-out columns, at most `MAX_NARROWED` of them; past it a
+    chunk binds every column."""
 
     __slots__ = (
         "_all", "_dialect", "_narrowed", "_optional", "_stmt", "get", "keys", "procs", "sql",
