@@ -1,4 +1,4 @@
-"""Per-request cost of the ramp's routing decision (gateway/server/ramp/arms.py).
+"""Per-request cost of the ramp's routing decision (gateway/rollout/arms.py).
 
     .venv/bin/python bench/arms.py [--sessions 20000] [--slots 1048576] [--cpu-time]
 
@@ -28,9 +28,9 @@ import xxhash
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.config.load import config_from
+from gateway.rollout.arms import ArmRouter, SessionArms, Split
+from gateway.rollout.route import RolloutRoute
 from gateway.server.prometheus import Exporter
-from gateway.server.ramp.arms import ArmRouter, SessionArms, Split
-from gateway.server.ramp.route import RampRoute
 
 REPEAT = 5
 # Wall clock by default; --cpu-time times this process's CPU instead (on a shared host a busy
@@ -54,28 +54,28 @@ def _new(fn: Callable[[str], object], n: int, prefix: str) -> tuple[float, list[
 
 
 class _NullSink:
-    def put_ramp(self, request: object) -> None:
+    def put_rollout(self, request: object) -> None:
         pass
 
 
 def _proxy_rows(table: SessionArms, n: int) -> list[tuple[str, float]]:
     """The proxy's per-request ramp work, as `Proxy._forward` does it (same statements)."""
     router = ArmRouter(table)
-    ramp = RampRoute(
+    rollout = RolloutRoute(
         router, config_from({}).rollout, Exporter(), session_header="X-Session-ID",
         sink=_NullSink(),
     )  # fmt: skip
-    header = ramp.session_header
+    header = rollout.session_header
 
     def decide(headers: CIMultiDictProxy[str]) -> object:
-        active: Split | None = ramp.router.rollout
+        active: Split | None = rollout.router.rollout
         key = headers.get(header) or "rid"
-        arm = ramp.router.arm_for(key)
+        arm = rollout.router.arm_for(key)
         assert active is not None
         if active.state != "ramping":
             active = None
         if active is not None:
-            ramp.record(active, arm, key, status=200, ttft_s=0.05, e2e_s=0.5, finished=True)
+            rollout.record(active, arm, key, status=200, ttft_s=0.05, e2e_s=0.5, finished=True)
         return arm
 
     def requests(prefix: str, count: int) -> list[CIMultiDictProxy[str]]:
@@ -127,13 +127,13 @@ def main() -> None:
         us, before = _new(router.arm_for, n, "idle")
         rows.append(("no rollout, new session (recorded)", us))
         rows.append(("no rollout, known session", _known(router.arm_for, before)))
-        ramp = Split(1, salt=0x5EED, weight=0.25, candidate="cand", state="ramping")
-        router.swap(ramp)
+        rollout = Split(1, salt=0x5EED, weight=0.25, candidate="cand", state="ramping")
+        router.swap(rollout)
         us, during = _new(router.arm_for, n, "ramp")
         rows.append(("ramp at 25 %, new session", us))
         rows.append(("ramp at 25 %, known session", _known(router.arm_for, during)))
         rows.append(("ramp at 25 %, session from before the ramp", _known(router.arm_for, before)))
-        router.swap(ramp.rolled_back())
+        router.swap(rollout.rolled_back())
         rows.append(("rolled back, known session", _known(router.arm_for, during)))
         counters = router.counters()
     path = os.path.join(shm, f"canary-arms-bench-proxy-{os.getpid()}")

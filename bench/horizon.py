@@ -97,7 +97,7 @@ def worlds(
     (fresh seed) and is judged against its own plan, as operators each plan their own
     experiment; the plan column is then the median plan, and plan / median the median plan
     over the median sessions needed."""
-    from tests.evaluators import world
+    from bench._shared import world
 
     cases = list(world.PLANNED)
     picked = [cases[i - 1] for i in rows] if rows else cases

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -36,13 +35,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.real_engine.engines import delta, scrape  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from bench._shared.ports import free_port  # noqa: E402
+from bench._shared.vllm_metrics import delta, scrape  # noqa: E402
 
 
 def post(url: str, body: dict[str, Any]) -> int:

@@ -6,6 +6,7 @@
         [--token-counter off] [--tree DIR ...]
     .venv/bin/python bench/mirror_rate.py --idle [--seconds 15] [--rounds 5] [--tree DIR ...]
         [--naive]
+    .venv/bin/python bench/mirror_rate.py --agent [--tool-check on,off] [--rates 300] ...
 
 The mirror process (`gateway.mirror.plane.serve_plane`, real SQLite, the product's defaults:
 registry poll every 2 s, counters flushed every 5 s; `--poll-s S` sets both, as bench/core.py's
@@ -64,6 +65,20 @@ copy on a host at load 5-7), so a row fails if its backlog at a STATS frame pass
 `--max-lag-s` seconds of copies: lower the rate. It fails too unless every copy is observed,
 the mirror's accounting row adds up with every copy observed_ok, and each database holds one
 exchange and two observations per copy (warm-up included).
+
+`--agent` makes the copies an agent's (bench/mirror_agent.py): each request declares three
+functions with JSON-Schema parameters and `tool_choice: "auto"`, streamed; production's RESULT
+is the worker's meter on a streamed answer with `tool_calls` deltas (id, name, argument
+fragments; one copy in five with two parallel calls), and nginx streams the candidate's, one in
+ten with arguments that break the schema; its `/tokenize` answers, so the token counter counts
+every call. `--tool-check on,off` (implies `--agent`) runs each cell with `mirror.tool_check`
+true and false, interleaved round by round like the trees (row order alternating), and adds a
+table pairing on with off by round: the ratio's geometric mean, its 95 % t-interval and n,
+the cost of judging every arm's tool calls (the schema compiled once, then validated per call).
+The verdicts each row stored (last round, warm-up included) are printed: off stores none. Off
+still parses each request's declaration (`CallJudge.declared`, when its copy is accepted), so
+the ratio is the judging, not the declaration's parse. Not with `--naive` (it reads a whole JSON
+answer) nor `--callgrind`.
 """
 
 from __future__ import annotations
@@ -81,12 +96,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import scipy.stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mirror_agent
 from mirror_instructions import (  # siblings, found through sys.path
     CANDIDATE,
     PLANE_TEMPLATE,
@@ -107,11 +124,16 @@ from mirror_instructions import (  # siblings, found through sys.path
 from overhead import ROOT
 
 
-def plane_script(token_counter: str, poll_s: float | None, callgrind: bool) -> str:
+def plane_script(
+    token_counter: str, poll_s: float | None, callgrind: bool, tool_check: bool = True
+) -> str:
     """The mirror process's script: the product's defaults, but for the token counter, the
     registry poll and counters flush intervals when `poll_s` is given (bench/core.py's and
-    bench/plane.py's `canary serve` run both at 1 s) and, under valgrind, no shedding."""
+    bench/plane.py's `canary serve` run both at 1 s), `mirror.tool_check` and, under valgrind,
+    no shedding."""
     overrides = f'"mirror.token_counter": {json.dumps(token_counter)},'
+    if not tool_check:  # the product's default is true: the usual script is left as it was
+        overrides += ' "mirror.tool_check": False,'
     if poll_s is not None:
         overrides += (
             f' "storage.registry_poll_interval_s": {poll_s!r},'
@@ -228,6 +250,7 @@ async def main():
 uvloop.run(main())
 """
 NAIVE_ROW = Path("naive")  # the row's name in `trees`
+Frames = Callable[[int], Iterator[bytes]]  # copy i's frames: `copy_frames` or the agent's
 
 
 def _cpu_s(pid: int) -> float:
@@ -235,7 +258,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _pace(worker: Worker, rate: float, n: int) -> None:
+async def _pace(worker: Worker, rate: float, n: int, frames: Frames = copy_frames) -> None:
     """`n` copies open loop at `rate` per second, one write each (COPY and RESULT frames)."""
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -243,7 +266,7 @@ async def _pace(worker: Worker, rate: float, n: int) -> None:
         delay = start + i / rate - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        worker.writer.write(b"".join(copy_frames(worker.sent)))
+        worker.writer.write(b"".join(frames(worker.sent)))
         worker.sent += 1
 
 
@@ -255,15 +278,17 @@ async def _until_observed(worker: Worker, n: int, timeout_s: float) -> int:
     return seen
 
 
-async def _drive(sock: str, pid: int, rate: float, seconds: float) -> tuple[float, int]:
+async def _drive(
+    sock: str, pid: int, rate: float, seconds: float, frames: Frames
+) -> tuple[float, int]:
     """Warm up, then `seconds` at `rate` copies/s: (mirror CPU s, copies observed)."""
     worker = await _connect(sock)
-    await _pace(worker, rate, int(rate))  # a second of warm-up
+    await _pace(worker, rate, int(rate), frames)  # a second of warm-up
     await asyncio.sleep(1.0)
     before = _observed(await worker.fresh_stats())
     c0 = _cpu_s(pid)
     n = int(rate * seconds)
-    await _pace(worker, rate, n)
+    await _pace(worker, rate, n, frames)
     await _until_observed(worker, before + n, 30)
     cpu = _cpu_s(pid) - c0
     observed = _observed(await worker.fresh_stats()) - before
@@ -273,11 +298,12 @@ async def _drive(sock: str, pid: int, rate: float, seconds: float) -> tuple[floa
 
 
 def _start(
-    setup: Setup, tree: Path, prefix: list[str], sock: str, db_url: str
+    setup: Setup, tree: Path, prefix: list[str], sock: str, db_url: str, check: bool = True
 ) -> subprocess.Popen[bytes]:
-    """The mirror process of `tree` (or the naive one), `prefix` + its script's command line."""
+    """The mirror process of `tree` (or the naive one), `prefix` + its script's command line;
+    `check`: `mirror.tool_check`."""
     naive = tree == NAIVE_ROW
-    script = setup.tmp / "naive.py" if naive else setup.script
+    script = setup.tmp / "naive.py" if naive else setup.script if check else _off(setup)
     source = Path(ROOT) if naive else tree
     return subprocess.Popen(
         [*prefix, str(script), sock, db_url, setup.url, setup.url],
@@ -286,6 +312,20 @@ def _start(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def _off(setup: Setup) -> Path:
+    """The plane script with `mirror.tool_check` false, beside `setup.script`."""
+    return setup.script.with_name("plane-tool-check-off.py")
+
+
+def _verdicts(db_url: str) -> dict[str, int]:
+    """Observations stored, by arm and tool_check verdict ("-": not judged)."""
+    with contextlib.closing(sqlite3.connect(db_url.split(":///", 1)[1])) as db:
+        rows = db.execute(
+            "SELECT arm, coalesce(tool_check, '-'), count(*) FROM observations GROUP BY 1, 2"
+        ).fetchall()
+    return {f"{arm} {verdict}": n for arm, verdict, n in rows}
 
 
 IDLE_SETTLE_S = 3.0  # `--idle`: after the warm-up's copies are observed, before the window
@@ -300,15 +340,17 @@ def _run_s(pid: int) -> float:
     return total / 1e9
 
 
-def idle_once(setup: Setup, tree: Path, seconds: float, pin: bool) -> float:
+def idle_once(
+    setup: Setup, row: tuple[Path, bool], seconds: float, pin: bool, frames: Frames
+) -> float:
     """`--idle`: the mirror process's CPU in ms a second with no copies, after 100."""
     db_url, sock = setup.fresh()
     prefix = ["taskset", "-c", "0"] if pin else []
-    proc = _start(setup, tree, [*prefix, sys.executable], sock, db_url)
+    proc = _start(setup, row[0], [*prefix, sys.executable], sock, db_url, row[1])
 
     async def drive() -> float:
         worker = await _connect(sock)
-        await _pace(worker, 100, 100)
+        await _pace(worker, 100, 100, frames)
         await _until_observed(worker, 100, 30)
         await asyncio.sleep(IDLE_SETTLE_S)
         c0 = _run_s(proc.pid)
@@ -324,17 +366,21 @@ def idle_once(setup: Setup, tree: Path, seconds: float, pin: bool) -> float:
         _stop(proc)
 
 
-def run_once(setup: Setup, tree: Path, rate: float, seconds: float, pin: bool) -> float:
+def run_once(
+    setup: Setup, row: tuple[Path, bool], rate: float, seconds: float, pin: bool, frames: Frames
+) -> tuple[float, dict[str, int]]:
+    """One cell: (mirror CPU µs per copy, the observations stored by arm and verdict)."""
+    tree, check = row
     db_url, sock = setup.fresh()
     prefix = ["taskset", "-c", "0"] if pin else []
-    proc = _start(setup, tree, [*prefix, sys.executable], sock, db_url)
+    proc = _start(setup, tree, [*prefix, sys.executable], sock, db_url, check)
     try:
-        cpu, observed = asyncio.run(_drive(sock, proc.pid, rate, seconds))
+        cpu, observed = asyncio.run(_drive(sock, proc.pid, rate, seconds, frames))
     finally:
         _stop(proc)
     if observed < rate * seconds:
         print(f"  ({tree.name}: {observed} of {int(rate * seconds)} copies observed)")
-    return cpu * 1e6 / max(observed, 1)
+    return cpu * 1e6 / max(observed, 1), _verdicts(db_url)
 
 
 # `--callgrind`: valgrind slows the loop down 50-fold; no overload shedding, every copy is sent.
@@ -475,6 +521,17 @@ def main() -> None:
         help="[storage] registry_poll_interval_s and counters_flush_interval_s (default: the "
         "product's, 2 s and 5 s; bench/core.py runs both at 1 s)",
     )
+    p.add_argument(
+        "--agent",
+        action="store_true",
+        help="agent-shaped copies: tools declared, streamed tool calls on both arms "
+        "(bench/mirror_agent.py)",
+    )
+    p.add_argument(
+        "--tool-check",
+        help="[mirror] tool_check values to run each cell with, comma-separated: on, off "
+        "(default: on only); given, it implies --agent and pairs on with off by round",
+    )
     g = p.add_argument_group("--callgrind: instructions per copy, this tree's against the naive")
     g.add_argument("--callgrind", action="store_true", help="instead of the CPU rates")
     g.add_argument("--copies", type=int, default=600, help="measured copies per row")
@@ -484,17 +541,24 @@ def main() -> None:
     g.add_argument("--idle-s", type=float, default=10.0, help="background measure (seconds)")
     g.add_argument("--wait-s", type=float, default=600.0, help="longest wait for the copies")
     args = p.parse_args()
+    checks = _tool_checks(p, args)
     pin = not args.no_pin and not args.callgrind
     if pin:
         os.sched_setaffinity(0, {1})
     trees = [Path(ROOT), *(Path(t).resolve() for t in args.tree)]
+    rows = [(tree, check) for tree in trees for check in checks]
     if args.naive:
         trees.append(NAIVE_ROW)
+        rows.append((NAIVE_ROW, True))
+    label = {row: _label(row, checks) for row in rows}
+    frames: Frames = mirror_agent.copy_frames if args.agent else copy_frames
     rates = [float(r) for r in args.rates.split(",")]
     results: dict[tuple[float, str], list[float]] = {}
+    verdicts: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        setup = Setup(Path(tmp))
+        setup = mirror_agent.AgentSetup(Path(tmp)) if args.agent else Setup(Path(tmp))
         setup.script.write_text(plane_script(args.token_counter, args.poll_s, args.callgrind))
+        _off(setup).write_text(plane_script(args.token_counter, args.poll_s, args.callgrind, False))
         (setup.tmp / "naive.py").write_text(NAIVE)
         if args.callgrind:
             try:
@@ -505,23 +569,26 @@ def main() -> None:
         print(f"Machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start")
         try:
             for rnd in range(args.rounds):
-                order = trees if rnd % 2 == 0 else trees[::-1]
+                order = rows if rnd % 2 == 0 else rows[::-1]
                 if args.idle:
-                    for tree in order:
-                        ms = idle_once(setup, tree, args.seconds, pin)
-                        results.setdefault((0.0, str(tree)), []).append(ms)
-                        print(f"r{rnd} idle {tree}: {ms:.2f} ms CPU/s", flush=True)
+                    for row in order:
+                        ms = idle_once(setup, row, args.seconds, pin, frames)
+                        results.setdefault((0.0, label[row]), []).append(ms)
+                        print(f"r{rnd} idle {label[row]}: {ms:.2f} ms CPU/s", flush=True)
                     continue
                 for rate in rates:
-                    for tree in order:
-                        us = run_once(setup, tree, rate, args.seconds, pin)
-                        results.setdefault((rate, str(tree)), []).append(us)
-                        print(f"r{rnd} {rate:g}/s {tree}: {us:.0f} µs/copy", flush=True)
+                    for row in order:
+                        us, verdicts[label[row]] = run_once(
+                            setup, row, rate, args.seconds, pin, frames
+                        )
+                        results.setdefault((rate, label[row]), []).append(us)
+                        print(f"r{rnd} {rate:g}/s {label[row]}: {us:.0f} µs/copy", flush=True)
         finally:
             setup.procs.stop()
     print(
         f"\nload average {os.getloadavg()[0]:.2f} at the end; candidate '{CANDIDATE}' at 100 %; "
-        f"token_counter {args.token_counter}\n"
+        f"token_counter {args.token_counter}; copies "
+        f"{'agent-shaped (bench/mirror_agent.py)' if args.agent else 'a tiny chat completion'}\n"
     )
     if args.idle:
         print("| idle, after 100 copies | CPU ms a second (median) | by round |\n|---|---:|---|")
@@ -534,7 +601,37 @@ def main() -> None:
         rounds = ", ".join(f"{v:.0f}" for v in values)
         print(f"| {rate:g} | {tree} | {statistics.median(values):.0f} | {rounds} |")
     if args.naive:
-        print(paired_table(results, rates, [str(t) for t in trees if t != NAIVE_ROW]))
+        print(paired_table(results, rates, [label[r] for r in rows if r[0] != NAIVE_ROW]))
+    if len(checks) > 1:
+        print(tool_check_table(results, rates, [str(t) for t in trees if t != NAIVE_ROW]))
+    if args.agent:
+        print("\nObservations stored by arm and tool_check (last round, warm-up included):")
+        for name, counts in verdicts.items():
+            print(f"- {name}: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
+
+
+def _tool_checks(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[bool]:
+    """`--tool-check`'s values in order (default: on only); given, it sets `--agent`."""
+    if args.tool_check is None:
+        checks = [True]
+    else:
+        words = [w.strip() for w in args.tool_check.split(",")]
+        if not words or any(w not in ("on", "off") for w in words) or len(set(words)) < len(words):
+            p.error(f"--tool-check takes on, off or on,off (each once), not {args.tool_check!r}")
+        checks = [w == "on" for w in words]
+        args.agent = True
+    if args.agent and (args.naive or args.callgrind):
+        p.error("--agent (or --tool-check) runs without --naive and --callgrind: the naive "
+                "mirror reads a whole JSON answer, and the agent's candidate streams")  # fmt: skip
+    return checks
+
+
+def _label(row: tuple[Path, bool], checks: list[bool]) -> str:
+    """A row's name in the tables: the tree, and its tool_check when several are run."""
+    tree, check = row
+    if tree == NAIVE_ROW or checks == [True]:
+        return str(tree)
+    return f"{tree}, tool_check {'on' if check else 'off'}"
 
 
 def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
@@ -549,6 +646,16 @@ def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float, float] |
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
+def _paired_line(rate: float, name: str, mine: list[float], base: list[float]) -> str:
+    """One table line: the ratio of each round, their geometric mean [95 % CI] and n."""
+    each = ", ".join(f"{x / y:.2f}" for x, y in zip(mine, base, strict=True))
+    r = paired_ratio(mine, base)
+    mean = "insufficient data (< 3 rounds)" if r is None else (
+        f"**{r[0]:.2f}x** [{r[1]:.2f}, {r[2]:.2f}]"
+    )  # fmt: skip
+    return f"| {rate:g} | {name} | {each} | {mean} | {len(mine)} |"
+
+
 def paired_table(
     results: dict[tuple[float, str], list[float]], rates: list[float], trees: list[str]
 ) -> str:
@@ -559,14 +666,28 @@ def paired_table(
     ]
     for rate in rates:
         naive = results[(rate, str(NAIVE_ROW))]
+        out.extend(_paired_line(rate, tree, results[(rate, tree)], naive) for tree in trees)
+    return "\n".join(out)
+
+
+def tool_check_table(
+    results: dict[tuple[float, str], list[float]], rates: list[float], trees: list[str]
+) -> str:
+    """Each tree's mirror CPU per copy with `mirror.tool_check` on against off, paired by
+    round: µs per copy of each (median), the ratio on / off, its interval and n."""
+    out = [
+        "\n| copies/s | tree | µs/copy on | µs/copy off | on / off, per round "
+        "| geometric mean [95 % CI] | n |",
+        "|---:|---|---:|---:|---|---:|---:|",
+    ]
+    for rate in rates:
         for tree in trees:
-            mine = results[(rate, tree)]
-            each = ", ".join(f"{x / y:.2f}" for x, y in zip(mine, naive, strict=True))
-            r = paired_ratio(mine, naive)
-            mean = "insufficient data (< 3 rounds)" if r is None else (
-                f"**{r[0]:.2f}x** [{r[1]:.2f}, {r[2]:.2f}]"
-            )  # fmt: skip
-            out.append(f"| {rate:g} | {tree} | {each} | {mean} | {len(mine)} |")
+            on = results[(rate, f"{tree}, tool_check on")]
+            off = results[(rate, f"{tree}, tool_check off")]
+            line = _paired_line(rate, tree, on, off)
+            head, _, tail = line.partition(f" {tree} |")
+            medians = f" {statistics.median(on):.0f} | {statistics.median(off):.0f} |"
+            out.append(f"{head} {tree} |{medians}{tail}")
     return "\n".join(out)
 
 

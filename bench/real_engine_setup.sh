@@ -30,6 +30,15 @@ else
   echo "[setup] vLLM venv already there: $("$py" -c 'import vllm; print(vllm.__version__)')"
 fi
 
+# A model built before bench/tiny_model.py's chat template last changed keeps the old template
+# in its tokenizer files: bring it up to date (no retraining while the training text renders
+# alike), or rebuild it when that text changed (exit 3).
+if [[ -f "$ROOT/tiny-llama/model.safetensors" ]]; then
+  rc=0
+  "$py" "$here/tiny_model.py" "$ROOT/tiny-llama" --refresh-template || rc=$?
+  if [[ $rc == 3 ]]; then rm -rf "$ROOT/tiny-llama"; elif [[ $rc != 0 ]]; then exit "$rc"; fi
+fi
+
 if ! [[ -f "$ROOT/tiny-llama/model.safetensors" ]]; then
   echo "[setup] building the tiny model in $ROOT/tiny-llama"
   "$py" "$here/tiny_model.py" "$ROOT/tiny-llama" \

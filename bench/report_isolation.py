@@ -55,8 +55,8 @@ sys.path.insert(0, str(ROOT))
 
 import isolation as iso  # noqa: E402  (bench/isolation.py: the live engine and the load)
 
+from bench._shared.ports import free_port  # noqa: E402
 from gateway.lifecycle import lower_priority  # noqa: E402
-from tests.upstreams import free_port  # noqa: E402
 
 
 def _prepare(db: Path, live: str) -> None:

@@ -23,6 +23,15 @@ host SCHED_IDLE measures the others).
    those kept at capacity (target >= 90 %), and production's p99 over every round's latencies,
    on against off (target <= 1.3x); the worker's shed and overflow counts.
 
+Whole sessions (issue 56), `--sessions`: the load is three-turn conversations with their
+history, `X-Session-ID` and the candidate at session sampling 1.0 (`--think-ms` between a turn's
+answer and the next turn), offered at 1x and 2x `--capacity` (mirroring on only, `--rounds`
+times). The candidate logs the (session, turn) of every copy it answers; of the sessions whose
+three production turns all ran in the measured window and that the candidate answered at all,
+a session is **headless** when the candidate answered a turn without every earlier one. Printed
+per load: copies kept per second (and against 1x), headless sessions and their share, and the
+copy accounting (every copy accounted for: `identity`).
+
 Token counting and grading are off by default (the targets are stated with them off). Both
 upstreams answer every request with a few words of its own, so each pair's text is distinct, as
 in real traffic: `--token-counter auto` counts every answer with the candidate's `/tokenize`
@@ -56,7 +65,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from overhead import host_series  # noqa: E402  (a sibling)
 
-from tests.upstreams import free_port  # noqa: E402
+from bench._shared.ports import free_port  # noqa: E402
+from domain.accounting import IDENTITY_FIELDS  # noqa: E402
 
 ANSWER = {
     "id": "x",
@@ -87,6 +97,7 @@ def _upstream(port: int, delay_s: float | None, nice: int) -> None:
 
     os.nice(nice)
     count = [0]
+    answered: list[tuple[str, int]] = []  # (session, turn) of each copy answered
 
     async def live(request: web.Request) -> web.Response:
         return web.json_response(_answer(await request.json()))
@@ -95,7 +106,13 @@ def _upstream(port: int, delay_s: float | None, nice: int) -> None:
         doc = await request.json()
         await asyncio.sleep(delay_s or 0.0)
         count[0] += 1
+        if session := request.headers.get("X-Session-ID"):
+            turn = sum(1 for m in doc["messages"] if m["role"] == "assistant")
+            answered.append((session, turn))
         return web.json_response(_answer(doc))
+
+    async def answers(request: web.Request) -> web.Response:
+        return web.json_response(answered)
 
     async def tokenize(request: web.Request) -> web.Response:
         """vLLM's /tokenize, a word a token: what the mirror's token counter asks."""
@@ -113,7 +130,7 @@ def _upstream(port: int, delay_s: float | None, nice: int) -> None:
         else:
             app.add_routes([
                 web.post("/v1/chat/completions", candidate), web.get("/count", counted),
-                web.post("/tokenize", tokenize),
+                web.post("/tokenize", tokenize), web.get("/answered", answers),
             ])  # fmt: skip
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -280,6 +297,114 @@ async def _step(
     }
 
 
+TURNS = 3
+
+
+async def _session_step(
+    url: str, cand_url: str, rps: float, seconds: float, settle: float, think_s: float
+) -> dict[str, Any]:
+    """Offer `rps` requests/s as three-turn conversations (rps / 3 new ones a second, each turn
+    after the previous answer and `think_s`) for `seconds`; copies kept per second over
+    [settle, seconds] and the headless share among the sessions begun in that window."""
+    start = time.monotonic()
+    n = int(rps / TURNS * seconds)
+    done: dict[str, int] = {}  # session -> production turns answered 200
+
+    async def conversation(http: aiohttp.ClientSession, i: int) -> None:
+        await asyncio.sleep(max(0.0, start + i * TURNS / rps - time.monotonic()))
+        sid = f"{start:.0f}-{i}"
+        messages: list[dict[str, str]] = []
+        for turn in range(TURNS):
+            messages.append({"role": "user", "content": f"{sid} turn {turn} words"})
+            async with http.post(
+                url + "/v1/chat/completions",
+                json={"model": "m", "messages": messages},
+                headers={"X-Session-ID": sid, "X-Request-ID": f"{sid}-{turn}"},
+            ) as resp:
+                doc = await resp.json()
+                if resp.status != 200:
+                    return
+            done[sid] = turn + 1
+            messages.append(doc["choices"][0]["message"])
+            await asyncio.sleep(think_s)
+
+    marks: dict[str, int] = {}
+
+    async def mark() -> None:
+        for key, at in (("a", settle), ("b", seconds)):
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            marks[key] = await _copies(cand_url)
+
+    connector = aiohttp.TCPConnector(limit=CLIENTS * 2)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        await asyncio.gather(mark(), *(conversation(http, i) for i in range(n)))
+    await asyncio.sleep(2.0)  # the mirror's queue drains (what it kept is answered by now)
+    async with aiohttp.ClientSession() as http, http.get(cand_url + "/answered") as resp:
+        answered = await resp.json()
+    got: dict[str, set[int]] = {}
+    for sid, turn in answered:
+        got.setdefault(sid, set()).add(turn)
+    first = int(settle * rps / TURNS)  # sessions begun in the measured window
+    window = {f"{start:.0f}-{i}" for i in range(first, n)}
+    whole = [sid for sid in window if done.get(sid) == TURNS]
+    answered_any = [sid for sid in whole if got.get(sid)]
+    headless = [sid for sid in answered_any if got[sid] != set(range(len(got[sid])))]
+    kept = (marks["b"] - marks["a"]) / (seconds - settle)
+    return {
+        "target": rps,
+        "kept": kept,
+        "sessions": len(whole),
+        "answered": len(answered_any),
+        "headless": len(headless),
+        "share": len(headless) / max(1, len(answered_any)),
+    }
+
+
+async def _sessions(args: argparse.Namespace, on_url: str, cand_url: str) -> None:
+    """The whole-sessions run: 1x and 2x `--capacity`, `--rounds` times, mirroring on."""
+    before = await _metrics(on_url)
+    rows: list[tuple[float, dict[str, Any]]] = []
+    for _ in range(args.rounds):
+        for factor in (1.0, 2.0):
+            row = await _session_step(
+                on_url, cand_url, args.capacity * factor, args.overload_seconds, args.settle,
+                args.think_ms / 1000,
+            )  # fmt: skip
+            rows.append((factor, row))
+            print(f"{factor}x {row}", file=sys.stderr, flush=True)
+    after = await _metrics(on_url)
+    print(
+        f"load average {os.getloadavg()}, {os.cpu_count()} CPUs, workers {args.workers}, "
+        f"candidate {args.concurrency} at once, {args.delay_ms:g} ms each, "
+        f"--capacity {args.capacity:g}, think {args.think_ms:g} ms"
+    )
+    at_1x = statistics.mean(r["kept"] for f, r in rows if f == 1.0)
+    print("| load | offered req/s | kept copies/s | kept vs 1x | sessions (3 turns) "
+          "| answered at all | headless | headless share |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for factor, row in rows:
+        print(
+            f"| {factor:g}x | {row['target']:.0f} | {row['kept']:.1f} | "
+            f"{row['kept'] / at_1x:.0%} | {row['sessions']} | {row['answered']} | "
+            f"{row['headless']} | {row['share']:.2%} |"
+        )
+    counts = {}
+    for k in [k for k in after if k.startswith("canary_mirror_copies_total")]:
+        counts[k.split('outcome="', 1)[1].split('"', 1)[0]] = after[k] - before.get(k, 0.0)
+        print(f"{k}: {after[k] - before.get(k, 0.0):.0f}")
+    key = 'canary_mirror_handoff_dropped_total{candidate="c",reason="%s"}'
+    for reason in ("shed_capacity", "dropped_overflow"):
+        got = after.get(key % reason, 0.0) - before.get(key % reason, 0.0)
+        print(f"worker {reason}: {got:.0f}")
+    out = sum(counts.get(k, 0.0) for k in IDENTITY_FIELDS[1:7])  # every way out of `sampled`
+    ended = sum(counts.get(k, 0.0) for k in ("observed_ok", "observed_error", "timed_out"))
+    pending = after.get('canary_mirror_pending{candidate="c"}', 0.0)
+    print(
+        f"identity: sampled {counts.get('sampled', 0):.0f} = out {out:.0f} + sent "
+        f"{counts.get('sent', 0):.0f} + pending {pending:.0f}; sent = ended {ended:.0f}"
+    )
+
+
 def _config(
     path: Path, cand_port: int | None, args: argparse.Namespace, grader: str | None = None
 ) -> None:
@@ -288,8 +413,11 @@ def _config(
     if cand_port is not None:
         text += (
             f"[[candidates]]\nname = 'c'\nurl = 'http://127.0.0.1:{cand_port}'\n"
-            f"sample_rate = 1.0\nconcurrency = {args.concurrency}\nbuffer_max_items = 1000\n"
+            f"sample_rate = 1.0\nconcurrency = {args.concurrency}\n"
+            f"buffer_max_items = {args.buffer_items}\n"
         )
+        if args.sessions:
+            text += "sampling = 'session'\n"
         if grader is not None:  # a model upgrade graded on every pair, both orders
             text += (
                 "kind = 'model-upgrade'\n[candidates.grader]\n"
@@ -346,6 +474,11 @@ async def main(args: argparse.Namespace) -> None:
         on_cpu = _Cpu(on_proc.pid, await _mirror_pid(on_url))  # type: ignore[attr-defined]
         off_cpu = _Cpu(off_proc.pid, await _mirror_pid(off_url))  # type: ignore[attr-defined]
         try:
+            if args.sessions:
+                if args.capacity is None:
+                    raise SystemExit("--sessions needs --capacity (the sweep's finding)")
+                await _sessions(args, on_url, cand_url)
+                return
             rps, capacity = args.start, None
             while args.capacity is None:
                 row = await _step(on_url, cand_url, rps, args.seconds, args.settle)
@@ -472,4 +605,12 @@ if __name__ == "__main__":
         help="the candidate a model upgrade with the simulator's grader at rate 1.0",
     )  # fmt: skip
     parser.add_argument("--grader-nice", type=int, default=0, help="the grader's nice value")
+    parser.add_argument(
+        "--sessions", action="store_true",
+        help="three-turn conversations at session sampling: 1x and 2x --capacity, headless share",
+    )  # fmt: skip
+    parser.add_argument("--buffer-items", type=int, default=1000, help="the candidate's ring")
+    parser.add_argument(
+        "--think-ms", type=float, default=100.0, help="between a conversation's turns"
+    )
     asyncio.run(main(parser.parse_args()))

@@ -26,7 +26,7 @@ from scipy import stats
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tests.evaluators import world
+from bench._shared import world
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:

@@ -39,10 +39,41 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 SPECIALS = [BOS, EOS, PAD, IM_START, IM_END]
 MAX_LEN = 2048
 
+# ChatML, with tools in the hermes form (what vLLM's `--tool-call-parser hermes` reads): the
+# declared tools as a system turn of `<tools>` JSON lines, each assistant call as
+# `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, each tool result as a `tool` turn in
+# `<tool_response>`. A user, system or assistant turn with text only renders exactly as plain
+# ChatML (the training text, so the weights do not depend on the tool parts); vLLM hands the
+# template an assistant call's arguments parsed (a mapping) or, from other callers, as text.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n# Tools\n\nYou may call one or more of these functions:\n<tools>\n' }}"
+    "{% for tool in tools %}"
+    "{{ (tool['function'] if tool['function'] is defined else tool) | tojson }}{{ '\n' }}"
+    "{% endfor %}"
+    "{{ '</tools>\n\nFor each call, return a JSON object with the function name and arguments '"
+    " 'in <tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function-name>, '"
+    " '\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] %}"
+    "{% set fn = call['function'] if call['function'] is defined else call %}"
+    "{% if message['content'] or not loop.first %}{{ '\n' }}{% endif %}"
+    "{{ '<tool_call>\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
+    "{% if fn['arguments'] is string %}{{ fn['arguments'] }}"
+    "{% else %}{{ fn['arguments'] | tojson }}{% endif %}"
+    "{{ '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>tool\n<tool_response>\n' + message['content'] }}"
+    "{{ '\n</tool_response><|im_end|>\n' }}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -215,6 +246,26 @@ def build(
     return int(n_params)
 
 
+def refresh_template(out_dir: Path) -> str:
+    """Bring a built model's chat template up to `CHAT_TEMPLATE` without retraining, when the
+    training text renders the same under both (the weights then do not depend on the change).
+
+    Returns "current" (nothing to do), "rewritten" (the tokenizer files now carry the template)
+    or "stale" (the training text renders differently: the model must be rebuilt)."""
+    from transformers import PreTrainedTokenizerFast  # type: ignore[import-not-found, unused-ignore]
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(out_dir))
+    if tokenizer.chat_template == CHAT_TEMPLATE:
+        return "current"
+    lines = corpus_lines()
+    before = training_ids(tokenizer, lines)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    if training_ids(tokenizer, lines) != before:
+        return "stale"
+    tokenizer.save_pretrained(str(out_dir))
+    return "rewritten"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("out_dir", type=Path)
@@ -226,7 +277,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-steps", type=int, default=1500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument(
+        "--refresh-template",
+        action="store_true",
+        help="only bring out_dir's chat template up to date; exit 3 when the model must be rebuilt",
+    )
     args = ap.parse_args(argv)
+    if args.refresh_template:
+        outcome = refresh_template(args.out_dir)
+        print(f"chat template: {outcome}", flush=True)
+        return 3 if outcome == "stale" else 0
     build(
         args.out_dir,
         vocab=args.vocab,

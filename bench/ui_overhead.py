@@ -1,7 +1,7 @@
 """Production latency with the admin page open and refreshing vs closed.
 
 A real `canary serve` (SQLite) in front of a simulated live engine, mirroring to a simulated
-control and bi-KV candidate at 100 % (the browser tests' stack, tests/browser/stack.py); a
+control and bi-KV candidate at 100 % (the browser tests' stack, bench/_shared/browser_stack.py); a
 warm-up fills storage with pairs; then rounds alternate: page closed (the tab on about:blank) and
 page open on the bi-KV candidate's view (polling its report, as an operator watching would),
 each round the same agent workload through the proxy. Prints production's client-side TTFT and
@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._shared.browser_stack import CANDIDATE, TOKEN, chromium, running_stack
 from gateway.sim.workload import WorkloadSpec, run_workload
-from tests.browser.stack import CANDIDATE, TOKEN, chromium, running_stack
 
 
 def _q(values: list[float], p: float) -> float:

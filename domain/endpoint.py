@@ -108,7 +108,7 @@ Price = Annotated[float, Meta(ge=0.0, le=1_000_000.0)]
 Gpus = Annotated[int, Meta(ge=1, le=4096)]
 VerdictKey = Annotated[str, Meta(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 Verdict = Annotated[
-    dict[VerdictKey, float],
+    dict[VerdictKey, float | str],
     Meta(description="Overrides of evaluators.judge.settings.VerdictSettings fields, by name"),
 ]
 Sampling = Literal["request", "session"]
@@ -176,6 +176,14 @@ class GraderSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     ] = DEFAULT_GRADER_DAILY_TOKENS
     price_per_mtok: Annotated[
         Price, _doc("Price of one million grader tokens, in USD (the report's cost)", "USD")
+    ] = 0.0
+    label_rate: Annotated[
+        Rate,
+        _doc(
+            "Share of graded sessions kept for people to label, by hash of the session "
+            "(docs/grading.md, People check the grader)",
+            "0..1",
+        ),
     ] = 0.0
     credentials_env: EnvName | None = None
     prompt: (

@@ -20,8 +20,11 @@ equal (exit code, admin status and `code`, then what it means):
     ├── UsageError               exit 2  admin 422 invalid_request: bad operator input
     │   ├── ConfigError          exit 2  admin 422 invalid_request: names source, key, reason
     │   ├── InvalidSettings      exit 2  admin 422 validation_error: a verdict setting (field)
-    │   └── InvalidRollout       exit 2  admin 422 validation_error (gateway.control.rollout): a
-    │                                    rollout's steps, dwell or reason (field)
+    │   ├── InvalidRollout       exit 2  admin 422 validation_error (gateway.rollout.state): a
+    │   │                                rollout's steps, dwell or reason (field)
+    │   └── InvalidField         exit 2  admin 422 validation_error
+    │                                    (gateway.control.admin.boundary): an admin request's
+    │                                    field or query parameter (field)
     ├── NotFound                 exit 2  admin 404 not_found: nothing by that name
     ├── StorageError             exit 1  admin 503 storage_unavailable (the proxy keeps serving)
     │   ├── StorageUnavailable   exit 1  admin 503 storage_unavailable
@@ -31,7 +34,7 @@ equal (exit code, admin status and `code`, then what it means):
     │   ├── PromotionConflict    exit 1  admin 409 conflict, `detail.reason`
     │   │   ├── PromotionRefused exit 1  admin 409 promotion_refused (gateway.control.promotion):
     │   │   │                            `detail` holds the report's verdict and reasons
-    │   │   └── RolloutRefused   exit 1  admin 409 conflict (gateway.control.rollout): a ramp's
+    │   │   └── RolloutRefused   exit 1  admin 409 conflict (gateway.rollout.state): a ramp's
     │   │                                start without a promote verdict, `detail.reason`
     │   └── SchemaBehind         exit 2  admin 503 storage_unavailable: names the command to run
     │       └── SchemaAhead      exit 2  admin 503 storage_unavailable
@@ -45,8 +48,18 @@ equal (exit code, admin status and `code`, then what it means):
     ├── ReportsUnavailable       exit 1  admin 503 reports_unavailable (gateway.control.reports):
     │                                    the report process is down, its queue full, too slow
     │                                    (or this replica has none: [reports] enabled = false)
+    ├── LabelRefused             exit 2  admin 409 conflict (storage.labels): per instance 404
+    │                                    (an unknown pair, a deleted candidate), 409 (a second
+    │                                    label, store_text off) or 422; the field named
     ├── ReportTooLarge           exit 1  admin 422 report_too_large: more pairs than
     │                                    reports.max_pairs (checked on counts, before columns)
+    ├── NotAuthenticated         exit 2  admin 401 authentication_error
+    │                                    (gateway.control.admin.boundary): no or a wrong token;
+    │                                    answered with a Bearer challenge
+    ├── Forbidden                exit 2  admin 403 forbidden (gateway.control.admin.boundary):
+    │                                    the token's role may not use this route (field)
+    ├── RateLimited              exit 2  admin 429 rate_limited (gateway.control.admin.boundary):
+    │                                    too many failed authentications, with Retry-After
     ├── AdminAPIError            exit 1  admin 502 admin_api_error (gateway.cli.client): the
     │                                    admin API refused; per instance exit 2 on a 4xx
     ├── AdminUnreachable         exit 1  admin 502 admin_unreachable (gateway.cli.client)
@@ -79,7 +92,8 @@ class CanaryError(Exception):
     The class attributes are its mapping, which the edges read (the table above says the same):
     `exit_code` for the CLI, `http_status` and `code` (the error's `type` in the JSON body) for
     the admin API; `http_message`, when set, is said over HTTP instead of the message (which
-    may name a database URL); `http_field` names the offending input."""
+    may name a database URL); `http_field` names the offending input; `http_headers()` adds
+    headers to the answer."""
 
     exit_code: int = EXIT_FAILURE
     http_status: int = 500
@@ -89,6 +103,10 @@ class CanaryError(Exception):
 
     def http_detail(self) -> dict[str, Any] | None:
         """Machine-readable detail for the JSON error body, if the class has any."""
+        return None
+
+    def http_headers(self) -> dict[str, str] | None:
+        """Headers the HTTP answer carries (a challenge, Retry-After), if the class has any."""
         return None
 
     def cli_lines(self) -> list[str]:

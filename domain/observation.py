@@ -46,7 +46,7 @@ class Quantity(msgspec.Struct, frozen=True):
     per_pair: bool = False  # an evaluator column (float32, NaN where absent)
     length: int = 0  # strings: the column's length (0: unbounded text)
     # Integers: their width in bits where it is not the default 32 (64: BIGINT; 8 or 16: an
-    # unsigned byte or short where packed, domain.records.RampRequest).
+    # unsigned byte or short where packed, domain.records.RolloutRequest).
     bits: int = 0
 
 
@@ -58,7 +58,7 @@ _NATS_PAIR: Final = Quantity("nats/token", per_pair=True)
 
 class Outcome(msgspec.Struct, kw_only=True):
     """How one request went, declared once for the mirror's observation (`Measured` extends
-    it) and the ramp's evidence (`domain.records.RampRequest` extends it): the status, the error
+    it) and the ramp's evidence (`domain.records.RolloutRequest` extends it): the status, the error
     kind, TTFT, E2E and whether the answer was delivered whole. Units and the missing-value rule
     are the observation's: None when absent, NULL in a table; NaN only where None cannot be
     (inside a packed RAMP frame, in the evaluators' and the ramp step's numpy arrays).
@@ -66,8 +66,8 @@ class Outcome(msgspec.Struct, kw_only=True):
     From this one declaration the ramp derives the RAMP frame's packed layout
     (`gateway.mirror.channel.frames`), the `rollout_requests` columns
     (`storage.models.RolloutRequestRow`), the writer's row (`storage.writer`) and the step's
-    per-request float arrays (`storage.reports.ramp.RAMP_COLUMNS`); the mirror derives the
-    `observations` columns and the evaluators' per-pair columns. tests/test_ramp_evidence.py
+    per-request float arrays (`storage.reports.rollout.ROLLOUT_COLUMNS`); the mirror derives the
+    `observations` columns and the evaluators' per-pair columns. tests/test_rollout_evidence.py
     fails when one of these fields is declared a second time, and walks adding a quantity (one
     field here, the code that fills it, an Alembic revision).
     """
@@ -104,12 +104,14 @@ class Measured(Outcome, kw_only=True):
     inter_event_p50_s: Annotated[float | None, _S_PAIR] = None
     inter_event_p99_s: Annotated[float | None, _S_PAIR] = None
     inter_event_max_s: Annotated[float | None, _S] = None
-    # Output tokens *counted* from the answer's text by one tokenizer for every arm
-    # (`token_counter` names it); None when the text could not be counted (not stored, cut at
-    # store_text_max_chars, a tool call, no tokenizer reachable). The only count that gates.
+    # Output tokens *counted* from the answer by one tokenizer for every arm (`token_counter`
+    # names it): its text's plus each tool call's name and arguments; None when it could not be
+    # counted (not stored, cut at store_text_max_chars, no tokenizer reachable). The only count
+    # that gates.
     output_tokens: Annotated[int | None, _TOKENS_PAIR] = None
-    # How `output_tokens` was counted: "tokenize:<endpoint>" (that engine's /tokenize); None:
-    # not counted. Two arms' counts are compared only when this is equal on both.
+    # How `output_tokens` was counted: "tokenize:<endpoint>" (that engine's /tokenize) or
+    # "local:<sha256 prefix of the tokenizer.json>"; None: not counted. Two arms' counts are
+    # compared only when this is equal on both.
     token_counter: Annotated[str | None, Quantity(length=128)] = None
     # What the engine reported (`usage.completion_tokens`): information, never a stand-in for
     # the other arm's count (it counts generated ids such as EOS that the text does not show).
@@ -133,6 +135,14 @@ class Measured(Outcome, kw_only=True):
     score_logprob: Annotated[float | None, _NATS_PAIR] = None
     score_top1: Annotated[float | None, Quantity("share", per_pair=True)] = None
     score_kl: Annotated[float | None, _NATS_PAIR] = None
+    # Tool-call validity (gateway/mirror/toolcalls), set by the mirror process for every arm
+    # against the request's declared `tools`, `tool_choice` and `parallel_tool_calls`, never by
+    # the meter: None when it does not apply (no tool declared and no call made, or the answer
+    # failed); else a `domain.outcomes.ToolCheck` value ("valid", or the first problem found).
+    tool_check: Annotated[str | None, Quantity(length=24)] = None
+    # The first problem, value-free ("call 0 get_weather: /unit: enum"): never an argument's
+    # value, which may hold a user's data. None when valid or not applicable.
+    tool_error: Annotated[str | None, Quantity(length=160)] = None
 
 
 class Field(msgspec.Struct, frozen=True):

@@ -41,3 +41,28 @@ ERROR_KINDS: Final = tuple(ErrorKind)
 NOT_THE_ENDPOINT: Final = frozenset({ErrorKind.CANCELLED, ErrorKind.CLIENT_DISCONNECT})
 # Finish reasons in the order the evaluators code them (0 = none reported).
 FINISH_REASONS: Final = ("none", "stop", "length", "tool_calls", "content_filter", "other")
+
+
+@unique
+class ToolCheck(StrEnum):
+    """The verdict on one answer's tool calls against what its request declared
+    (`gateway.mirror.toolcalls`): VALID, one reason it is invalid, or UNCHECKABLE."""
+
+    VALID = "valid"
+    UNDECLARED = "undeclared"  # the function was not declared in tools
+    NOT_OBJECT = "arguments_not_object"  # arguments are not JSON, or JSON but not an object
+    SCHEMA = "schema"  # arguments violate the tool's parameters schema
+    MISSING_CALL = "missing_call"  # tool_choice "required" or a named function, and no such call
+    FORBIDDEN_CALL = "forbidden_call"  # tool_choice "none" answered with a call
+    PARALLEL = "parallel"  # several calls while parallel_tool_calls is false
+    CALL_ID = "call_id"  # a call id missing or duplicated
+    # The declared schema (or the arguments) could not be checked safely: too big, too deep, a
+    # remote $ref, a pattern a linear regex engine cannot run, an invalid schema. Not judged.
+    UNCHECKABLE = "uncheckable"
+
+
+# Verdicts in the order the evaluators code them. Appended members go last so the earlier codes
+# never move.
+TOOL_CHECKS: Final = tuple(ToolCheck)
+# The verdicts that say the answer broke its request's tool contract.
+TOOL_INVALID: Final = frozenset(set(ToolCheck) - {ToolCheck.VALID, ToolCheck.UNCHECKABLE})

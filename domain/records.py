@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
+import xxhash
 
 from domain.errors import UsageError
 from domain.observation import Measured, Outcome, Quantity
@@ -57,9 +58,9 @@ class ObservationRecord(Measured, kw_only=True):
 # --- the ramp's evidence: how one live request of an open rollout went ------------------------
 
 
-class RampRequest(Outcome, kw_only=True):
+class RolloutRequest(Outcome, kw_only=True):
     """What a worker hands the mirror process per request of an open rollout (a RAMP frame):
-    the outcome, the rollout's `generation` (`gateway.server.ramp.arms.Split.generation`), the
+    the outcome, the rollout's `generation` (`gateway.rollout.arms.Split.generation`), the
     `arm` (0 production, 1 candidate), the `session` (the unsalted xxh3_64 of the session key
     as a signed int64) and `at`, the end (epoch s). Never a body."""
 
@@ -69,9 +70,9 @@ class RampRequest(Outcome, kw_only=True):
     at: Annotated[float, Quantity("epoch s")]
 
 
-class RampRecord(RampRequest, kw_only=True):
+class RolloutRecord(RolloutRequest, kw_only=True):
     """One live request of an open rollout, as the ramp's evidence stores it: the worker's
-    `RampRequest`, its 1-based `turn` among the session's requests of this rollout and the
+    `RolloutRequest`, its 1-based `turn` among the session's requests of this rollout and the
     host's `replica` (both filled in by the mirror process)."""
 
     turn: int
@@ -163,14 +164,34 @@ def check_steps(steps: Sequence[float]) -> None:
 
 # --- the grader of a model upgrade: one verdict per row (docs/grading.md) -----------------------
 
-GradingOutcome = Literal["graded", "unparseable", "failed", "over_cap"]
+# A grading's outcome (graded … over_cap: one row per order), or why a complete pair was not
+# graded at all (not_sampled … stopped: one row per pair, attempts 0), so every complete pair
+# is accounted for across replicas (docs/grading.md, "Every complete pair").
+GradingOutcome = Literal[
+    "graded",
+    "unparseable",
+    "failed",
+    "over_cap",
+    "not_sampled",  # outside the grader's rate
+    "queue_full",  # grading_max_pending reached
+    "no_answer",  # an answer failed, was empty, or did not arrive in time (error_kind says)
+    "stopped",  # the mirror stopped before grading it
+]
 # What the grader preferred, mapped back from the labels A/B it saw.
 GradingWinner = Literal["candidate", "reference", "tie"]
+# The outcomes of a grading in one order (the statistics read these rows only).
 GRADING_OUTCOMES: Final[tuple[GradingOutcome, ...]] = (
     "graded",
     "unparseable",
     "failed",
     "over_cap",
+)
+# The outcomes of a pair never sent to the grader.
+NOT_GRADED_OUTCOMES: Final[tuple[GradingOutcome, ...]] = (
+    "not_sampled",
+    "queue_full",
+    "no_answer",
+    "stopped",
 )
 
 
@@ -197,3 +218,65 @@ class GradingRecord(msgspec.Struct, kw_only=True):
     latency_s: Annotated[float | None, Quantity("s")] = None
     attempts: int = 1  # calls made: 2 when an unparseable answer was retried once
     error_kind: Annotated[str | None, Quantity(length=32)] = None
+
+
+# --- people's labels of graded pairs (docs/grading.md, "People check the grader") -----------
+#
+# People's labels of graded pairs: which pairs are offered to people, what is kept for them, and
+# one person's label (docs/grading.md, "People check the grader").
+#
+# A graded pair is kept for labelling iff its **unit** (the session's key hash when sampling by
+# session, else the exchange id) hashes below the grader's `label_rate`: chosen when the pair is
+# graded, uniformly at random over units, never by the grader's verdict or by a labeller, so the
+# labelled set is a random sample of the graded units at every look. What is kept is exactly what
+# the grader was shown (the conversation and both answers, bounded by `grading_max_chars`), for
+# `label_retention_s` at most. Plain records and pure functions: no IO.
+
+# Independent of the sampler's, the grader's, the order's and the swap's hashes.
+LABEL_SALT: Final = b"canary-label\x00"
+_SCALE: Final = float(2**64)
+
+# What a person answered, mapped back to the arms ("skip": seen and not judged; counted).
+LabelChoice = Literal["candidate", "reference", "tie", "skip"]
+LABEL_CHOICES: Final[tuple[LabelChoice, ...]] = ("candidate", "reference", "tie", "skip")
+
+
+def is_labelled(unit: str, rate: float) -> bool:
+    """True iff the unit's graded pairs are kept for people (nested: kept at every higher rate)."""
+    if rate <= 0.0:
+        return False
+    return xxhash.xxh3_64_intdigest(LABEL_SALT + unit.encode()) / _SCALE < rate
+
+
+def label_score(choice: LabelChoice) -> float | None:
+    """A label on the grader's scale: +1 the candidate preferred, 0 tie, -1 the reference."""
+    return {"candidate": 1.0, "reference": -1.0, "tie": 0.0}.get(choice)
+
+
+class LabelItem(msgspec.Struct, kw_only=True):
+    """One graded pair kept for people: the text the grader was shown (bounded by the mirror's
+    `grading_max_chars`, which counts what it cut) and the unit it belongs to. The
+    `label_items` table's columns are generated from this declaration (storage.models)."""
+
+    exchange_id: Annotated[str, Quantity(length=36)]
+    endpoint: Annotated[str, Quantity(length=63)]  # the graded candidate
+    reference: Annotated[str, Quantity(length=63)]
+    unit: Annotated[str, Quantity(length=64)]  # session key hash, or the exchange id
+    graded_at: Annotated[float, Quantity("epoch s")]
+    conversation: str
+    candidate_answer: str
+    reference_answer: str
+
+
+class LabelRecord(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One person's label of one pair: who (the token's name), when, the order they were shown
+    (`candidate_first`: the candidate's answer was A) and what they chose. The `labels` table's
+    columns are generated from this declaration; one label per (pair, labeller). Also one line
+    of the JSONL export."""
+
+    exchange_id: Annotated[str, Quantity(length=36)]
+    endpoint: Annotated[str, Quantity(length=63)]
+    labeller: Annotated[str, Quantity(length=64)]
+    labelled_at: Annotated[float, Quantity("epoch s")]
+    candidate_first: bool
+    choice: Annotated[LabelChoice, Quantity(length=16)]

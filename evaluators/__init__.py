@@ -1,2 +1,3 @@
 """Pure functions over pairs: `pairs` (load, columns) -> `stats` -> `metrics` -> `judge` ->
-`report`; `capacity` for capacity runs; `ramp` for a traffic ramp."""
+`report`; `human` for people's labels checking an LLM grader; `capacity` for capacity runs;
+`rollout` for a rollout's live evidence."""

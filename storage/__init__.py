@@ -12,6 +12,7 @@ raises only domain.errors.
 - `batch`       batched inserts of exchanges and observations
 - `writer`      ObservationWriter (bounded, batched, retrying; the mirror's sink)
 - `textguard`   output text bounded before it is stored
+- `labels`      graded pairs kept for people, and their labels
 - `reports/`    the report path's SQL: pairs of a window, stored report segments
 - `capacity/`   captured conversations and capacity runs of `canary capacity`
 """

@@ -38,7 +38,7 @@ from sqlalchemy.types import TypeEngine
 
 from domain.endpoint import Endpoint
 from domain.observation import describe
-from domain.records import GradingRecord, ObservationRecord, RampRecord
+from domain.records import GradingRecord, LabelItem, LabelRecord, ObservationRecord, RolloutRecord
 
 # SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL wants BIGINT for large tables.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -196,6 +196,33 @@ class GradingRow(Base):
     )
 
 
+class LabelItemRow(Base):
+    """A graded pair kept for people (`domain.records.LabelItem`): what the grader was shown,
+    one row per (pair, candidate), deleted past `[labels] retention_s`."""
+
+    __table__ = Table(
+        "label_items",
+        Base.metadata,
+        Column("id", BigId, primary_key=True, autoincrement=True),
+        *declared_columns(LabelItem),
+        UniqueConstraint("exchange_id", "endpoint"),
+        Index("ix_label_items_endpoint_graded_at", "endpoint", "graded_at"),
+    )
+
+
+class LabelRow(Base):
+    """One person's label of one pair (`domain.records.LabelRecord`): one per labeller."""
+
+    __table__ = Table(
+        "labels",
+        Base.metadata,
+        Column("id", BigId, primary_key=True, autoincrement=True),
+        *declared_columns(LabelRecord),
+        UniqueConstraint("exchange_id", "endpoint", "labeller"),
+        Index("ix_labels_endpoint_labelled_at", "endpoint", "labelled_at"),
+    )
+
+
 class PromotionRow(Base):
     __tablename__ = "promotions"
 
@@ -228,15 +255,15 @@ class MirrorCounterRow(Base):
 
 
 class RolloutRequestRow(Base):
-    """One live request of an open rollout: `domain.records.RampRecord`'s fields, as declared
+    """One live request of an open rollout: `domain.records.RolloutRecord`'s fields, as declared
     there (the arm that served it, its session and turn, how it went), plus a surrogate id. The
-    ramp's step judge reads a rollout's rows by time (`storage.reports.ramp`)."""
+    ramp's step judge reads a rollout's rows by time (`storage.reports.rollout`)."""
 
     __table__ = Table(
         "rollout_requests",
         Base.metadata,
         Column("id", BigId, primary_key=True, autoincrement=True),
-        *declared_columns(RampRecord),
+        *declared_columns(RolloutRecord),
         Index("ix_rollout_requests_generation_at", "generation", "at"),
     )
 

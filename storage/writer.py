@@ -1,7 +1,8 @@
 """ObservationWriter: the bounded, batched path from the mirror to the database, a
 `storage.batch.BatchWriter` with two streams (exchanges, observations) under one queue bound,
-and a third, the ramp's evidence (`put_ramp`: `rollout_requests`), under a bound of its own;
-an LLM grader's verdicts (`put_grading`: `gradings`) share the first bound.
+and a third, the ramp's evidence (`put_rollout`: `rollout_requests`), under a bound of its own;
+an LLM grader's verdicts (`put_grading`: `gradings`) share the first bound, and so do the
+pairs kept for people to label (`put_label_item`: `label_items`; none with `store_text=False`).
 
 `put_exchange` / `put_observation` are synchronous, O(1) and never wait: they append to a queue
 bounded by `queue_max` records (so a database outage costs bounded memory) and, when it is
@@ -33,7 +34,13 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.exposition import Family, Kind, Sample
-from domain.records import ExchangeRecord, GradingRecord, ObservationRecord, RampRecord
+from domain.records import (
+    ExchangeRecord,
+    GradingRecord,
+    LabelItem,
+    ObservationRecord,
+    RolloutRecord,
+)
 from storage.batch import WRITER_KEYS, BatchWriter, Stream
 from storage.models import Base
 from storage.sql import EXCHANGES, OBSERVATIONS
@@ -49,6 +56,8 @@ _STAT_KEYS: Final = (
     "ramp_dropped",
     "written_gradings",
     "gradings_dropped",
+    "written_label_items",
+    "label_items_dropped",
     *WRITER_KEYS,
 )
 _HELP: Final[dict[str, tuple[Kind, str]]] = {
@@ -61,6 +70,11 @@ _HELP: Final[dict[str, tuple[Kind, str]]] = {
     "ramp_dropped": ("counter", "Ramp evidence dropped: its queue full or shutdown deadline."),
     "written_gradings": ("counter", "LLM grader verdicts written (gradings)."),
     "gradings_dropped": ("counter", "Gradings dropped: queue full or shutdown deadline."),
+    "written_label_items": ("counter", "Graded pairs kept for people to label (label_items)."),
+    "label_items_dropped": (
+        "counter",
+        "Pairs to label dropped: queue full, shutdown deadline, or store_text = false.",
+    ),
     "rows_rejected": ("counter", "Records the database refused for their content."),
     "batches": ("counter", "Batches committed."),
     "retries": ("counter", "Batch retries while the database was unavailable."),
@@ -73,7 +87,7 @@ FAMILIES: Final = {
 }
 
 
-def ramp_row(record: RampRecord) -> dict[str, Any]:
+def rollout_row(record: RolloutRecord) -> dict[str, Any]:
     """A ramp record as a `rollout_requests` row: its declared fields by name (None is NULL)."""
     return msgspec.structs.asdict(record)
 
@@ -106,15 +120,16 @@ class ObservationWriter(BatchWriter):
         )
         # Bounds the memory ramp evidence costs during a database outage (its own bound: see
         # the module docstring); beyond it records are dropped and counted.
-        self._ramp_stream = Stream(
+        self._rollout_stream = Stream(
             "ramp",
             Base.metadata.tables["rollout_requests"],
-            ramp_row,
+            rollout_row,
             "written_ramp",
             "ramp_dropped",
             queue_max=evidence_queue_max,
         )
-        # An LLM grader's verdicts (gateway.mirror.grading): few (capped per minute), under the
+        # An LLM grader's verdicts (gateway.mirror.grading), and one row for each pair it did
+        # not grade (at most one per mirrored pair of a graded candidate), under the
         # observations' bound.
         self._grading_stream = Stream(
             "grading",
@@ -123,13 +138,24 @@ class ObservationWriter(BatchWriter):
             "written_gradings",
             "gradings_dropped",
         )
+        # The text a grader was shown, of the pairs kept for labelling (bounded by the mirror's
+        # grading_max_chars), under the observations' bound; never kept without store_text.
+        self._store_text = store_text
+        self._label_stream = Stream(
+            "label_item",
+            Base.metadata.tables["label_items"],
+            msgspec.structs.asdict,
+            "written_label_items",
+            "label_items_dropped",
+        )
         super().__init__(
             engine,
             (
                 self._exchange_stream,
                 self._observation_stream,
-                self._ramp_stream,
+                self._rollout_stream,
                 self._grading_stream,
+                self._label_stream,
             ),
             batch_size=batch_size,
             flush_interval_s=flush_interval_s,
@@ -146,13 +172,21 @@ class ObservationWriter(BatchWriter):
     def put_observation(self, record: ObservationRecord) -> None:
         self.put(self._observation_stream, record)
 
-    def put_ramp(self, record: RampRecord) -> None:
+    def put_rollout(self, record: RolloutRecord) -> None:
         """One request of an open rollout (from the mirror process's RAMP frames)."""
-        self.put(self._ramp_stream, record)
+        self.put(self._rollout_stream, record)
 
     def put_grading(self, record: GradingRecord) -> None:
         """One grading by a candidate's LLM grader (from the mirror process)."""
         self.put(self._grading_stream, record)
+
+    def put_label_item(self, item: LabelItem) -> None:
+        """A graded pair kept for people (from the mirror process); dropped and counted with
+        store_text = false, whose promise is that no answer text is kept."""
+        if not self._store_text:
+            self.counts["label_items_dropped"] += 1
+            return
+        self.put(self._label_stream, item)
 
     # ---- numbers
     def stats(self) -> dict[str, int]:

@@ -1,5 +1,5 @@
 """A TCP forwarder between gateways and PostgreSQL that a test can cut and restore, for the
-store-loss tests (tests/control/test_store_loss.py, tests/process/test_ramp_store_loss.py).
+store-loss tests (tests/control/test_store_loss.py, tests/process/test_rollout_store_loss.py).
 
 It listens on 127.0.0.1:0 and forwards every connection to the database's host and port. `cut`
 resets every open connection and, until `restore`, resets each new one as soon as it is

@@ -76,7 +76,7 @@ README_MAX_LINES = 250
 # The Quickstart's two blocks, exactly as .ci/run extracts and runs them.
 QUICKSTART = (
     "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && canary demo\n",
-    ". .venv/bin/activate && pip install -e '.[dev]' && pytest\n",
+    ". .venv/bin/activate && pip install -e '.[dev]' && pytest -n 2\n",
 )
 DEMO_CONFIG = ROOT / "configs" / "demo.toml"
 DEPLOY_CONFIG = ROOT / "configs" / "production-postgres.toml"

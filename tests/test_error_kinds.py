@@ -32,6 +32,7 @@ SHARED_WORDS = {"ok", "timeout", "connect", "reset", "other"}
 NOT_KINDS = {
     ("gateway/sim/profiles.py", "garbage"): "a simulator fault name",
     ("gateway/sim/faults.py", "garbage"): "a simulator fault name",
+    ("gateway/server/stream/responses.py", "cancelled"): "a Responses API status",
 }
 # Members that are codes only: OK is code 0 (answered), never a label on a failure.
 CODE_ONLY = {ErrorKind.OK}

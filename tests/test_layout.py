@@ -152,6 +152,24 @@ def test_data_plane_imports_neither_storage_nor_evaluators() -> None:
     assert _violations(rule, ("domain", "gateway"), ("gateway.server",)) == []
 
 
+ROLLOUT_SERVING = ("gateway.rollout.arms", "gateway.rollout.route", "gateway.rollout.hooks")
+
+
+def test_the_rollouts_serving_side_stays_on_the_data_plane() -> None:
+    """The rollout's serving modules (on a worker's request path) import neither storage nor the
+    evaluators, and the data plane imports only them of the rollout, never its control side."""
+    rule = "the rollout's serving side imports no storage or evaluators"
+    assert _violations(rule, ("domain", "gateway"), ROLLOUT_SERVING) == []
+    bad = [
+        f"{module} imports {target}"
+        for module in MODULES
+        if module.startswith(("gateway.server", *ROLLOUT_SERVING))
+        for target in _imports_any(module, ("gateway.rollout",))
+        if target not in (*ROLLOUT_SERVING, "gateway.rollout")
+    ]
+    assert bad == []
+
+
 def test_renderers_import_the_model_not_the_builder() -> None:
     """The report renderers import the report model, never the builder (no report cycle)."""
     renderers = ("evaluators.report.text", "evaluators.report.html", "evaluators.report.svg")
@@ -168,6 +186,7 @@ PLANES = (
     "gateway.server",
     "gateway.mirror",
     "gateway.control",
+    "gateway.rollout",
     "gateway.sim",
     "gateway.process",
     "gateway.cli",
@@ -184,9 +203,9 @@ def _imports_any(module: str, targets: tuple[str, ...]) -> list[str]:
 
 
 def test_planes_import_nothing_of_the_wiring() -> None:
-    """No module of server/, mirror/, control/ or sim/ imports the process wiring or the CLI:
-    the wiring sits on top and composes them, never the other way round."""
-    planes = ("gateway.server", "gateway.mirror", "gateway.control", "gateway.sim")
+    """No module of server/, mirror/, control/, rollout/ or sim/ imports the process wiring or the
+    CLI: the wiring sits on top and composes them, never the other way round."""
+    planes = tuple(p for p in PLANES if p not in ("gateway.process", "gateway.cli"))
     bad = [
         f"{module} imports {target}"
         for module in MODULES
@@ -224,7 +243,16 @@ def test_simulator_imports_no_plane() -> None:
     ]
     assert bad == []
     meter = _imports("gateway.server.meter", top_level_only=False)
-    assert [t for t in meter if not t.startswith("domain")] == []
+    # The wire shapes it decodes and its clock of token events: leaves themselves.
+    leaves = (
+        "gateway.server.stream.responses",
+        "gateway.server.stream.chat",
+        "gateway.server.stream.gaps",
+    )
+    assert [t for t in meter if not t.startswith(("domain", *leaves))] == []
+    for leaf in leaves:
+        below = [t for t in _imports(leaf, top_level_only=False) if t in MODULES]
+        assert [t for t in below if not t.startswith(("domain", *leaves))] == [], leaf
 
 
 def test_no_import_cycles() -> None:

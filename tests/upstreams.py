@@ -15,6 +15,8 @@ import msgspec
 import xxhash
 from aiohttp import web
 
+from bench._shared.ports import free_port as free_port  # one home: bench's scripts use it too
+
 SSE_EVENTS = [
     b'data: {"choices":[{"index":0,"delta":{"content":"' + word + b'"}}]}\n\n'
     for word in (b"one", b" two", b" three", b" four")
@@ -174,13 +176,6 @@ async def raw_upstream(respond: RawResponder) -> AsyncIterator[str]:
     finally:
         server.close()
         await server.wait_closed()
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def decode(body: bytes) -> dict[str, object]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate the admin page's screenshots (docs/screenshots/*.png): the browser tests write them
-# while they drive the page (tests/browser/test_admin_ui.py, test_ramp_panel.py). Needs /usr/bin/chromium
+# while they drive the page (tests/browser/test_admin_ui.py, test_rollout_panel.py). Needs /usr/bin/chromium
 # (apt-get install -y chromium) and the dev extra (Playwright); takes about two minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

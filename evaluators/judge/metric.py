@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
+from evaluators.human.data import HumanLabels
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs.gradings import Gradings
 from evaluators.pairs.types import PairSet
@@ -105,20 +106,32 @@ def _flip(side: Literal["below", "above"]) -> Literal["below", "above"]:
     return "above" if side == "below" else "below"
 
 
+def beyond_from(ev: Evidence, start: float) -> NDArray[np.float64]:
+    """A mean sequence's p_beyond as it counts from its planned size `start` on: the lowest at
+    any look at or past `start` so far (looks on the last axis, every unit a look from `start`
+    on), 1 before it. The minimum over looks is valid because each look's p-value is (the
+    planned boundary holds at any looks up to the horizon, the mixture at any look at all), and
+    it latches a reject the way a betting sequence's does."""
+    p = np.where(ev.n >= start, ev.p_beyond, 1.0)
+    return np.minimum.accumulate(p, axis=-1)
+
+
 def evidence(spec: MetricSpec, stat: Stat) -> Evidence:
-    """The p-values of `spec`'s tests from a confidence-sequence statistic."""
+    """The p-values of `spec`'s tests from a confidence-sequence statistic.
+
+    A betting sequence's harm p-values are latched (`BoundedStat.p_latched`): the evidence of
+    the best look so far, as valid as the current look's, so a reject shown stays shown."""
     ones = np.ones(stat.mean.shape)
     n = stat.t * ones
     p_inside, p_beyond, p_critical, p_goal = ones, ones, ones, ones
+    harm = stat.p_latched if isinstance(stat, BoundedStat) else stat.p
     if spec.delta is not None:
         sides = spec.harm_bounds(spec.delta)
         p_inside = np.maximum.reduce([stat.p(b, _flip(s)) for b, s in sides])
-        p_beyond = np.minimum(1.0, len(sides) * np.minimum.reduce([stat.p(b, s) for b, s in sides]))
+        p_beyond = np.minimum(1.0, len(sides) * np.minimum.reduce([harm(b, s) for b, s in sides]))
     if spec.critical is not None:
         sides = spec.harm_bounds(spec.critical)
-        p_critical = np.minimum(
-            1.0, len(sides) * np.minimum.reduce([stat.p(b, s) for b, s in sides])
-        )
+        p_critical = np.minimum(1.0, len(sides) * np.minimum.reduce([harm(b, s) for b, s in sides]))
     if spec.goal is not None:
         side: Literal["below", "above"] = "below" if spec.harm == "higher" else "above"
         p_goal = stat.p(spec.to_stat(spec.goal), side)
@@ -153,6 +166,10 @@ class MetricResult(msgspec.Struct, kw_only=True):
     units: int | None = None
     # Seconds until `more_pairs` arrive at the observed pair rate (undecided metrics only).
     eta_s: float | None = None
+    # Whether harm beyond the margin rejects at this look without a planned look: a betting
+    # sequence (exact at every look; its p_beyond is latched), or a mean sequence whose units
+    # have reached the horizon, its planned size (p_beyond is then the lowest from there on).
+    beyond_counts: bool = False
     # Why a metric that would gate does not (no control, nothing measurable); "" = it gates.
     ungated: str = ""
     # Whether an ungated metric keeps the candidate from being promoted (a goal that cannot be
@@ -191,6 +208,8 @@ class EvalContext:
     # control's against production (the grader's A/A); None when not loaded.
     gradings: Gradings | None = None
     control_gradings: Gradings | None = None
+    # People's labels of the candidate's graded pairs (evaluators.human); None when not loaded.
+    labels: HumanLabels | None = None
     units: Units = field(init=False)
 
     def __post_init__(self) -> None:
@@ -277,6 +296,7 @@ def _result(
         units=units,
         detail=detail,
     )
+    res.beyond_counts = isinstance(stat, BoundedStat)
     more_units = _more_pairs(spec, stat, units, est, lo, hi)
     # Units still needed, in pairs at the observed pairs per unit.
     res.more_pairs = None if more_units is None else math.ceil(more_units * n / max(units, 1))
@@ -418,6 +438,13 @@ def judge_mean(
 
     detail = {**(detail or {}), "unit_sd": _sd(v)}
     res = _result(spec, make(_looks(len(v))), n, len(v), reference, detail, s.alpha)
+    if len(v) >= s.horizon_units and spec.delta is not None:
+        # The planned look happens by itself at the planned size: harm beyond δ counts from the
+        # horizon on, at every look (STATISTICS.md "Harm shown early": a cold candidate's
+        # first minutes do not reject it; a candidate nobody asks about still does).
+        dense = make(np.arange(s.horizon_units, len(v) + 1, dtype=np.int64))
+        res.p_beyond = _fnum(float(beyond_from(evidence(spec, dense), s.horizon_units)[-1]))
+        res.beyond_counts = True
     if ctx.trajectories and spec.role != "diagnostic":
         res.trajectory = _trajectory(spec, make, sizes, s.alpha)
     return res

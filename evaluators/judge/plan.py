@@ -65,6 +65,9 @@ class Traffic:
     # share of pairs where exactly one of candidate / control differs from production at T=0
     # (engine nondeterminism: 1 % per arm gives about 2 %)
     disagreement: float = 0.0
+    # share of pairs where exactly one arm's tool calls were invalid (production's own invalid
+    # calls included: 1 % invalid on each arm gives about 2 %)
+    tool_discordance: float = 0.0
     goal_ratio: float = 0.8  # the improvement the goal is expected to show (later-turn TTFT)
     # share of pairs scored with prompt logprobs (score_rate; 0 unless the candidate scores —
     # `canary plan --score-rate`, 0.1 for quantized): logprob_divergence counts only those
@@ -102,15 +105,22 @@ def quantile_units(times: F) -> int | None:
     return math.ceil(q) if math.isfinite(q) and q <= MAX_UNITS else None
 
 
-def rate_units(delta: float, alpha: float, discordance: float = 0.0, turns: int = 1) -> int | None:
-    """Units until a rate difference is shown within δ (true difference 0), in QUANTILE of the
-    runs. `discordance` is the share of pairs where exactly one arm is "bad"; a unit is the
-    mean of `turns` such pairs."""
-    return quantile_units(rate_times(delta, alpha, discordance, turns))
+def rate_units(
+    delta: float, alpha: float, discordance: float = 0.0, turns: int = 1, effect: float = 0.0
+) -> int | None:
+    """Units until a rate difference is shown within δ (true difference `effect`, 0 unless the
+    user expects one), in QUANTILE of the runs. `discordance` is the share of pairs where
+    exactly one arm is "bad"; a unit is the mean of `turns` such pairs."""
+    return quantile_units(rate_times(delta, alpha, discordance, turns, effect))
 
 
-def rate_times(delta: float, alpha: float, discordance: float = 0.0, turns: int = 1) -> F:
-    """The unit at which each seeded run first shows a rate within δ (inf: not by MAX_UNITS)."""
+def rate_times(
+    delta: float, alpha: float, discordance: float = 0.0, turns: int = 1, effect: float = 0.0
+) -> F:
+    """The unit at which each seeded run first shows a rate within δ (inf: not by MAX_UNITS).
+    Of the discordant pairs, (q + effect) / 2 are the candidate's bad ones, (q - effect) / 2
+    the reference's (`effect` is clipped to [-q, q])."""
+    effect = min(max(effect, -discordance), discordance)
     if discordance <= 0:  # nothing discordant: every run is the same, the floor of the test
         d = np.zeros(MAX_UNITS)
         w = BoundedStat(d, None)
@@ -125,8 +135,8 @@ def rate_times(delta: float, alpha: float, discordance: float = 0.0, turns: int 
         runs = _runs_at(n)
         for lo in range(0, runs, _CHUNK):
             u = rng.random((min(_CHUNK, runs - lo), n, turns), dtype=np.float32)
-            q = np.float32(discordance)
-            d = np.where(u < q / 2, 1.0, np.where(u < q, -1.0, 0.0)).mean(axis=-1)
+            q, worse = np.float32(discordance), np.float32((discordance + effect) / 2)
+            d = np.where(u < worse, 1.0, np.where(u < q, -1.0, 0.0)).mean(axis=-1)
             stat = BoundedStat(d, np.arange(1, n + 1))
             parts.append(_first(stat.log_wealth(delta, "below") >= math.log(1 / alpha), 1))
         return np.concatenate(parts)
@@ -369,6 +379,13 @@ def noise_rows(traffic: Traffic, s: VerdictSettings, *, goal: bool, first_turn: 
             f"+{s.agreement_delta * 100:g} pp",
             s.agreement_delta,
             traffic.disagreement,
+            turns,
+        ),
+        RateRow(
+            "tool-call validity",
+            f"+{s.tool_validity_delta * 100:g} pp",
+            s.tool_validity_delta,
+            traffic.tool_discordance,
             turns,
         ),
         RateRow(

@@ -11,6 +11,7 @@ Ratio margins (latency, length, cost) are multiplicative (1.05 = 5 % worse); rat
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -21,6 +22,8 @@ from domain.errors import InvalidSettings
 DEFAULT_HORIZON_UNITS = 300
 # Share of alpha spent on the boundary planned to the horizon (bench/RESULTS.md, issue 19).
 DEFAULT_PLANNED_SHARE = 0.9
+# Whose preference may gate a graded candidate (`preference_source`).
+PREFERENCE_SOURCES = ("grader", "human")
 # Settings that no longer exist, with what replaced them (a stored override names them).
 _RETIRED = {
     "latency_tau": "latency_tau was replaced by horizon_units (the units the experiment is "
@@ -33,6 +36,13 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
     # Error rate of every always-valid test and interval (one-sided, per side).
     alpha: float = 0.05
+    # Shares of α in the reject test of the metrics a decision rests on (net preference,
+    # people's preference, tool-call validity) against one for every other gating metric
+    # (weighted Holm, verdict.py). Harm to one of them rejects at a median of 1.26-1.34x the
+    # sessions its own interval needs to show it beside a model upgrade's six other gating
+    # metrics, 1.38-1.49x beside an agent report's twelve, against 1.45-1.57x and 1.70-1.77x
+    # at one share (bench/RESULTS.md, "Harm shown early"); α in all is unchanged.
+    primary_weight: float = 3.0
 
     # Latency (TTFT, TPOT, E2E): ratio candidate / reference of the geometric means.
     latency_delta: float = 1.05  # non-inferiority margin
@@ -53,6 +63,14 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # JSON validity: rate difference against the production-vs-control noise floor.
     agreement_delta: float = 0.01
     agreement_critical: float = 0.10
+    # Tool-call validity (the share of answers whose calls break the request's declared tools,
+    # JSON Schema or tool_choice): candidate minus production, the reference. Absolute, so it
+    # needs no control and gates for every kind, a model upgrade included. Harm beyond the
+    # margin rejects at the first look that shows it, as for every betting sequence (weighted
+    # Holm at α, `primary_weight` shares: STATISTICS.md "Harm shown early"); the critical margin
+    # is decisive harm (at its share of the same α), as agreement's is.
+    tool_validity_delta: float = 0.01
+    tool_validity_critical: float = 0.05
     # Text similarity (0..1) drop against the noise floor; a guardrail only with a control.
     similarity_delta: float = 0.02
     similarity_critical: float = 0.20
@@ -70,6 +88,26 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # Share of the grader's attempts that may be unparseable or failed before preference stops
     # gating (missing verdicts are not ties: past this share they could be anything).
     grading_failure_max: float = 0.10
+    # Whose preference gates (docs/grading.md, "People check the grader"): "grader" (the LLM
+    # grader's net preference; people's estimate is shown beside it whenever labels exist) or
+    # "human" (the prediction-powered interval on what people prefer, from `min_labels`
+    # labels on; the candidate holds before, saying so).
+    preference_source: str = "grader"
+    # Labels before people's estimate gates: fewer cannot move a betting sequence anyway, and
+    # a handful of labels says nothing about the grader's agreement.
+    min_labels: int = 50
+    # Share of the pairs chosen for people that may be skipped before people's estimate stops
+    # gating (skipped pairs count worst-case both ways; past this share they could be anything
+    # and the labelled set is no longer the random sample it was chosen as).
+    label_skip_max: float = 0.10
+    # A session's graded unit closes this long after its idle gap ends (its last pair plus
+    # `session_idle_s`), and a verdict stored later than this after its pair arrived is late:
+    # counted, never used (a unit a look used never changes). 900 s covers a pair's answers
+    # (the candidate's default timeout, 300 s, plus a minute), two grader calls of
+    # `grading_timeout_s` (60 s), a queue of `grading_max_pending` pairs draining at
+    # `grading_concurrency`, and a grader down for a few minutes; every look of the net
+    # preference trails the clock by it, a quarter of an hour in an experiment of hours.
+    grading_deadline_s: float = 900.0
     # Output length ratio (two-sided: longer or shorter are both harm).
     length_delta: float = 1.10
     length_critical: float = 1.50
@@ -102,7 +140,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # independence; a unit is used once it is this old (and older than the candidate's timeout).
     session_idle_s: float = 30.0
 
-    # The ramp (evaluators.ramp.rule): the planted harms its steps are sized to catch, with what
+    # The ramp (evaluators.rollout.rule): the planted harms its steps are sized to catch, with what
     # power, and from which step (percent of new sessions) each harm sizes the dwell. Below
     # `ramp_ttft_from` a step is a smoke test of `min_step_s` (the next step carries its power).
     ramp_ttft_harm: float = 1.30  # TTFT ratio candidate / production
@@ -125,7 +163,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     bootstrap_draws: int = 400
     bootstrap_max_units: int = 20_000
 
-    def with_overrides(self, overrides: dict[str, float]) -> VerdictSettings:
+    def with_overrides(self, overrides: Mapping[str, float | str]) -> VerdictSettings:
         """A copy with `overrides` applied; InvalidSettings (a UsageError, and a ValueError) names
         an unknown field or a bad value."""
         fields = set(self.__struct_fields__)
@@ -138,6 +176,11 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
                     f"unknown verdict setting {name!r}; known: {', '.join(sorted(fields))}"
                 )
             default = getattr(self, name)
+            if isinstance(default, str):
+                if not isinstance(value, str):
+                    raise InvalidSettings(f"verdict setting {name!r} must be a string")
+                changes[name] = value
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InvalidSettings(f"verdict setting {name!r} must be a number, got {value!r}")
             if isinstance(default, int):
@@ -155,7 +198,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         problems: list[str] = []
         for name in self.__struct_fields__:
             value = getattr(self, name)
-            if not math.isfinite(value):
+            if not isinstance(value, str) and not math.isfinite(value):
                 problems.append(f"{name} must be finite")
         if not 0.0 < self.alpha < 0.5:
             problems.append("alpha must be in (0, 0.5)")
@@ -168,6 +211,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         for lo, hi in (
             ("error_delta", "error_critical"),
             ("agreement_delta", "agreement_critical"),
+            ("tool_validity_delta", "tool_validity_critical"),
             ("similarity_delta", "similarity_critical"),
             ("score_delta", "score_critical"),
             ("preference_delta", "preference_critical"),
@@ -194,6 +238,17 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             problems.append("planned_share must be in [0, 0.95]")
         if not 0.0 <= self.grading_failure_max < 1.0:
             problems.append("grading_failure_max must be in [0, 1)")
+        if self.preference_source not in PREFERENCE_SOURCES:
+            problems.append(
+                f"preference_source must be one of {', '.join(PREFERENCE_SOURCES)}, "
+                f"got {self.preference_source!r}"
+            )
+        if not 1.0 <= self.primary_weight <= 100.0:
+            problems.append("primary_weight must be in [1, 100]")
+        if not 1 <= self.min_labels <= 1_000_000:
+            problems.append("min_labels must be in [1, 1000000]")
+        if not 0.0 <= self.label_skip_max < 1.0:
+            problems.append("label_skip_max must be in [0, 1)")
         if not 0.0 <= self.min_coverage <= 1.0:
             problems.append("min_coverage must be in [0, 1]")
         positive = (
@@ -204,6 +259,7 @@ class VerdictSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             "goal_ttft_ratio",
             "goal_cost_ratio",
             "session_idle_s",
+            "grading_deadline_s",
             "min_pairs",
             "min_metric_pairs",
             "hl_max_pairs",

@@ -2,9 +2,17 @@
 
 Rules (STATISTICS.md), on always-valid p-values so any number of looks stays honest:
 
-* reject — a critical metric is wholly beyond its critical margin δc (any look; Bonferroni
-  over the critical metrics at α/2), or, at a planned look, a guardrail is wholly beyond δ
-  (Holm over the guardrails at α/2). The two halves keep the false-reject rate <= α.
+* reject — a critical metric is wholly beyond its critical margin δc (any look; at its share
+  α w / Σw of α, w its weight: `primary_weight` for the metrics a decision rests on, net
+  preference and tool validity, 1 for every other gating metric), or a gating metric is
+  wholly beyond δ (Holm's weighted step-down over them at α, the same weights) where
+  its harm counts: at any look for the betting sequences (rates, agreement, tool validity,
+  preference: exact at every look, their evidence latched), from the horizon on for the mean
+  sequences (latency, length, cost: the planned look happens by itself at the planned size),
+  and at any planned look. The two share one α: δc lies past δ, so a metric's evidence beyond
+  δc is never stronger than beyond δ, and a false reject of either kind needs some metric
+  within its margins to show p_beyond <= α w / (the weights within their margins) at some look,
+  which Ville's inequality bounds by α in all (STATISTICS.md, "Harm shown early").
 * promote — every guardrail wholly inside δ (an intersection–union test: no correction needed),
   the kind's goal improvement shown at α, at least `min_pairs` usable pairs, and coverage of
   sampled copies >= `min_coverage`. Kinds without a goal promote on non-inferiority alone.
@@ -67,8 +75,15 @@ def decide_arrays(
     coverage_ok: NDArray[np.bool_] | bool,
     planned: NDArray[np.bool_] | bool,
     settings: VerdictSettings,
+    early: Sequence[bool] | NDArray[np.bool_] | None = None,
+    weights: Sequence[float] | None = None,
 ) -> tuple[NDArray[np.int8], NDArray[np.int8]]:
-    """(verdict codes, status codes per metric) for stacked evidence of K metrics."""
+    """(verdict codes, status codes per metric) for stacked evidence of K metrics.
+
+    `early`: per metric (axis 0, broadcast over runs/looks), whether its harm beyond δ rejects
+    without a planned look (`MetricResult.beyond_counts`); None: only at planned looks.
+    `weights`: per metric, its shares of α in the reject test (`weights_of`; None: one each);
+    only the guard metrics (critical, guardrail) share it."""
     s = settings
     role = np.array(roles).reshape((len(roles),) + (1,) * np.ndim(evidence[0].n))
     n = np.stack([np.asarray(e.n, dtype=np.float64) for e in evidence])
@@ -85,12 +100,22 @@ def decide_arrays(
     goal = role == "goal"
     has = n > 0
     enough = n >= s.min_metric_pairs
-    k_crit = max(1, sum(r == "critical" for r in roles))
-    crit_hit = critical & enough & (p_critical <= s.alpha / (2 * k_crit))
-    beyond = holm(np.where(guard & enough, p_beyond, 1.0), s.alpha / 2) & guard & enough
+    # One α for both ways to reject (module docstring), shared by the guard metrics in
+    # proportion to their weights: a metric's critical margin lies past its margin δ, so its
+    # p_critical is never below its p_beyond, and a critical hit at α w / Σw is a p_beyond at
+    # α w / Σw too, no more than weighted Holm's threshold for it when it is falsely hit.
+    is_guard = np.array([r in ("critical", "guardrail") for r in roles])
+    w = np.where(is_guard, np.ones(len(roles)) if weights is None else np.asarray(weights), 0.0)
+    share = (w / max(float(w.sum()), 1e-300)).reshape(role.shape)
+    crit_hit = critical & enough & (p_critical <= s.alpha * share)
+    beyond = holm(np.where(guard & enough, p_beyond, 1.0), s.alpha, w) & guard & enough
     inside = guard & enough & (p_inside <= s.alpha)
     improved = goal & enough & (p_goal <= s.alpha)
-    reject = np.any(crit_hit, axis=0) | (np.asarray(planned) & np.any(beyond, axis=0))
+    counts = np.asarray(planned)
+    if early is not None:
+        e = np.asarray(early, dtype=bool)
+        counts = counts | (e.reshape(role.shape) if e.ndim == 1 else e)
+    reject = np.any(crit_hit, axis=0) | np.any(beyond & counts, axis=0)
     guards_ok = np.all(~guard | ~has | inside, axis=0)
     goals_ok = np.all(~goal | improved, axis=0)
     gates = (np.asarray(n_pairs) >= s.min_pairs) & np.asarray(coverage_ok)
@@ -111,6 +136,17 @@ def decide_arrays(
         conditions, choices, default=np.int8(_S["undecided"])
     ).astype(np.int8)
     return verdict, status
+
+
+# The metrics a decision rests on, each given `primary_weight` shares of α in the reject test
+# against one for every other gating metric: people's and the grader's net preference (what a
+# model upgrade is judged by) and tool-call validity (what an agent's calls are judged by).
+PRIMARY_METRICS = frozenset({"preference", "human_preference", "tool_validity"})
+
+
+def weights_of(names: Sequence[str], settings: VerdictSettings) -> list[float]:
+    """Each metric's shares of α in the reject test (weighted Holm, `decide_arrays`)."""
+    return [settings.primary_weight if n in PRIMARY_METRICS else 1.0 for n in names]
 
 
 def _p(value: float | None) -> float:
@@ -154,6 +190,8 @@ def judge(
             coverage_ok=coverage_ok,
             planned=planned,
             settings=s,
+            early=[r.beyond_counts for r in judged],
+            weights=weights_of([r.name for r in judged], s),
         )
         verdict = VERDICTS[int(verdict_code)]
         for r, code in zip(judged, status, strict=True):
@@ -232,7 +270,10 @@ def reason_line(r: MetricResult, s: VerdictSettings, planned: bool) -> str:
         case "critical":
             return f"{head}: beyond the critical margin {fmt_margin(r, r.critical_margin)}"
         case "beyond":
-            when = "rejects" if planned else "would reject at the planned look"
+            if planned or r.beyond_counts:
+                when = "rejects"
+            else:
+                when = f"would reject from {s.horizon_units:,} units (the planned size) on"
             return f"{head}: beyond the margin {fmt_margin(r, r.margin)}; {when}"
         case "inside":
             return f"{head}: within the margin {fmt_margin(r, r.margin)}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from evaluators.human import metric as human
 from evaluators.judge.metric import EvalContext, MetricResult
 from evaluators.metrics import (
     cost,
@@ -20,6 +21,7 @@ from evaluators.metrics import (
     preference,
     quality,
     throughput,
+    toolcalls,
 )
 
 Evaluator = Callable[[EvalContext], list[MetricResult]]
@@ -47,11 +49,13 @@ EVALUATORS: tuple[Evaluator, ...] = (
     quality.similarity,
     quality.json_validity,
     quality.tool_calls,
+    toolcalls.tool_validity,
     quality.finish_reason,
     quality.output_length,
     divergence.logprob_divergence,
     # a model upgrade's quality: preference from its LLM grader
     preference.preference,
+    human.human_preference,
     # throughput
     throughput.decode_speed,
 )
@@ -67,4 +71,5 @@ def run_all(ctx: EvalContext, evaluators: tuple[Evaluator, ...] = EVALUATORS) ->
         results += evaluate(ctx)
         ctx.pairs.release()
     preference.informational(results, ctx)
+    human.source(results, ctx)
     return results

@@ -9,9 +9,19 @@ beside it. Quantile ratios are bootstrapped at planned looks only (a bootstrap r
 look is not always-valid); at other looks tails are judged through SLO exceedance rates. TPOT
 uses only pairs whose two answers were counted by one method (`evaluators.metrics.tokens`): an
 SSE event is not a token.
+
+The metrics by turn use only whole sessions: a later turn counts only when every earlier turn of
+its session reached the candidate (it answered with a status). A candidate that answers turn 2
+without having seen turn 1 has a cold cache exactly where a KV-reuse candidate should shine, so
+its later-turn TTFT would look worse than it is (`whole_sessions`; the mirror sheds such turns,
+`shed_session_broken`, but a session begun before the report's window, on another host, or
+sampled per request still arrives headless). The results say how many sessions were left out
+and why.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,7 +41,7 @@ from evaluators.judge.metric import (
 )
 from evaluators.judge.settings import VerdictSettings
 from evaluators.metrics import tokens
-from evaluators.pairs.types import ArmColumns
+from evaluators.pairs.types import ArmColumns, PairSet
 from evaluators.stats.paired import bootstrap_quantile_ratio, hodges_lehmann, mcnemar, subsample
 
 F = NDArray[np.float64]
@@ -177,14 +187,90 @@ def first_turn_spec(s: VerdictSettings) -> MetricSpec:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """Which pairs belong to a session whose earlier turns all reached the candidate."""
+
+    mask: B  # the pair's earlier turns (if any) all reached the candidate
+    lost: int  # sessions left out: an earlier turn's copy was sent, never answered
+    missing: int  # ... an earlier turn is not among the pairs (shed, dropped, or earlier)
+    pairs: int  # later-turn pairs the candidate answered, left out
+
+    def notes(self) -> list[str]:
+        if not self.lost and not self.missing:
+            return []
+        return [
+            f"{self.pairs:,} later-turn pairs of {self.lost + self.missing:,} sessions left "
+            f"out: an earlier turn never reached the candidate ({self.lost:,} sessions: its copy "
+            f"went unanswered; {self.missing:,}: it is not among the pairs, shed or dropped by "
+            "the mirror, sampled per request, or before the window), so the candidate answered "
+            "them headless, with a cold cache"
+        ]
+
+
+def whole_sessions(ps: PairSet) -> Whole:
+    """The pairs whose session's earlier turns all reached the candidate (turn 0 and pairs
+    without a session always count), and the sessions left out by reason."""
+    n = ps.n
+    mask: B = np.ones(len(ps.turn), dtype=bool)
+    session, turn = ps.session[:n], ps.turn[:n].astype(np.int64)
+    cand = ps.candidate
+    later = np.flatnonzero((session != 0) & (turn >= 1))
+    if len(later) == 0:
+        return Whole(mask, 0, 0, 0)
+    heads, prefix = _reached_prefix(session, turn, cand.present[:n] & (cand.status[:n] > 0))
+    at = np.minimum(np.searchsorted(heads, session[later]), max(0, len(heads) - 1))
+    found = heads[at] == session[later] if len(heads) else np.zeros(len(later), dtype=bool)
+    gap = np.where(found, prefix[at] if len(heads) else 0, 0)  # the first turn not reached
+    bad = turn[later] > gap
+    if not np.any(bad):
+        return Whole(mask, 0, 0, 0)
+    mask[later[bad]] = False
+    # Why each session was left out: its first turn not reached is a pair the candidate never
+    # answered (lost), or no pair at all (missing).
+    first_gap = dict(zip(session[later[bad]].tolist(), gap[bad].tolist(), strict=True))
+    rows = np.flatnonzero(np.isin(session, np.fromiter(first_gap, np.uint64, len(first_gap))))
+    have = set(zip(session[rows].tolist(), turn[rows].tolist(), strict=True))
+    lost = sum(1 for key in first_gap.items() if key in have)
+    answered = int(np.count_nonzero(cand.present[later[bad]]))
+    return Whole(mask, lost, len(first_gap) - lost, answered)
+
+
+def _reached_prefix(
+    session: NDArray[np.uint64], turn: NDArray[np.int64], reached: B
+) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
+    """Per session (sorted) with a turn that reached the candidate: how many turns from 0 on
+    reached it without a gap (its unique turns reached, sorted, are 0, 1, ... that far)."""
+    keyed = np.flatnonzero((session != 0) & reached)
+    if len(keyed) == 0:
+        return np.array([], dtype=np.uint64), np.array([], dtype=np.int64)
+    order = np.lexsort((turn[keyed], session[keyed]))
+    s, t = session[keyed][order], turn[keyed][order]
+    first = np.r_[True, (s[1:] != s[:-1]) | (t[1:] != t[:-1])]  # unique (session, turn)
+    s, t = s[first], t[first]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    rank = np.arange(len(s)) - np.repeat(starts, np.diff(np.r_[starts, len(s)]))
+    return s[starts], np.add.reduceat((t == rank).astype(np.int64), starts)
+
+
 def _by_turn(ctx: EvalContext, turns: B, spec: MetricSpec) -> MetricResult:
-    """A TTFT metric over some turns, split sessions left out and the result saying so: a turn
-    another replica handled may have reached the candidate out of order or at once."""
+    """A TTFT metric over some turns, split sessions and headless later turns left out and the
+    result saying so: a turn another replica handled may have reached the candidate out of order
+    or at once; a later turn whose earlier turn never reached it was answered with a cold
+    cache."""
     ps = ctx.pairs
-    res = _latency(ctx, spec, "ttft_s", extra=turns & ~ps.split)
+    whole = whole_sessions(ps)
+    res = _latency(ctx, spec, "ttft_s", extra=turns & ~ps.split & whole.mask)
     left_out = int(np.count_nonzero(turns & ps.split & ps.candidate.present))
     if left_out:
         res.notes.append(f"{left_out:,} {SPLIT_REASON}")
+    if np.any(turns & ~whole.mask):
+        res.notes.extend(whole.notes())
+        res.detail.update(
+            headless_sessions_lost=whole.lost,
+            headless_sessions_missing=whole.missing,
+            headless_pairs=whole.pairs,
+        )
     return res
 
 
@@ -326,11 +412,12 @@ def ttft_by_turn(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
     """Rows of the TTFT-by-turn table: per turn bucket, n, medians per arm, ratio and interval.
 
     The ratio is the verdict's estimand and its interval always-valid (Bonferroni over the
-    buckets), so the table can be read at every look. Split sessions are left out.
+    buckets), so the table can be read at every look. Split sessions, and later turns whose
+    earlier turns did not all reach the candidate (`whole_sessions`), are left out.
     """
     ps = ctx.pairs
     cand, ref, ok = both_ok(ctx)
-    every, base = log_ratio(cand.ttft_s, ref.ttft_s, ok & ~ps.split)
+    every, base = log_ratio(cand.ttft_s, ref.ttft_s, ok & ~ps.split & whole_sessions(ps).mask)
     turn = np.minimum(ps.turn, TURN_BUCKETS - 1)  # bucket b holds turn index b - 1 (the last: ≥)
     rows: list[dict[str, float | int | str | None]] = []
     for bucket in range(1, TURN_BUCKETS + 1):
@@ -375,7 +462,7 @@ def ttft_slices(ctx: EvalContext) -> list[dict[str, float | int | str | None]]:
     cand, ref, ok = both_ok(ctx)
     slices: list[tuple[str, str, B]] = [
         ("turn", "1", (ps.turn == 0) & ~ps.split),
-        ("turn", "≥ 2", (ps.turn >= 1) & ~ps.split),
+        ("turn", "≥ 2", (ps.turn >= 1) & ~ps.split & whole_sessions(ps).mask),
         ("stream", "yes", ps.stream),
         ("stream", "no", ~ps.stream),
     ]

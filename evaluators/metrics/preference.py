@@ -20,7 +20,13 @@ For a candidate with a grader, the agreement metrics (exact match, first diverge
 similarity, logprob divergence) and output length are information only: a model upgrade
 answers differently on purpose, and two models' tokens are not comparable (`informational`).
 Unparseable or failed gradings are missing, never ties; past `grading_failure_max` of the
-attempts, preference stops gating and blocks promotion. Pure: no IO.
+attempts, preference stops gating and blocks promotion.
+
+Late gradings never change a closed unit (`on_time`): a verdict counts only if it was stored
+within `grading_deadline_s` of its pair's arrival, and a session's unit closes that long after
+its idle gap ends, so every verdict it can ever hold is in when a look first uses it. A verdict
+stored later is late: counted (`gradings_late`), never used, and missing as a failed one is.
+Pure: no IO.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ __all__ = [
     "PairScores",
     "informational",
     "length_controlled",
+    "on_time",
     "pair_scores",
     "position_bias",
     "preference",
@@ -96,13 +103,14 @@ def preference_spec(s: VerdictSettings) -> MetricSpec:
 
 
 class PairScores:
-    """Per graded pair (in arrival order): its arrival, session, score and verdict count."""
+    """Per graded pair (in arrival order): its arrival, session, score and verdict count, from
+    the verdicts in `use` (default: every graded verdict)."""
 
     __slots__ = ("count", "received_at", "score", "session")
 
-    def __init__(self, g: Gradings) -> None:
+    def __init__(self, g: Gradings, use: B | None = None) -> None:
         k = g.pairs
-        ok = g.graded
+        ok = g.graded if use is None else use
         self.count = np.bincount(g.pair[ok], minlength=k).astype(np.int64)
         sums = np.bincount(g.pair[ok], weights=g.score[ok], minlength=k)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -118,31 +126,72 @@ class PairScores:
         return self.count > 0
 
 
-def pair_scores(g: Gradings) -> PairScores:
-    """Each pair's score: the mean of its graded verdicts' scores (NaN when none graded)."""
-    return PairScores(g)
+def pair_scores(g: Gradings, use: B | None = None) -> PairScores:
+    """Each pair's score: the mean of its verdicts' scores in `use` (default: every graded
+    verdict; NaN when none)."""
+    return PairScores(g, use)
 
 
-def _units(ps: PairScores, *, by_session: bool, as_of: float, idle_s: float) -> Units:
+def on_time(g: Gradings, *, as_of: float, deadline_s: float | None) -> tuple[B, int]:
+    """(the verdicts a look at `as_of` uses, the verdicts late by then).
+
+    A verdict is used once stored (at or before `as_of`) and only if stored within
+    `deadline_s` of its pair's arrival; one stored later is late: counted, never used, so no
+    unit a look used ever changes. A verdict whose storing time is unknown (NaN, or gradings
+    read without it) is taken as stored when its pair arrived. `deadline_s` None: no deadline
+    (every stored verdict is used)."""
+    graded = g.graded
+    if g.graded_at is None:
+        return graded, 0
+    at = np.where(np.isnan(g.graded_at), g.received_at, g.graded_at)
+    stored = graded & (at <= as_of)
+    if deadline_s is None:
+        return stored, 0
+    late = stored & (at > g.received_at + deadline_s)
+    return stored & ~late, int(np.count_nonzero(late))
+
+
+def _units(
+    ps: PairScores,
+    *,
+    by_session: bool,
+    as_of: float,
+    idle_s: float,
+    deadline_s: float = 0.0,
+) -> Units:
+    """The units of the graded pairs at `as_of`: session bursts split where a session idles
+    longer than `idle_s`, each closed `deadline_s` after its last pair plus `idle_s` (a lone
+    pair: after its arrival plus `deadline_s`). With the verdicts of `on_time` at the same
+    deadline, a closed unit holds every verdict it will ever hold."""
     ok = ps.graded
     return build_units(
         ps.received_at[ok],
         ps.session[ok],
         by_session=by_session,
-        as_of=as_of,
+        as_of=as_of - deadline_s if math.isfinite(as_of) else as_of,
         idle_s=idle_s,
         settled=np.ones(int(np.count_nonzero(ok)), dtype=bool),
     )
 
 
 def unit_scores(
-    g: Gradings, *, by_session: bool, as_of: float = math.inf, idle_s: float = 30.0
+    g: Gradings,
+    *,
+    by_session: bool,
+    as_of: float = math.inf,
+    idle_s: float = 30.0,
+    deadline_s: float | None = None,
 ) -> tuple[F64, NDArray[np.int64]]:
     """(mean pair score per closed unit in closing order, pairs per unit): what the net
-    preference's sequence bets on. Units are session bursts when `by_session`, else pairs."""
-    ps = pair_scores(g)
+    preference's sequence bets on at a look at `as_of`. Units are session bursts when
+    `by_session`, else pairs; with `deadline_s` (the report's `grading_deadline_s`) late
+    verdicts are left out and units close that much later (`on_time`)."""
+    use, _ = on_time(g, as_of=as_of, deadline_s=deadline_s)
+    ps = pair_scores(g, use)
     ok = ps.graded
-    units = _units(ps, by_session=by_session, as_of=as_of, idle_s=idle_s)
+    units = _units(
+        ps, by_session=by_session, as_of=as_of, idle_s=idle_s, deadline_s=deadline_s or 0.0
+    )
     v, sizes, _ = units.means(ps.score[ok], np.ones(int(np.count_nonzero(ok)), dtype=bool))
     return v, sizes
 
@@ -270,6 +319,8 @@ def _accounting(g: Gradings, price_per_mtok: float) -> Detail:
         "grader_tokens": tokens,
         "grader_cost_usd": tokens / 1e6 * price_per_mtok,
         "tokens_per_grading": tokens / attempted if attempted else None,
+        # Every complete pair: graded, or why not (evaluators.pairs.gradings.pair_accounting).
+        **g.accounting,
     }
 
 
@@ -290,12 +341,22 @@ def preference(ctx: EvalContext) -> list[MetricResult]:
     if g is None or g.n == 0:
         # Quality of a graded candidate gates on preference alone: without a verdict it must
         # not be promoted (a grader that is down never lets an upgrade through).
-        return [ungate(empty_result(spec, "production", ""), "no graded pair yet", blocks=True)]
+        res = empty_result(spec, "production", "")
+        if g is not None:
+            res.detail = dict(g.accounting)  # what became of the complete pairs all the same
+        return [ungate(res, "no graded pair yet", blocks=True)]
     by_session = _by_session(ctx, g)
     as_of = math.inf if ctx.as_of is None or ctx.planned_look else ctx.as_of
-    ps = pair_scores(g)
+    use, late = on_time(g, as_of=as_of, deadline_s=s.grading_deadline_s)
+    ps = pair_scores(g, use)
     ok = ps.graded
     detail = _accounting(g, price)
+    attempted = g.count("graded") + g.count("unparseable") + g.count("failed")
+    detail.update(
+        gradings_late=late,
+        grading_late_share=late / attempted if attempted else None,
+        grading_deadline_s=s.grading_deadline_s,
+    )
     both, differ, decisive_both, flipped = flips(g)
     detail.update(
         pairs_graded=int(np.count_nonzero(ok)),
@@ -309,7 +370,13 @@ def preference(ctx: EvalContext) -> list[MetricResult]:
         detail.update(
             length_controlled=lc[0], length_controlled_se=lc[1], length_slope_per_doubling=lc[2]
         )
-    units = _units(ps, by_session=by_session, as_of=as_of, idle_s=s.session_idle_s)
+    units = _units(
+        ps,
+        by_session=by_session,
+        as_of=as_of,
+        idle_s=s.session_idle_s,
+        deadline_s=s.grading_deadline_s,
+    )
     v, sizes, _ = units.means(ps.score[ok], np.ones(int(np.count_nonzero(ok)), dtype=bool))
     if len(v) == 0:
         res = empty_result(spec, "production", "")
@@ -326,11 +393,13 @@ def preference(ctx: EvalContext) -> list[MetricResult]:
     )
     res.slices = _length_slices(lr, ps.score[ok])
     share = detail["grading_failure_share"]
-    if isinstance(share, float) and share > s.grading_failure_max:
+    if isinstance(share, float) and share + late / attempted > s.grading_failure_max:
+        missing = share + late / attempted
         ungate(
             res,
-            f"{share:.1%} of the grader's attempts were unparseable or failed (more than "
-            f"grading_failure_max {s.grading_failure_max:.0%}): missing verdicts are not ties",
+            f"{missing:.1%} of the grader's attempts were unparseable, failed or late (more "
+            f"than grading_failure_max {s.grading_failure_max:.0%}; late: stored past "
+            f"grading_deadline_s {s.grading_deadline_s:g} s): missing verdicts are not ties",
             blocks=True,
         )
     out = [res, _bias_result(g, s, by_session)]

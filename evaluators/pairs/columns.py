@@ -15,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from domain.observation import PER_PAIR
-from domain.outcomes import ERROR_KINDS, FINISH_REASONS, ErrorKind
+from domain.outcomes import ERROR_KINDS, FINISH_REASONS, TOOL_CHECKS, ErrorKind
 from evaluators.pairs import text as textfn
 from evaluators.pairs.types import (
     ArmColumns,
@@ -52,6 +52,7 @@ ARM_FIELDS = (
     *PER_PAIR,
     "token_counter",
     "finish_reason",
+    "tool_check",
     "output_text",
     "text_truncated",
     "tool_calls",
@@ -81,6 +82,8 @@ class _Codes(dict[Any, int]):
 _OTHER_ERROR = ERROR_KINDS.index(ErrorKind.OTHER)
 _ERRORS = _Codes(ERROR_KINDS, _OTHER_ERROR, {})
 _FINISH = _Codes(FINISH_REASONS, FINISH_REASONS.index("other"), {})
+# A verdict no member spells (a later version's) is unknown: left out, never guessed.
+_TOOL_CHECK = _Codes(TOOL_CHECKS, -1, {})
 _HTTP_4XX, _HTTP_5XX = ERROR_KINDS.index(ErrorKind.HTTP_4XX), ERROR_KINDS.index(ErrorKind.HTTP_5XX)
 _HTTP_OTHER = ERROR_KINDS.index(ErrorKind.HTTP_OTHER)
 
@@ -104,12 +107,13 @@ def sample_size(suffixes: tuple[str, ...] | None) -> int:
 
 def suffix_rank(suffix: str | None) -> int:
     """An id tail's rank in the sample order (`_SUFFIXES`), UNRANKED when it is not hex."""
-    if suffix is None or len(suffix) != 2:
+    # int() would read "-1" or "+f" as hex numbers, so two hex digits exactly, or unranked.
+    if suffix is None or len(suffix) != 2 or not all(c in _HEX for c in suffix):
         return UNRANKED
-    try:
-        return int(suffix, 16)
-    except ValueError:
-        return UNRANKED
+    return int(suffix, 16)
+
+
+_HEX: Final = frozenset("0123456789abcdefABCDEF")
 
 
 def sample_fraction(suffixes: tuple[str, ...] | None) -> float:
@@ -264,6 +268,7 @@ class PairSetBuilder:
         arm.counter[sl] = np.fromiter(map(counter_code, f["token_counter"]), np.int64, k)
         finish = np.fromiter(map(_FINISH.__getitem__, f["finish_reason"]), np.int8, k)
         arm.finish[sl] = np.maximum(finish, 0)
+        arm.tool_check[sl] = np.fromiter(map(_TOOL_CHECK.__getitem__, f["tool_check"]), np.int8, k)
         valid = arm.json_valid[sl]
         texts, truncated = f["output_text"], f["text_truncated"]
         for i in np.flatnonzero(json_requested & ok):

@@ -32,6 +32,7 @@ from domain.accounting import ACCOUNTING_KEYS, STALE_REPLICAS
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
 from domain.errors import EndpointNotFound, ReportTooLarge, StorageError
+from evaluators.human.data import HumanLabels
 from evaluators.pairs import segments
 from evaluators.pairs.columns import (
     ARM_FIELDS,
@@ -43,11 +44,12 @@ from evaluators.pairs.columns import (
     sample_suffixes,
 )
 from evaluators.pairs.gradings import COLUMNS as GRADING_COLUMNS
-from evaluators.pairs.gradings import Gradings
+from evaluators.pairs.gradings import Gradings, pair_accounting
 from evaluators.pairs.segments import Assembly
 from evaluators.pairs.spill import Spill
 from evaluators.pairs.types import PairSet, ProgressFactory
 from storage.reports import gradings as grading_store
+from storage.reports import labels as label_store
 from storage.reports import pairs as store
 from storage.reports import segments as seg_store
 from storage.reports.pairs import RowLayout
@@ -101,6 +103,13 @@ _LAYOUT = RowLayout(
 )
 
 
+async def load_tool_errors(
+    engine: Engine, candidate: str, *, since: float | None = None, until: float | None = None
+) -> list[tuple[str, int]]:
+    """The candidate's most frequent first tool-call problems in the window, with counts."""
+    return await store.tool_errors(engine, candidate, since=since, until=until)
+
+
 async def count_pairs(
     engine: Engine, candidate: str, *, since: float | None = None, until: float | None = None
 ) -> int:
@@ -151,7 +160,10 @@ async def load_pairs(
     if since is None:
         since = cand.created_at or None
     end = until if until is not None else time.time()
-    lost_before = end - cand.timeout_s
+    # Whether a copy may still answer is a question about now, not about the window's end: a
+    # copy of a window long past that never answered is lost (an `until` in the future, as a
+    # synthetic clock gives, keeps its own).
+    lost_before = max(end, time.time()) - cand.timeout_s
     window = _Window(
         engine, candidate, control_name, max_chars, similarity_max_pairs, lost_before, batch_size
     )
@@ -172,11 +184,34 @@ async def load_pairs(
 async def load_gradings(
     engine: Engine, endpoint: str, *, since: float | None = None, until: float | None = None
 ) -> Gradings:
-    """The LLM grader's verdicts of `endpoint` for exchanges received in [since, until)."""
+    """The LLM grader's verdicts of `endpoint` for exchanges received in [since, until), and
+    every complete pair of that window by what became of it (graded, or why not)."""
     rows = await grading_store.grading_rows(
         engine, endpoint, GRADING_COLUMNS, since=since, until=until
     )
-    return Gradings.from_rows(rows)
+    groups = await grading_store.pair_outcomes(engine, endpoint, since=since, until=until)
+    return Gradings.from_rows(rows, pair_accounting(groups))
+
+
+async def load_labels(
+    engine: Engine,
+    endpoint: str,
+    rate: float,
+    *,
+    since: float | None = None,
+    until: float | None = None,
+) -> HumanLabels | None:
+    """People's labels of `endpoint`, keyed by its gradings' pair codes (`load_gradings`'s
+    order over the same window); None when no pair was kept for labelling nor labelled."""
+    kept = await label_store.kept_ids(engine, endpoint)
+    records = await label_store.labels_of(engine, endpoint)
+    if not kept and not records:
+        return None
+    rows = await grading_store.grading_rows(
+        engine, endpoint, ("exchange_id",), since=since, until=until
+    )
+    ids = list(dict.fromkeys(r[0] for r in rows))
+    return HumanLabels.from_rows(rate, ids, kept, records)
 
 
 def _nothing() -> None:

@@ -123,6 +123,9 @@ class ArmColumns:
     counter: I64
     finish: I8
     json_valid: I8
+    # The mirror's verdict on the answer's tool calls: its index in `domain.outcomes.TOOL_CHECKS`
+    # (-1: not applicable or never checked).
+    tool_check: I8
     quantities: dict[str, F32]
 
     @classmethod
@@ -135,6 +138,7 @@ class ArmColumns:
             counter=_zeros(n, np.int64),
             finish=_i8(n, 0),
             json_valid=_i8(n),
+            tool_check=_i8(n),
             quantities={name: _f32(n) for name in PER_PAIR},
         )
 

@@ -13,13 +13,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from domain.accounting import SHED_FIRST_AT, SHED_LAST_AT, SHED_SECONDS
+from domain.accounting import (
+    CONTROL_TOKENIZE_REQUESTS_KEY,
+    SHED_FIRST_AT,
+    SHED_LAST_AT,
+    SHED_SECONDS,
+    TOKENIZE_REQUESTS_KEY,
+)
 from domain.capture import CapacitySummary
 from domain.endpoint import Endpoint
+from evaluators.human.data import HumanLabels
 from evaluators.judge.metric import Detail, EvalContext, MetricResult
 from evaluators.judge.settings import VerdictSettings
 from evaluators.judge.verdict import Reason, judge, summary
-from evaluators.metrics import cost, latency, throughput, tokens
+from evaluators.metrics import cost, latency, throughput, tokens, toolcalls
 from evaluators.metrics.catalog import run_all
 from evaluators.pairs.gradings import Gradings
 from evaluators.pairs.spill import Spill
@@ -120,6 +127,18 @@ def _shed_by_hash(accounting: dict[str, int]) -> str | None:
     return line
 
 
+def _window_caveat(outside: int, whole_run: float | None) -> list[str]:
+    """Why a window's coverage comes from its pairs, not from the copy counters."""
+    if not outside:
+        return []
+    run = f" ({whole_run:.1%} observed over the whole run)" if whole_run is not None else ""
+    return [
+        f"the copy accounting counts the candidate's whole run{run}, and {outside:,} of its "
+        "exchanges lie outside this window: coverage is the window's own, its accepted copies "
+        "observed against those lost, which cannot see copies dropped before the ring"
+    ]
+
+
 def _caveats(
     ctx: EvalContext, accounting: dict[str, int], results: list[MetricResult]
 ) -> list[str]:
@@ -154,6 +173,16 @@ def _caveats(
     shed_line = _shed_by_hash(accounting)
     if shed_line:
         out.append(shed_line)
+    for key, arm in (
+        (TOKENIZE_REQUESTS_KEY, "candidate"),
+        (CONTROL_TOKENIZE_REQUESTS_KEY, "control"),
+    ):
+        if accounting.get(key, 0):
+            out.append(
+                f"the {arm}'s engine counted every arm's output tokens: it answered "
+                f"{accounting[key]:,} /tokenize requests beside its copies, load the other arm "
+                'did not carry; [mirror] token_counter = "local:<tokenizer.json>" asks no engine'
+            )
     if ctx.units.by_session:
         out.append(
             "sampling by session: every gating interval bets on whole sessions (each session's "
@@ -230,14 +259,21 @@ def build_report(
     capacity: CapacitySummary | None = None,
     gradings: Gradings | None = None,
     control_gradings: Gradings | None = None,
+    tool_errors: list[tuple[str, int]] | None = None,
+    labels: HumanLabels | None = None,
+    accounting_outside: int = 0,
 ) -> Report:
     """The report for one candidate over the given pairs (pure: no IO, no clock but the stamp).
     `gradings`: its LLM grader's verdicts (a model upgrade), `control_gradings` the control's
-    against production (the grader's A/A).
+    against production (the grader's A/A). `tool_errors`: the candidate's most frequent first
+    tool-call problems (value free), shown with tool-call validity.
 
     The candidate's own `verdict` are applied on top of `settings`. `as_of` is "now"
     for deciding which sessions are over and which copies may still answer (None: all of the
     given pairs are final); `trajectories=False` skips the interval-against-pairs plot data.
+    `accounting_outside`: how many of the candidate's exchanges lie outside this window (a
+    window cut by `since`/`until`); the counters are the whole run's, so then the coverage is
+    the window's own pairs' (`coverage_of` with no counters) and a caveat says so.
     """
     if candidate.verdict:
         settings = settings.with_overrides(candidate.verdict)
@@ -253,11 +289,15 @@ def build_report(
         capacity=capacity,
         gradings=gradings,
         control_gradings=control_gradings,
+        labels=labels,
     )
     results = run_all(ctx)
+    if tool_errors:
+        toolcalls.name_first_errors(results, tool_errors)
     _, _, ok = latency.both_ok(ctx)
     used = int(np.count_nonzero(ok))
-    coverage = coverage_of(accounting, pairs)
+    coverage = coverage_of({} if accounting_outside else accounting, pairs)
+    window_caveat = _window_caveat(accounting_outside, coverage_of(accounting, pairs))
     _set_eta(results, pairs, used)
     pairs.release()
     verdict, reasons = judge(
@@ -293,7 +333,7 @@ def build_report(
         ttft_by_turn=by_turn,
         arms_load=load,
         generated_at=time.time(),
-        caveats=_caveats(ctx, accounting, results),
+        caveats=_caveats(ctx, accounting, results) + window_caveat,
         token_counts=counts,
         token_metrics=tokens.gating_summary(results),
     )
@@ -341,15 +381,30 @@ async def evaluate(
         spill=spill,
     )
     accounting = await store.load_accounting(engine, candidate_name)
+    if control is not None:  # the control's engine may have counted every arm's tokens
+        counted = (await store.load_accounting(engine, control.name)).get(TOKENIZE_REQUESTS_KEY)
+        if counted:
+            accounting[CONTROL_TOKENIZE_REQUESTS_KEY] = counted
+    outside = 0
+    if until is not None:
+        outside += await store.count_pairs(engine, candidate_name, since=until)
+    if since is not None and cand.created_at is not None and since > cand.created_at:
+        outside += await store.count_pairs(
+            engine, candidate_name, since=cand.created_at, until=since
+        )
     # Units close against the clock: a live look must not use sessions still under way. "Now"
     # is never before the newest pair: a replica's clock may run ahead of this one's.
     now = time.time() if until is None else min(until, time.time())
     newest = float(np.nanmax(ps.received_at[: ps.n])) if ps.n else now
     as_of = max(now, newest)
     capacity = await store.load_capacity(engine, candidate_name)
-    gradings = control_gradings = None
+    tool_errors = await store.load_tool_errors(engine, candidate_name, since=start, until=until)
+    gradings = control_gradings = labels = None
     if cand.grader is not None:
         gradings = await store.load_gradings(engine, candidate_name, since=start, until=until)
+        labels = await store.load_labels(
+            engine, candidate_name, cand.grader.label_rate, since=start, until=until
+        )
         if control is not None:
             control_gradings = await store.load_gradings(
                 engine, control.name, since=start, until=until
@@ -369,4 +424,7 @@ async def evaluate(
         capacity=capacity,
         gradings=gradings,
         control_gradings=control_gradings,
+        tool_errors=tool_errors,
+        labels=labels,
+        accounting_outside=outside,
     )

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from domain.accounting import SHED_WHEN_FIELDS
+from evaluators.human.render import people_sections
 from evaluators.judge.metric import MetricResult
 from evaluators.judge.verdict import fmt, fmt_duration
+from evaluators.pairs.gradings import (
+    COMPLETE_PAIRS,
+    PAIR_OUTCOME_LABELS,
+    PAIR_OUTCOMES,
+    accounting_key,
+)
 from evaluators.report.model import Report
 
 WIDTH = 80
@@ -144,6 +151,7 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]], str]
     out.append(("Load of each arm (mirrored load, not capacity)", header, rows, "<>>>>>>"))
     out += _token_sections(report)
     out.extend(_grader_sections(report))
+    out.extend(people_sections(report))
     ttft = report.metrics.get("ttft")
     if ttft is not None and ttft.slices:
         rows = [
@@ -217,6 +225,8 @@ def _grader_sections(report: Report) -> list[tuple[str, list[str], list[list[str
         ]
     )
     out = [("LLM grader (a model upgrade judged by preference)", ["", ""], rows, "<<")]
+    if (pairs := _grading_accounting(d)) is not None:
+        out.append(pairs)
     if pref.slices:
         rows = [
             [str(x["slice"]), _num(x.get("n")), _num(x.get("estimate"), "+.1%")]
@@ -231,6 +241,24 @@ def _grader_sections(report: Report) -> list[tuple[str, list[str], list[list[str
             )
         )
     return out
+
+
+def _grading_accounting(
+    d: Mapping[str, object],
+) -> tuple[str, list[str], list[list[str]], str] | None:
+    """Every complete pair: graded, or not graded by reason; the rows add up to the total."""
+    total = d.get(COMPLETE_PAIRS)
+    if not isinstance(total, int):
+        return None
+    rows = []
+    for outcome in PAIR_OUTCOMES:
+        n = d.get(accounting_key(outcome), 0)
+        if outcome == "graded" or n:
+            share = n / total if total and isinstance(n, int) else None
+            rows.append([PAIR_OUTCOME_LABELS[outcome], _num(n), _num(share, ".1%")])
+    rows.append(["complete pairs (the sum)", _num(total), _num(1.0 if total else None, ".1%")])
+    title = "Complete pairs: graded, or not graded by reason (every replica)"
+    return (title, ["pairs", "n", "share"], rows, "<>>")
 
 
 def head_lines(report: Report) -> list[str]:

@@ -259,6 +259,15 @@ class BoundedStat:
         """Always-valid p-value: 1 / wealth (Ville's inequality), capped at 1."""
         return np.exp(-np.maximum(self.log_wealth(m, side), 0.0))
 
+    def p_latched(self, m: float, side: Side) -> F:
+        """1 / the highest wealth reached by each look, capped at 1: as valid as `p` (Ville's
+        inequality bounds the supremum), and never rising as units arrive, so evidence once
+        shown stays shown (a reject does not flip back to hold at a later look)."""
+        if self._d.shape[-1] == 0:
+            return np.ones((*self._d.shape[:-1], len(self._looks)))
+        peak = np.maximum.accumulate(np.cumsum(self._log_factors(m, side), axis=-1), axis=-1)
+        return np.exp(-np.maximum(peak[..., self._looks - 1], 0.0))
+
     def bounds(self, alpha: float, xtol: float = ROOT_XTOL) -> tuple[F, F]:
         """(lower, upper) at each look for a 1-D statistic: the CS inverted by root finding
         to within `xtol` (on the statistic's [-1, 1] scale)."""
@@ -293,13 +302,24 @@ def _root(
     return float(optimize.brentq(f, start, edge, xtol=xtol))
 
 
-def holm(p: F, alpha: float) -> NDArray[np.bool_]:
-    """Holm's step-down rejections; hypotheses on axis 0 (other axes are runs or looks)."""
+def holm(p: F, alpha: float, weights: F | None = None) -> NDArray[np.bool_]:
+    """Holm's step-down rejections; hypotheses on axis 0 (other axes are runs or looks).
+
+    `weights` (one per hypothesis, >= 0; None: all 1) make it Holm's weighted step-down: in
+    the order of p / w, each is rejected while p <= α w / (the weights not yet rejected), so a
+    hypothesis of weight w is first tested at α w / Σw; one of weight 0 is never rejected. The
+    family-wise error stays <= α for any fixed weights (Holm 1979)."""
     k = p.shape[0]
-    order = np.argsort(p, axis=0)
+    w = np.ones(k) if weights is None else np.asarray(weights, dtype=np.float64)
+    wb = np.broadcast_to(w.reshape((k,) + (1,) * (p.ndim - 1)), p.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        key = np.where(wb > 0, p / np.where(wb > 0, wb, 1.0), np.inf)
+    order = np.argsort(key, axis=0, kind="stable")
     sorted_p = np.take_along_axis(p, order, axis=0)
-    thresholds = (alpha / (k - np.arange(k))).reshape((k,) + (1,) * (p.ndim - 1))
-    passed = np.cumprod(sorted_p <= thresholds, axis=0).astype(bool)
+    sorted_w = np.take_along_axis(wb, order, axis=0)
+    remaining = np.flip(np.cumsum(np.flip(sorted_w, axis=0), axis=0), axis=0)
+    thresholds = alpha * sorted_w / np.maximum(remaining, 1e-300)
+    passed = np.cumprod((sorted_p <= thresholds) & (sorted_w > 0), axis=0).astype(bool)
     out = np.zeros_like(passed)
     np.put_along_axis(out, order, passed, axis=0)
     return out

@@ -161,6 +161,23 @@ class AdminClient:
     async def report(self, name: str) -> dict[str, Any]:
         return await self._get(f"/candidates/{quote(name, safe='')}/report", dict[str, Any])
 
+    async def label_next(self, name: str) -> dict[str, Any]:
+        """The next pair to label (blind), the caller's progress, the target and the rubric."""
+        return await self._get(f"/labels/{quote(name, safe='')}/next", dict[str, Any])
+
+    async def label(self, name: str, body: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """Store a label: (201, stored), or a refusal a labeller goes on after (404: the pair
+        or the candidate is gone, 409: labelled already) with its error body."""
+        path = f"/labels/{quote(name, safe='')}"
+        status, raw = await self._call("POST", path, body, ok=(404, 409))
+        return status, _decode(raw, dict[str, Any])
+
+    async def label_undo(self, name: str) -> tuple[int, dict[str, Any]]:
+        """Undo the caller's latest label: (200, undone), or (404, error): nothing to undo."""
+        path = f"/labels/{quote(name, safe='')}/undo"
+        status, raw = await self._call("POST", path, ok=(404,))
+        return status, _decode(raw, dict[str, Any])
+
     async def gate(self, name: str) -> tuple[int, dict[str, Any]]:
         path = f"/candidates/{quote(name, safe='')}/gate"
         status, raw = await self._call("GET", path, ok=(412, 425))

@@ -4,7 +4,8 @@ Each module in `gateway.cli.commands` exposes `register(subparsers)`, which adds
 sets `func` (a callable taking the parsed namespace and returning an exit code). Heavy imports
 happen inside those functions, so `canary --help` stays fast. Every command runs inside
 `gateway.cli.errors.cli_errors`, the one place errors become a message and an exit code (usage
-errors and bad configuration: 2); never a traceback.
+errors and bad configuration: 2); never a traceback: an unexpected error (a bug) is one line
+naming the command and the file its traceback was written to, and exit 1.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _COMMANDS = (
     "promote",
     "rollout",
     "report",
+    "label",
     "plan",
     "capacity",
     "demo",
@@ -50,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    with cli_errors() as outcome:
+    with cli_errors(args.command) as outcome:
         outcome.code = args.func(args)
     return outcome.code
 

@@ -36,6 +36,7 @@ from gateway.config.sections import (
     ServerConfig,
     split_host_port,
 )
+from gateway.config.tokenizer import check_token_counter
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,7 @@ def _check_semantics(cfg: GatewayConfig, source: str) -> None:
         )
     _check_credentials(cfg.credentials, source)
     _check_admin(cfg.admin, cfg.server, source)
+    check_token_counter(cfg.mirror.token_counter, source)
     seen: set[str] = set()
     for i, cand in enumerate(cfg.candidates):
         where = f"{source}: key 'candidates[{i}]"
@@ -288,7 +290,8 @@ def _check_credentials(cfg: CredentialsConfig, source: str) -> None:
 
 
 def _check_admin(cfg: AdminConfig, server: ServerConfig, source: str) -> None:
-    for label, token in ((lbl, tok) for tok, lbl in parse_admin_tokens(cfg.token).items()):
+    tokens = {**parse_admin_tokens(cfg.token), **parse_admin_tokens(cfg.labeller_token)}
+    for label, token in ((lbl, tok) for tok, lbl in tokens.items()):
         if len(token) < cfg.token_min_length:
             raise ConfigError(
                 f"{source}: key 'admin.token' (CANARY_ADMIN_TOKEN): the token labelled "
@@ -307,7 +310,7 @@ def _check_admin(cfg: AdminConfig, server: ServerConfig, source: str) -> None:
             )
 
 
-def _check_verdict(overrides: dict[str, float], where: str) -> None:
+def _check_verdict(overrides: Mapping[str, float | str], where: str) -> None:
     if not overrides:
         return
     from evaluators.judge.settings import VerdictSettings

@@ -41,6 +41,7 @@ FLAT_KEYS: Final[dict[str, str]] = {
         "token_counter", "tokenize_concurrency", "tokenize_max_pending", "tokenize_timeout_s",
         "tokenize_cache_entries",
         "grading_max_pending", "grading_concurrency", "grading_timeout_s", "grading_max_chars",
+        "tool_check", "tool_schema_cache", "tool_schema_max_bytes",
     )},
     "report_process": "reports.enabled",
     **{f"report_{k}": f"reports.{k}" for k in (
@@ -60,7 +61,7 @@ FLAT_KEYS: Final[dict[str, str]] = {
     "insecure_admin": "admin.insecure",
     **{f"admin_{k}": f"admin.{k}" for k in (
         "token", "listen", "max_connections", "token_min_length", "auth_failures_allowed",
-        "auth_backoff_max_s",
+        "auth_backoff_max_s", "labeller_token", "label_retention_s", "label_double_rate",
     )},
 }
 

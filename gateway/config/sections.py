@@ -264,15 +264,19 @@ class MirrorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         PosInt, _d("Scoring jobs held at once; past it a pair is not scored (score_dropped).")
     ] = 256
     token_counter: Annotated[
-        Annotated[str, Meta(min_length=1, max_length=120)],
+        # Long enough for a path: "local:/models/<model>/tokenizer.json".
+        Annotated[str, Meta(min_length=1, max_length=4096)],
         _d(
-            'Whose /tokenize counts every arm\'s output tokens: "auto" (the control, else the '
-            'first candidate by name), "off", or a candidate\'s name; never the live engine '
-            "(an SSE event is not a token; docs/metrics.md)."
+            "What counts every arm's output tokens (text and tool calls): "
+            '"local:<path>" (recommended: the model\'s tokenizer.json, or its folder, read in the '
+            'mirror process; no engine is asked), or the /tokenize of an engine: "auto" (the '
+            'control, else the first candidate by name) or a candidate\'s name; or "off". Never '
+            "the live engine (an SSE event is not a token; docs/metrics.md)."
         ),
     ] = "auto"
     tokenize_concurrency: Annotated[
-        PosInt, _d("Token-counting requests in flight to the tokenizer engine at once.")
+        PosInt,
+        _d("Token-counting requests in flight to the tokenizer engine at once (not local)."),
     ] = 4
     tokenize_max_pending: Annotated[
         PosInt,
@@ -307,6 +311,28 @@ class MirrorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         PosInt,
         _d("Characters of the conversation and of each answer shown to a grader at most."),
     ] = 8000
+    tool_check: Annotated[
+        bool,
+        _d(
+            "Check every arm's tool calls against the request's declared tools, tool_choice "
+            "and parallel_tool_calls (the tool_validity metric); false: not checked, and the "
+            "metric says so."
+        ),
+    ] = True
+    tool_schema_cache: Annotated[
+        PosInt,
+        _d(
+            "Compiled tool schemas kept (by hash) in the mirror process; past it the least "
+            'recently used is dropped (canary_mirror_tool_schemas_total{outcome="evicted"}).'
+        ),
+    ] = 256
+    tool_schema_max_bytes: Annotated[
+        PosInt,
+        _d(
+            "Largest declared tool schema compiled, in bytes: a client's schema is untrusted "
+            "input; a bigger one makes its answers uncheckable (counted, never judged)."
+        ),
+    ] = 65536
 
 
 class ReportsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -448,6 +474,21 @@ class AdminConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         PosInt, _d("Failed authentications per peer before its back-off starts (429).")
     ] = 10
     auth_backoff_max_s: Annotated[PosFloat, _d("The back-off doubles from 1 s up to this.")] = 60.0
+    labeller_token: Annotated[
+        str | None,
+        _d(
+            "Labeller tokens, as `token`: they may label graded pairs (/admin/labels) and "
+            "nothing else; a label records the token's label."
+        ),
+    ] = None
+    label_retention_s: Annotated[
+        PosFloat,
+        _d("Text of the pairs kept for labelling is deleted this long after grading."),
+    ] = 30 * 86400.0
+    label_double_rate: Annotated[
+        Rate,
+        _d("Share of kept pairs offered to a second labeller (people's agreement)."),
+    ] = 0.1
 
 
 class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -463,14 +504,23 @@ class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     arms_dir: Annotated[
         str, _d('Directory of the session-arm table\'s file; "" = /dev/shm, else the temp dir.')
     ] = ""
+    # Sized so that a candidate equal to production, at 10 new sessions/s with 2 % of its
+    # three-turn sessions failing, trips a guard in ~0.04 % of default rollouts, within the
+    # guards' 5 % share of alpha (evaluators/rollout/guards.py; `canary plan` states it at your
+    # failing share); a dead candidate still trips the consecutive guard at its 5th request.
     guard_consecutive_failures: Annotated[
         PosInt, _d("This many candidate failures in a row roll the rollout back at once.")
     ] = 5
     guard_burst_window: Annotated[
-        PosInt, _d("The last this many candidate requests are watched for a burst of failures.")
+        PosInt,
+        _d(
+            "The last this many counted candidate requests are watched for a burst of failing "
+            "sessions (a session's further failures while it is in the window are not counted)."
+        ),
     ] = 50
     guard_burst_failures: Annotated[
-        PosInt, _d("This many failures within the burst window roll the rollout back at once.")
+        PosInt,
+        _d("This many failing sessions within the burst window roll the rollout back at once."),
     ] = 10
     retry_on_production: Annotated[
         bool, _d("Retry once on production a candidate failure before the first byte.")
@@ -527,7 +577,7 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     verdict: Annotated[
-        dict[str, float],
+        dict[str, float | str],
         _d("Overrides of evaluators.judge.settings.VerdictSettings, by field name."),
     ] = msgspec.field(default_factory=dict)
     candidates: Annotated[

@@ -2,8 +2,6 @@
 admin API.
 
 `registry` (in-memory snapshot reloaded from storage), `promotion` (promote, rollback, gate),
-`reports` (the host's report process and its client), `rollout` (the ramp's use cases, the
-arms snapshot and the guard's rollback), `controller` (judges each ramp step, in the report
-process), `admin/` (handlers, boundary, auth,
-guard, schema, openapi, ui).
+`reports` (the host's report process and its client), `admin/` (handlers, boundary, auth,
+guard, schema, openapi, ui). The rollout's use cases and controller are `gateway.rollout`'s.
 """

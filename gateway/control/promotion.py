@@ -56,7 +56,7 @@ class Promotions:
         """The candidate's report over all its pairs (`final`: a planned look)."""
         return await self.reports.report(name, final=final)
 
-    async def _refuse_while_ramping(self, action: str) -> None:
+    async def _refuse_while_rolling_out(self, action: str) -> None:
         """PromotionConflict ('rollout_open') before any report is asked for; storage refuses
         again in the transaction, for a rollout opened meanwhile."""
         rollout = await store.current_rollout(self.engine)
@@ -69,7 +69,7 @@ class Promotions:
 
     async def promote(self, name: str, *, actor: str, reason: str, force: bool) -> PromotionRecord:
         """Make `name` the live endpoint if its verdict is `promote` (or `force`)."""
-        await self._refuse_while_ramping(f"promote {name!r}")
+        await self._refuse_while_rolling_out(f"promote {name!r}")
         _, endpoints = await q.load_endpoints(self.engine)
         ep = next((e for e in endpoints if e.name == name), None)
         if ep is None:
@@ -109,7 +109,7 @@ class Promotions:
 
     async def rollback(self, *, actor: str, reason: str) -> PromotionRecord:
         """Make the previous live endpoint live again (one audited transaction)."""
-        await self._refuse_while_ramping("roll back")
+        await self._refuse_while_rolling_out("roll back")
         rec = await q.rollback(self.engine, actor=actor, reason=reason)
         log.info("admin: %s rolled back %s -> %s", rec.actor, rec.from_endpoint, rec.to_endpoint)
         return rec

@@ -9,7 +9,7 @@ The proxy never waits on this: it reads `LiveTarget` and the snapshot, both swap
 
 The ramp rides on the same reload: with each new version the registry reads the rollout
 (`storage.rollouts.current_rollout`) and swaps the worker's `ArmRouter` to its snapshot
-(`gateway.control.rollout.arms_snapshot`, the candidate a `LiveTarget` built once per
+(`gateway.rollout.state.arms_snapshot`, the candidate a `LiveTarget` built once per
 rollout). On PostgreSQL it also LISTENs (`storage.rollouts.listen`), so a rollback committed by
 any replica is applied here within a second, not a poll interval; polling stays the fallback.
 `start` applies the stored rollout before it returns: a restarted worker never serves a stale
@@ -38,9 +38,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from domain.endpoint import Endpoint
 from domain.errors import EndpointNotFound, UsageError
 from domain.records import Rollout
-from gateway.control.rollout import arms_snapshot
+from gateway.rollout.arms import ArmRouter
+from gateway.rollout.state import arms_snapshot
 from gateway.server.hooks import LiveTarget
-from gateway.server.ramp.arms import ArmRouter
 from storage import queries
 from storage import rollouts as rollout_store
 

@@ -298,7 +298,7 @@ def report_spill(reports: ReportsConfig, storage: StorageConfig) -> Spill:
 async def serve_reports(
     config: ReportsConfig,
     storage: StorageConfig,
-    verdict: dict[str, float],
+    verdict: dict[str, float | str],
     socket_path: str,
     ready: Callable[[], None],
     stop: asyncio.Event,
@@ -306,10 +306,10 @@ async def serve_reports(
     controller_interval_s: float = 2.0,
 ) -> None:
     """What the report process runs: its own storage engine, the report application on
-    `socket_path` and the rollout controller (`gateway.control.controller`, every
+    `socket_path` and the rollout controller (`gateway.rollout.controller`, every
     `controller_interval_s`), until `stop` is set. `verdict` overrides the verdict settings."""
     from evaluators.judge.settings import VerdictSettings
-    from gateway.control.controller import RolloutController
+    from gateway.rollout.controller import RolloutController
     from storage.engine import make_engine
 
     engine = make_engine(storage.db_url)

@@ -12,6 +12,8 @@
 - `grading/` — the LLM grader of a model upgrade: `request` (which pairs, which order, the blind
   A/B request and the parse of its answer, pure), `lane` (the bounded, capped lane toward the
   grader)
+- `toolcalls/` — tool-call validity: an answer's calls against the request's declared tools
+  (pure)
 - `plane` — what the host's mirror process runs; `tee` — `Mirror`, owning every lane
 - `counters` — the accounting counters and their Prometheus lines (pure)
 - `evidence` — the ramp's evidence: RAMP frames to records with their turn, for the writer

@@ -6,7 +6,7 @@ loop is between callbacks, not only when the mirror is idle, because `pending` c
 its outcome is known:
 
     sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload
-              + shed_capacity + sent + pending
+              + shed_capacity + shed_session_broken + sent + pending
     sent    = observed_ok + observed_error + timed_out
 
 Copies still queued when a candidate is removed or the gateway shuts down are counted in
@@ -61,6 +61,8 @@ class LaneCounters:
         self.dropped_oversize = 0
         self.shed_overload = 0  # the loop guard (timing: a lost copy)
         self.shed_capacity = 0  # by hash under a capacity share (a sampling decision)
+        # Later turns of a session an earlier turn of which never reached the candidate.
+        self.shed_session_broken = 0
         self.sent = 0
         self.observed_ok = 0
         self.observed_error = 0
@@ -76,11 +78,19 @@ class LaneCounters:
 class MirrorCounters:
     """Process-wide counters for requests that were never offered to any candidate."""
 
-    __slots__ = ("skipped_loop", "skipped_unparseable", "unknown_candidate")
+    __slots__ = (
+        "skipped_loop",
+        "skipped_unmirrorable_state",
+        "skipped_unparseable",
+        "unknown_candidate",
+    )
 
     def __init__(self) -> None:
         self.skipped_unparseable = 0  # needed for sampling or mirroring, but not a JSON request
         self.skipped_loop = 0  # already carried X-Canary-Mirror: a copy is never mirrored again
+        # Continues state kept on the server that answered (a Responses previous_response_id or
+        # conversation): the candidate never made that response, so a copy cannot be replayed.
+        self.skipped_unmirrorable_state = 0
         # A worker chose a candidate this mirror process no longer (or not yet) runs.
         self.unknown_candidate = 0
 
@@ -88,6 +98,7 @@ class MirrorCounters:
         return {
             "skipped_unparseable": self.skipped_unparseable,
             "skipped_loop": self.skipped_loop,
+            "skipped_unmirrorable_state": self.skipped_unmirrorable_state,
             "skipped_unknown_candidate": self.unknown_candidate,
         }
 

@@ -7,7 +7,7 @@ callback (`_WorkerConnection`: no stream reader or task woken per read). The pla
 into `Mirror.on_request` (body parsing, session keys, turn indexes, model overrides, rings and
 lanes all happen here, never on a production loop), keeps the returned token until the worker's
 RESULT for that exchange arrives, then hands the exchange and production's observation to the
-storage writer. A RAMP frame (one request of an open rollout) becomes a `RampRecord` with its
+storage writer. A RAMP frame (one request of an open rollout) becomes a `RolloutRecord` with its
 turn and this host's replica (`gateway.mirror.evidence`), for the same writer. It runs its own
 registry (polling, and reloading at once when a worker says RELOAD), saves its copy accounting
 under its own replica name, and sends every worker a STATS frame about twice a second, which is
@@ -47,7 +47,7 @@ from gateway.control.registry import Registry, Snapshot
 from gateway.credentials import REFUSALS
 from gateway.mirror.capture import CaptureSink, capture_from_config, capture_writer_for
 from gateway.mirror.channel import frames
-from gateway.mirror.evidence import RampEvidence
+from gateway.mirror.evidence import RolloutEvidence
 from gateway.mirror.replay.splits import SplitWatch
 from gateway.mirror.tee import Mirror
 from gateway.server.hooks import LiveTarget
@@ -82,17 +82,18 @@ _decode_metrics = msgspec.msgpack.Decoder(frames.MetricsMeta).decode
 
 
 class _Stored:
-    """The mirror's `ObservationSink` (and `GradingSink`): the writer's, and each exchange's
-    session told to the split-session watch (this replica's sessions, without reading them back
-    from the store)."""
+    """The mirror's `ObservationSink` (and `GradingSink`, `LabelSink`): the writer's, and each
+    exchange's session told to the split-session watch (this replica's sessions, without reading
+    them back from the store)."""
 
-    __slots__ = ("put_grading", "put_observation", "splits", "writer")
+    __slots__ = ("put_grading", "put_label_item", "put_observation", "splits", "writer")
 
     def __init__(self, writer: ObservationWriter, splits: SplitWatch) -> None:
         self.writer = writer
         self.splits = splits
         self.put_observation = writer.put_observation
         self.put_grading = writer.put_grading
+        self.put_label_item = writer.put_label_item
 
     def put_exchange(self, record: ExchangeRecord) -> None:
         self.writer.put_exchange(record)
@@ -115,7 +116,7 @@ class _Plane:
         priority: str,
         *,
         capture: CaptureSink | None = None,
-        evidence: RampEvidence | None = None,
+        evidence: RolloutEvidence | None = None,
     ) -> None:
         self.results_max = results_max  # [mirror] results_max
         self.capture = capture
@@ -218,7 +219,7 @@ class _Plane:
     def dispatch(self, kind: int, meta: bytes, body: bytes, writer: asyncio.Transport) -> None:
         if kind == frames.KIND_COPY:
             self.on_copy(meta, body)
-        elif kind == frames.KIND_RAMP:
+        elif kind == frames.KIND_ROLLOUT:
             if self.evidence is None:
                 self.counts["ramp_ignored"] += 1
             else:
@@ -429,7 +430,7 @@ async def serve_plane(
         capture=capture,
     )
     # Ramp evidence: each session's turns (a bounded table), records to the writer's own queue.
-    evidence = RampEvidence(writer.put_ramp, replica)
+    evidence = RolloutEvidence(writer.put_rollout, replica)
     plane = _Plane(
         config.mirror.results_max, mirror, writer, priority, capture=capture, evidence=evidence
     )

@@ -23,9 +23,10 @@ instant it names (here, and in every worker through the plane). A lowered sessio
 counts the conversations in progress it cuts; a raised one the conversations it joins mid-way.
 
 Past its capacity the mirror lowers per-candidate capacity shares once a second
-(`gateway.mirror.sampling.capacity`, sent with the references), so the workers shed by hash
-before building a frame; here it answers the later turns a worker could not decide (`check`:
-kept iff their session was admitted) and counts what it sheds by reason (`shed_reasons`).
+(`gateway.mirror.sampling.capacity`, ticked by `sampling/tick.py`, sent with the references),
+so the workers shed by hash before building a frame; here it answers the later turns a worker
+could not decide (`check`: kept iff their session was admitted) and counts what it sheds by
+reason (`shed_reasons`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from gateway.mirror.replay.observe import observation
 from gateway.mirror.replay.order import TurnOrder
 from gateway.mirror.replay.ring import MemoryBudget
 from gateway.mirror.replay.tokens import TokenCounter
-from gateway.mirror.sampling import capacity as capacity_mod
+from gateway.mirror.replay.validity import CallJudge, Declared
 from gateway.mirror.sampling.adaptive import AdaptiveRates
 from gateway.mirror.sampling.loopguard import LoopLagGuard
 from gateway.mirror.sampling.sampler import (
@@ -68,7 +69,9 @@ from gateway.mirror.sampling.sampler import (
     session_key,
     turn_index,
 )
+from gateway.mirror.sampling.tick import SamplingTick
 from gateway.mirror.scoring.jobs import Scorer
+from gateway.mirror.toolcalls import Checker
 from gateway.server.hooks import LiveTarget, ObservationSink
 from gateway.server.meter import MeterResult
 
@@ -81,19 +84,25 @@ _NO_HEADERS: Mapping[str, str] = {}
 class _Token:
     """Returned by `on_request` for a mirrored request; completed by `on_response`."""
 
-    __slots__ = ("body", "headers", "live_name", "record")
+    __slots__ = ("body", "headers", "live_name", "record", "tools")
 
     def __init__(
-        self, record: ExchangeRecord, live_name: str, body: bytes, headers: Mapping[str, str]
+        self,
+        record: ExchangeRecord,
+        live_name: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        tools: Declared,
     ) -> None:
         self.record = record
         self.live_name = live_name
+        self.tools = tools  # production's calls are judged against the same declaration
         # References (no copy) kept only for the capture sink, released with the token.
         self.body = body
         self.headers = headers
 
 
-class Mirror:
+class Mirror(SamplingTick):
     """Samples production requests into per-candidate lanes and reports what they observe."""
 
     def __init__(
@@ -132,6 +141,13 @@ class Mirror:
         )
         self.process = MirrorCounters()
         self.order = TurnOrder()
+        # Every arm's tool calls checked against the request's declared tools (one schema cache).
+        self.calls = CallJudge(
+            Checker(
+                cache_size=mirror.tool_schema_cache, max_schema_bytes=mirror.tool_schema_max_bytes
+            ),
+            enabled=mirror.tool_check,
+        )
         # Scoring copies (scorer.py): production's answer scored by the candidate and control.
         self.scorer = Scorer(mirror, self._sink)
         # A model upgrade's LLM grader (grading/lane.py): after both answers, at idle priority
@@ -156,15 +172,8 @@ class Mirror:
             lambda: self._offers,
             lambda: [(name, lane.counters.sampled) for name, lane in self._lanes.items()],
         )
-        # Capacity shares (capacity.py): lowered while this process cannot keep up.
-        self.capacity = capacity_mod.CapacityShares()
-        self.channel = capacity_mod.ChannelFill()  # the workers report their channels' fill
-        self._ring_fill: dict[str, capacity_mod.Occupancy] = {}
-        self.limit_times = capacity_mod.LimitTimes()  # when copies were shed by hash
-        self.admitted = capacity_mod.Admitted()
+        self._init_shares()
         self._tick_task: asyncio.Task[None] | None = None
-        self._capacity_at: float | None = None
-        self.shed_capacity = 0  # copies shed here under a capacity share (later turns, undecided)
 
     # ------------------------------------------------------------------ candidate set
 
@@ -186,6 +195,7 @@ class Mirror:
                     upstream=self._upstream_cfg,
                     storage=self._storage_cfg,
                     credentials=self._credentials_cfg,
+                    calls=self.calls,
                 )
                 lane.hold = self._hold
                 self._lanes[name] = lane
@@ -322,6 +332,9 @@ class Mirror:
                 if view is None:
                     self.process.skipped_unparseable += 1
                     return None
+                if view.server_state:  # a copy would name a response the candidate never made
+                    self.process.skipped_unmirrorable_state += 1
+                    return None
                 skey = skey or session_key(view, None)
                 first = turn_index(view) == 0
             chosen, shed, later, _ = decide_kept(offers, request_id.encode(), skey, first)
@@ -342,6 +355,9 @@ class Mirror:
             view = parse_request(body)
             if view is None:
                 self.process.skipped_unparseable += 1
+                return None
+            if view.server_state:  # a copy would name a response the candidate never made
+                self.process.skipped_unmirrorable_state += 1
                 return None
         return self._offer(
             chosen,
@@ -393,23 +409,25 @@ class Mirror:
             seen = self.order.arrive(skey, turn, h, at)
             if turn > 0 and self.adaptive.changed:
                 self.adaptive.count_joined(chosen, h, seen, at)
-        copy = Copy(exchange_id, path_qs, headers, body)
+        copy = Copy(exchange_id, path_qs, headers, body, self.calls.declared(view, route))
         session_digest: bytes | None = None
         accepted: list[Lane] = []
         for offer in chosen:
             lane = self._lanes[offer.name]
             lane.counters.sampled += 1
-            if offer.session_mode:
-                self.admitted.add(offer.name, skey)
             if shedding:
                 lane.counters.shed_overload += 1
+                if offer.session_mode:  # its later turns would reach the candidate headless
+                    lane.ring.break_session(skey)
             elif offer.session_mode:
                 # Dedup within a conversation only: two sessions opening with the same turn
                 # must both reach the candidate, or the second's later turns arrive orphaned.
                 if session_digest is None:
                     session_digest = xxhash.xxh3_128_digest(skey + b"\0" + digest)
-                if lane.offer(copy, session_digest, skey, now):
+                # The ring sheds a later turn of a session it broke (`shed_session_broken`).
+                if lane.offer(copy, session_digest, skey, now, turn):
                     accepted.append(lane)
+                    self.admitted.add(offer.name, skey)
             elif lane.offer(copy, digest, None, now):
                 accepted.append(lane)
         if not accepted:
@@ -417,7 +435,14 @@ class Mirror:
         targets = [lane.name for lane in accepted]
         if self._started:
             self.scorer.offer(copy.exchange_id, route, body, accepted)
-            self.grading.offer(copy.exchange_id, body, targets_of(accepted), live_name, received_at)
+            self.grading.offer(
+                copy.exchange_id,
+                body,
+                targets_of(accepted),
+                live_name,
+                received_at,
+                unit=hash_key(skey),
+            )
         record = ExchangeRecord(
             id=copy.exchange_id,
             received_at=received_at,
@@ -434,8 +459,8 @@ class Mirror:
             targets=tuple(targets),
         )
         if self._capture is None:  # nothing will read them: do not hold the body until the
-            return _Token(record, live_name, b"", _NO_HEADERS)  # production result arrives
-        return _Token(record, live_name, body, headers)
+            return _Token(record, live_name, b"", _NO_HEADERS, copy.tools)  # production answers
+        return _Token(record, live_name, body, headers, copy.tools)
 
     def on_response(self, token: object, result: MeterResult, error_kind: str | None) -> None:
         """Hand the exchange and production's observation to the sink."""
@@ -459,103 +484,25 @@ class Mirror:
             store_text=self._storage_cfg.store_text,
             max_chars=self._storage_cfg.store_text_max_chars,
         )
+        self.calls.judge(production, token.tools, result.tool_calls)
         self._sink.put_observation(production)
         if self.scorer.pending:
             ok = production.error_kind is None and not production.tool_calls
             self.scorer.answer(record.id, production.output_text if ok else None)
-        if self.grading.pending:
-            ok = production.error_kind is None and not production.tool_calls
-            self.grading.answer(record.id, production.output_text if ok else None)
-
-    # ------------------------------------------------------------------ adaptive sampling
-
-    def control_tick(self, now: float) -> None:
-        """One step of the `target_rps` controller (the mirror runs one a second)."""
-        self.adaptive.tick(now)
-
-    async def _tick_loop(self) -> None:
-        """Once a tick, both controllers: capacity, then `target_rps`. Within the tick every
-        ring's occupancy is looked at up to `SAMPLES_PER_TICK` times (its lowest kept); once
-        every ring was found empty no later look can find less, so the tick's rest is one
-        sleep: an idle or lightly loaded mirror wakes about once a second, not five times."""
-        every = capacity_mod.TICK_S / capacity_mod.SAMPLES_PER_TICK
-        while True:
-            left = capacity_mod.SAMPLES_PER_TICK
-            while left:
-                await asyncio.sleep(every)
-                left -= 1
-                if self.sample_rings() and left:
-                    await asyncio.sleep(every * left)
-                    break
-            now = time.monotonic()
-            self.capacity_tick(now)
-            self.control_tick(now)
-
-    def sample_rings(self) -> bool:
-        """One look at each ring's occupancy: items or bytes against its bounds, or the host's
-        memory budget, whichever is fullest (the one it would overflow first). True when every
-        ring's lowest this tick is 0."""
-        budget = self.budget.used / max(1, self.budget.limit)
-        fills = self._ring_fill
-        floor = True
-        for name, lane in self._lanes.items():
-            ring = lane.ring
-            fill = max(
-                budget,
-                ring.items / max(1, ring.max_items),
-                ring.bytes / max(1, ring.max_bytes),
-            )
-            floor = fills.setdefault(name, capacity_mod.Occupancy()).sample(fill) == 0 and floor
-        return floor
-
-    def capacity_tick(self, now: float) -> None:
-        """One step of the capacity controller; changed shares go to the workers."""
-        last, self._capacity_at = self._capacity_at, now
-        dt = capacity_mod.TICK_S if last is None else now - last
-        rates = {o.name: o.rate for o in self._offers}
-        loads = []
-        fills = self._ring_fill
-        for name in [n for n in fills if n not in self._lanes]:
-            del fills[name]
-        for name, lane in self._lanes.items():
-            c = lane.counters
-            ring = fills.setdefault(name, capacity_mod.Occupancy())
-            ring.close_tick()
-            loads.append(
-                capacity_mod.LaneLoad(
-                    name,
-                    rates.get(name, 0.0),
-                    c.sampled,  # every copy whose frame arrived, shed here or not
-                    c.observed_ok + c.observed_error + c.timed_out,
-                    c.dropped_overflow,
-                    ring,
-                )
-            )
-        self.channel.tick(now)
-        eligible = self.adaptive.control.eligible.instant(now)
-        channel = self.channel.occupancy
-        if self.capacity.tick(now, dt, eligible, loads, channel, self.guard.shedding):
-            self.adaptive.set_capacity(self.capacity.wire(rates, now), now)
-        self.limit_times.tick(self.capacity, self._lanes, time.time())
-
-    def shed_reasons(self) -> dict[str, int]:
-        """Copies shed by this process, by reason (the guard's signals; `capacity`)."""
-        return {**self.guard.reasons, "capacity": self.shed_capacity}
-
-    def rate_stats(self) -> dict[str, dict[str, float | None]]:
-        """Per candidate: target, effective share, realized copies/s and what changes cost."""
-        out = self.adaptive.stats(lane.endpoint for lane in self._lanes.values())
-        for name, row in out.items():
-            row["capacity_share"] = self.capacity.share(name)
-        return out
+        if self.grading.pending:  # its text and calls: an agent turn is graded too
+            self.grading.answer(production)
 
     # ------------------------------------------------------------------ export
 
     def counters(self) -> dict[str, dict[str, int]]:
-        """Per-candidate counters, including `pending`, `buffer_items` and `buffer_bytes`, and
-        when copies were shed by hash (`capacity.LimitTimes`)."""
-        when = self.limit_times.fields
-        return {name: {**lane.snapshot(), **when(name)} for name, lane in self._lanes.items()}
+        """Per-candidate counters, including `pending`, `buffer_items` and `buffer_bytes`, when
+        copies were shed by hash (`capacity.LimitTimes`), and the `/tokenize` requests a
+        candidate answered for the token counter."""
+        when, tokens = self.limit_times.fields, self.tokens.lane_counters
+        return {
+            name: {**lane.snapshot(), **when(name), **tokens(name)}
+            for name, lane in self._lanes.items()
+        }
 
     def process_counters(self) -> dict[str, int]:
         """Process-wide counters: requests never offered to any candidate, by reason, and
@@ -565,6 +512,7 @@ class Mirror:
     def prometheus_lines(self) -> Iterable[Exposed]:
         """Families and samples, for the metrics registry's `add_collector`."""
         yield from self.tokens.prometheus_lines()
+        yield from self.calls.prometheus_lines()
         yield from counters_mod.rate_lines(
             self.rate_stats(), self.adaptive.control.eligible_rps, self.capacity.cuts
         )

@@ -50,17 +50,19 @@ from evaluators.judge.settings import VerdictSettings
 from gateway.config.load import parse_admin_tokens
 from gateway.config.sections import GatewayConfig
 from gateway.control.admin.handlers import AdminContext, build_admin_app
+from gateway.control.admin.labels import LabelSettings
 from gateway.control.registry import Registry, Snapshot
 from gateway.control.reports import RemoteReports
-from gateway.control.rollout import GuardTrips
 from gateway.lifecycle import settle_heap
 from gateway.mirror.channel.frames import MetricsMeta
 from gateway.mirror.channel.handoff import Handoff
 from gateway.process import simulator
 from gateway.process.children import PlaneProcess, ReportProcess, StartWatch, replica_name
+from gateway.rollout.arms import ArmRouter, SessionArms
+from gateway.rollout.state import GuardTrips
 from gateway.server.app import (
-    RAMP,
     READY_CHECKS,
+    ROLLOUT_ROUTE,
     AppCustomizer,
     RunningGateway,
     mount_admin,
@@ -68,7 +70,6 @@ from gateway.server.app import (
 )
 from gateway.server.hooks import LiveTarget
 from gateway.server.prometheus import Exporter
-from gateway.server.ramp.arms import ArmRouter, SessionArms
 from storage import queries
 from storage.engine import ensure_schema, make_engine, masked
 
@@ -261,6 +262,12 @@ def _customize(parts: Components) -> list[AppCustomizer]:
             replica=parts.replica,
             reports=parts.reports,
             default_min_step_s=config.rollout.default_min_step_s,
+            labellers=parse_admin_tokens(config.admin.labeller_token),
+            labels=LabelSettings(
+                store_text=config.storage.store_text,
+                double_rate=config.admin.label_double_rate,
+                retention_s=config.admin.label_retention_s,
+            ),
         )
         mount_admin(app, build_admin_app(ctx, config.admin, config.credentials, config.limits))
 
@@ -423,10 +430,10 @@ async def running(
             metrics=metrics,
             customize=_customize(parts),
             router=router,
-            ramp_sink=handoff,
+            rollout_sink=handoff,
             rollout_guard=guard,
         )
-        assert parts.gateway.app[RAMP].router is parts.router
+        assert parts.gateway.app[ROLLOUT_ROUTE].router is parts.router
         stack.push_async_callback(parts.gateway.close)
         yield parts
 

@@ -7,7 +7,7 @@ hop-by-hop policy), `meter` (the passive SSE/JSON response meter), `stream` (a s
 answer past its first chunk: the meter's pre-filter for answers nobody stores, and the direct
 relay from the upstream's read callback), `hooks` (the seams the other planes plug into),
 `prometheus` (the Prometheus text-format exporter), `body` (bounded body reads), `connections`
-(client connection limits), `limits` (descriptor budgets), `ramp` (the ramp's serving side: which
-arm serves a session, shared by the host's workers, and the worker's fast guard on the
-candidate). Imports neither storage nor evaluators.
+(client connection limits), `limits` (descriptor budgets). The rollout's serving side (which
+arm serves a session, the worker's fast guard on the candidate) is `gateway.rollout`'s route,
+arms and hooks. Imports neither storage nor evaluators, nor the rollout's control side.
 """

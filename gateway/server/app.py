@@ -26,14 +26,14 @@ from aiohttp import web
 
 from domain.errors import ConfigError
 from gateway.config.sections import GatewayConfig, split_host_port
+from gateway.rollout.arms import ArmRouter
+from gateway.rollout.hooks import RolloutGuard, RolloutSink
+from gateway.rollout.route import RolloutRoute
 from gateway.server.connections import ConnectionStats, GatewayRunner
 from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.limits import EdgeLimits, descriptors_wanted, fit_file_limit, plan_limits
 from gateway.server.prometheus import Collector, Exporter
 from gateway.server.proxy import Proxy, ProxyMetrics
-from gateway.server.ramp.arms import ArmRouter
-from gateway.server.ramp.hooks import RampSink, RolloutGuard
-from gateway.server.ramp.route import RampRoute
 from gateway.server.upstream import UpstreamPool
 
 log = logging.getLogger("canary.gateway")
@@ -46,7 +46,7 @@ LIVE = web.AppKey("canary_live", LiveTarget)
 METRICS = web.AppKey("canary_metrics", Exporter)
 PROXY = web.AppKey("canary_proxy", Proxy)
 # The worker's ramp (its `router` is what the rollout controller swaps), when it has a router.
-RAMP = web.AppKey("canary_ramp", RampRoute)
+ROLLOUT_ROUTE = web.AppKey("canary_rollout", RolloutRoute)
 UPSTREAM_SESSION = web.AppKey("canary_upstream_session", aiohttp.ClientSession)
 READY_CHECKS = web.AppKey("canary_ready_checks", dict[str, ReadyCheck])
 
@@ -144,21 +144,21 @@ def build_app(
     tee: RequestTee | None = None,
     metrics: Exporter | None = None,
     router: ArmRouter | None = None,
-    ramp_sink: RampSink | None = None,
+    rollout_sink: RolloutSink | None = None,
     rollout_guard: RolloutGuard | None = None,
 ) -> web.Application:
     """The gateway application; compose more onto it before it starts (see module docstring).
     `router`: this process's ramp router (None: no ramp, every request to production)."""
     app = web.Application(client_max_size=config.limits.max_body_bytes)
     registry = metrics if metrics is not None else Exporter()
-    ramp = None
+    rollout = None
     if router is not None:
-        ramp = app[RAMP] = RampRoute(
+        rollout = app[ROLLOUT_ROUTE] = RolloutRoute(
             router,
             config.rollout,
             registry,
             session_header=config.server.session_header,
-            sink=ramp_sink,
+            sink=rollout_sink,
             hook=rollout_guard,
         )
     proxy = Proxy(
@@ -168,7 +168,7 @@ def build_app(
         ProxyMetrics(registry),
         tee,
         text_max=config.storage.store_text_max_chars,
-        ramp=ramp,
+        rollout=rollout,
     )
     app[CONFIG] = config
     app[LIVE] = live
@@ -315,7 +315,7 @@ async def start_gateway(
     customize: Sequence[AppCustomizer] = (),
     reuse_port: bool | None = None,
     router: ArmRouter | None = None,
-    ramp_sink: RampSink | None = None,
+    rollout_sink: RolloutSink | None = None,
     rollout_guard: RolloutGuard | None = None,
 ) -> RunningGateway:
     """Build, start and bind a gateway on `config.server.listen` (port 0: any free port).
@@ -340,7 +340,7 @@ async def start_gateway(
         tee=tee,
         metrics=metrics,
         router=router,
-        ramp_sink=ramp_sink,
+        rollout_sink=rollout_sink,
         rollout_guard=rollout_guard,
     )
     for fn in customize:

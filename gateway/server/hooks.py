@@ -1,7 +1,7 @@
 """The seams between the proxy, the mirror and storage, as small protocols.
 
 The proxy knows only `RequestTee` and `LiveTarget` (the registry swaps it); the ramp's own seams
-are in `gateway.server.ramp.hooks`, and its candidate is a `LiveTarget` of the candidate
+are in `gateway.rollout.hooks`, and its candidate is a `LiveTarget` of the candidate
 endpoint, held by the router's `Split.candidate`.
 In a worker the tee is `gateway.mirror.channel.handoff.Handoff`: it samples and writes each
 chosen copy into the bounded channel to the host's mirror process, never parsing the body and

@@ -4,7 +4,10 @@
 responses) calls `feed(chunk, now)` on every chunk and `finish(now, status)` once, and gets a
 `MeterResult` with TTFT, E2E, inter-event latency, the engine's usage, the token events, finish
 reason, tool calls, the output text up to a bound and an xxh3_128 hash of all of it (vLLM
-`bench serve` conventions; docs/metrics.md).
+`bench serve` conventions; docs/metrics.md). It reads chat and text completions and the
+Responses API (`/v1/responses`: its events and shapes in `server/stream/responses.py`) alike,
+so it needs no route: a streamed event with an `event:` line is a Responses event (chat and
+completions chunks have none), a whole answer with `output` a Responses answer.
 
 An SSE event is not a token: vLLM puts several tokens into one event whenever its engine runs
 ahead of its API server's stream, and how often depends on the engine's load. So the meter
@@ -12,9 +15,9 @@ counts events (`token_events`) and keeps the engine's `usage` as information, an
 `output_tokens` and TPOT to the mirror plane's token counter, which counts every arm's text with
 one tokenizer (gateway/mirror/replay/tokens.py). Gaps are between events (inter-event latency),
 over the token span, not per read: several events that arrive in one read share one timestamp,
-so the gap before a read is spread over the events it carried. When every event came in one
-read the span is below the clock's resolution: the result says `timing_unresolved` and leaves
-the inter-event gaps None, never 0.
+so the gap before a read is spread over the events it carried (`server/stream/gaps.py`). When every
+event came in one read the span is below the clock's resolution: the result says
+`timing_unresolved` and leaves the inter-event gaps None, never 0.
 
 It must never import asyncio or aiohttp, never block, never keep more than a bounded amount of
 the response (a partial SSE line, the text up to its limit, a non-SSE body up to `json_max_bytes`).
@@ -28,6 +31,10 @@ import msgspec
 import xxhash
 
 from domain.observation import Measured
+from gateway.server.stream import responses as rsp
+from gateway.server.stream.chat import CHUNK_DECODER, WHOLE_DECODER, Body, ToolCall
+from gateway.server.stream.gaps import TokenTimes
+from gateway.server.stream.responses import Details, Event, Item, Usage
 
 
 class MeterResult(Measured, kw_only=True):
@@ -44,58 +51,16 @@ class MeterResult(Measured, kw_only=True):
     chunk_count: int = 0  # SSE events (or body chunks for non-SSE)
     token_chunk_count: int = 0
     text: str = ""  # output text, up to the meter's text limit (text_truncated says if cut)
-    tool_calls: list[tuple[str, str]] | None = None  # (name, arguments JSON text), in order
+    # (name, arguments as emitted, call id or None), in index order: chat's `tool_calls[i]`
+    # (the id from the call's first delta, or `message.tool_calls[i].id`), or the Responses
+    # API's `function_call` items in output order (their `call_id`).
+    tool_calls: list[tuple[str, str, str | None]] | None = None
     parse_errors: int = 0  # events that were not valid JSON (garbage)
     saw_done: bool = False  # `data: [DONE]` seen
     bytes_total: int = 0
 
 
-# --- the few fields of an OpenAI response / stream chunk the meter reads (msgspec skips the rest)
-
-
-class _Function(msgspec.Struct, gc=False):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class _ToolCall(msgspec.Struct, gc=False):
-    index: int | None = None
-    function: _Function | None = None
-
-
-class _Message(msgspec.Struct, gc=False):
-    """A chat `delta` (stream) or `message` (whole response)."""
-
-    content: str | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[_ToolCall] | None = None
-
-
-class _Choice(msgspec.Struct, gc=False):
-    index: int = 0
-    delta: _Message | None = None
-    message: _Message | None = None
-    text: str | None = None  # /v1/completions
-    finish_reason: str | None = None
-
-
-class _PromptDetails(msgspec.Struct, gc=False):
-    cached_tokens: int | None = None
-
-
-class _Usage(msgspec.Struct, gc=False):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    prompt_tokens_details: _PromptDetails | None = None
-
-
-class _Body(msgspec.Struct, gc=False):
-    choices: list[_Choice] | None = None
-    usage: _Usage | None = None
-
-
-_DECODER = msgspec.json.Decoder(_Body)
+_EVENT_DECODER = msgspec.json.Decoder(Event)
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError)
 _DONE = b"[DONE]"
 _SSE_FIELDS = (b"event", b"id", b"retry")  # recognised and ignored; `data` is handled apart
@@ -103,21 +68,11 @@ _SSE_FIELDS = (b"event", b"id", b"retry")  # recognised and ignored; `data` is h
 MAX_LINE_BYTES = 1 << 20
 # Non-SSE bodies are kept (as references to the received chunks) up to this size for parsing.
 JSON_MAX_BYTES = 16 << 20
-# Gaps kept for the percentiles; count, mean and max stay exact past it.
-MAX_GAPS = 1 << 16
 # Two instants closer than this cannot be told apart (1 ns for perf_counter on Linux).
 CLOCK_RESOLUTION_S = time.get_clock_info("perf_counter").resolution
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default, as vLLM reports)."""
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-class ResponseMeter:
+class ResponseMeter(TokenTimes):
     """Incremental meter of one response; `feed` every chunk, then `finish` once.
 
     Text, finish reason and tool calls are those of choice index 0; a chunk counts as carrying
@@ -125,22 +80,16 @@ class ResponseMeter:
     """
 
     __slots__ = (
-        "_carry",
         "_data",
         "_first_byte",
-        "_gap_count",
-        "_gap_max",
-        "_gap_sum",
-        "_gaps",
         "_hasher",
+        "_items",
         "_json_max",
         "_json_parts",
         "_json_size",
+        "_kind",
         "_last_byte",
-        "_last_token",
         "_pending_cr",
-        "_prev_read",
-        "_read_tokens",
         "_resolution",
         "_tail",
         "_text_len",
@@ -152,14 +101,13 @@ class ResponseMeter:
         "chunk_count",
         "completion_tokens",
         "finish_reason",
-        "first_token_at",
         "is_sse",
         "parse_errors",
         "prompt_tokens",
+        "responses",
         "saw_done",
         "t0",
         "text_truncated",
-        "token_chunk_count",
     )
 
     def __init__(
@@ -171,6 +119,7 @@ class ResponseMeter:
         json_max_bytes: int = JSON_MAX_BYTES,
         resolution_s: float = CLOCK_RESOLUTION_S,
     ) -> None:
+        super().__init__()
         self.t0 = t0
         self._resolution = resolution_s
         self.is_sse = is_sse
@@ -183,23 +132,17 @@ class ResponseMeter:
         self._json_size = 0
         self._first_byte: float | None = None
         self._last_byte: float | None = None
-        self.first_token_at: float | None = None
-        self._last_token = 0.0
-        self._prev_read = 0.0  # time of the token-bearing read before the current one
-        self._read_tokens = 0  # token events in the current read, not yet turned into gaps
-        self._carry = -1  # token events of the first read past the first token; -1: none yet
-        self._gaps: list[float] = []
-        self._gap_count = 0
-        self._gap_sum = 0.0
-        self._gap_max = 0.0
         self._text_parts: list[str] = []
         self._text_len = 0
         self._hasher: xxhash.xxh3_128 | None = None  # set once the text outgrows its limit
-        self._tools: dict[int, list[str]] | None = None  # index -> [name, arg fragments...]
+        # index -> [name, call id, argument fragments...] ("" while unknown)
+        self._tools: dict[int, list[str]] | None = None
+        self._items: dict[str, int] | None = None  # a Responses item id -> its output index
+        self._kind: bytes | None = None  # the current event's `event:` line (Responses)
+        self.responses = False  # a Responses API event was seen: the stream is one
         self.text_truncated = False
         self.bytes_total = 0
         self.chunk_count = 0
-        self.token_chunk_count = 0
         self.parse_errors = 0
         self.saw_done = False
         self.finish_reason: str | None = None
@@ -234,7 +177,7 @@ class ResponseMeter:
         if b"\r" in data:
             self._pending_cr = data[-1:] == b"\r"
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        elif not self._data and data[:6] == b"data: ":
+        elif not self._data and data[:6] == b"data: " and self._kind is None:
             data = self._events(data, now)
             if not data:  # whole events only (the usual read): no line left to parse
                 self._tail = b""
@@ -265,7 +208,7 @@ class ResponseMeter:
         payloads = data[6 : end - 2].split(b"\n\ndata: ")
         if data.count(b"\n", 0, end) != 2 * len(payloads):
             return data
-        decode = _DECODER.decode
+        decode = CHUNK_DECODER.decode
         content = self._content
         tokens = 0
         self.chunk_count += len(payloads)
@@ -288,45 +231,61 @@ class ResponseMeter:
         name, colon, value = line.partition(b":")
         if name == b"data":
             self._data.append(value[1:] if value[:1] == b" " else value)
+        elif name == b"event":
+            kind = value[1:] if value[:1] == b" " else value
+            # Only the Responses API's names select its decoder (`message` is SSE's default).
+            if kind[:9] == b"response." or kind == b"error":
+                self._kind = kind
         elif not colon or name not in _SSE_FIELDS:
             self.parse_errors += 1  # not an SSE line at all: garbage
 
     def _dispatch(self, now: float) -> None:
         parts = self._data
         if not parts:
+            self._kind = None
             return
         payload = parts[0] if len(parts) == 1 else b"\n".join(parts)
         parts.clear()
         self.chunk_count += 1
+        kind = self._kind
+        if kind is not None:  # a Responses event
+            self._kind = None
+            self.responses = True
+            if kind in rsp.SKIPPED:  # carries nothing the meter reads: not decoded
+                return
+            try:
+                event = _EVENT_DECODER.decode(payload)
+            except _DECODE_ERRORS:
+                self.parse_errors += 1
+                return
+            if event.usage is not None:
+                self._usage(event.usage)
+            if self._event(event):
+                self._tokens(1, now)
+            return
         if payload == _DONE:
             self.saw_done = True
             return
         try:
-            body = _DECODER.decode(payload)
+            body = CHUNK_DECODER.decode(payload)
         except _DECODE_ERRORS:
             self.parse_errors += 1
             return
         self._account(body, now, streamed=True)
 
-    def _account(self, body: _Body, now: float, *, streamed: bool) -> None:
+    def _account(self, body: Body, now: float, *, streamed: bool) -> None:
         if self._content(body, streamed):
             if streamed:
                 self._tokens(1, now)
             elif self.first_token_at is None:
                 self.first_token_at = self._first_byte
 
-    def _content(self, body: _Body, streamed: bool) -> bool:
+    def _content(self, body: Body, streamed: bool) -> bool:
         """Take usage, choice 0's text, tool calls and finish reason from one event (or a whole
         response); True when any choice carried tokens."""
         usage = body.usage
         if usage is not None:
-            if usage.prompt_tokens is not None:
-                self.prompt_tokens = usage.prompt_tokens
-            if usage.completion_tokens is not None:
-                self.completion_tokens = usage.completion_tokens
-            details = usage.prompt_tokens_details
-            if details is not None and details.cached_tokens is not None:
-                self.cached_tokens = details.cached_tokens
+            self._usage(usage)
         choices = body.choices
         if not choices:
             return False
@@ -349,53 +308,108 @@ class ResponseMeter:
                 self.finish_reason = choice.finish_reason
         return token
 
-    def _tokens(self, count: int, now: float) -> None:
-        """`count` token events that arrived in one read at `now`."""
-        self.token_chunk_count += count
-        if self.first_token_at is None:
-            self.first_token_at = now
-            self._read_tokens = count
-        elif now == self._last_token:  # the same read: its tokens arrived together
-            self._read_tokens += count
-        else:
-            self._close_read()
-            self._prev_read = self._last_token
-            self._read_tokens = count
-        self._last_token = now
+    def _usage(self, usage: Usage) -> None:
+        prompt = usage.prompt_tokens if usage.input_tokens is None else usage.input_tokens
+        if prompt is not None:
+            self.prompt_tokens = prompt
+        out = usage.completion_tokens if usage.output_tokens is None else usage.output_tokens
+        if out is not None:
+            self.completion_tokens = out
+        details = usage.prompt_tokens_details or usage.input_tokens_details
+        if details is not None and details.cached_tokens is not None:
+            self.cached_tokens = details.cached_tokens
 
-    def _close_read(self) -> None:
-        """Turn the current read's token events into inter-event gaps.
+    # ------------------------------------------------------------------ the Responses API
 
-        Tokens that arrive in one read were generated over the time since the previous
-        token-bearing read, so that interval is spread evenly over them (k gaps of d/k) instead
-        of giving k-1 gaps of 0. The first read's extra tokens (those that came with the first
-        token) have no interval of their own: they are carried into the next one. The gaps then
-        sum to the token span and number token events - 1, so the mean inter-event latency
-        equals the span per gap.
-        """
-        tokens = self._read_tokens
-        if tokens == 0:
-            return
-        self._read_tokens = 0
-        if self._carry < 0:  # the first read
-            self._carry = tokens - 1
-            return
-        count = tokens + self._carry
-        self._carry = 0
-        span = self._last_token - self._prev_read
-        gap = span / count
-        self._gap_count += count
-        self._gap_sum += span
-        if gap > self._gap_max:
-            self._gap_max = gap
-        gaps = self._gaps
-        if count == 1:  # one event a read, the usual case: no list to build
-            if len(gaps) < MAX_GAPS:
-                gaps.append(gap)
-            return
-        room = MAX_GAPS - len(gaps)
-        if room > 0:
-            gaps.extend([gap] * min(count, room))
+    def _event(self, body: Event) -> bool:
+        """One Responses stream event; True when it carried output (a delta)."""
+        kind = body.type
+        if kind in rsp.TOKEN_EVENTS:
+            if kind in rsp.TEXT_DELTAS:
+                if body.delta:
+                    self._add_text(body.delta)
+            elif kind == rsp.ARGUMENT_DELTA and body.delta:
+                self._call(body.output_index, body.item_id).append(body.delta)
+            return True
+        if kind == rsp.ITEM_ADDED or kind == rsp.ITEM_DONE:
+            item = body.item
+            if item is not None and item.type == rsp.FUNCTION_CALL:
+                entry = self._call(body.output_index, item.id)
+                self._named(entry, item, final=kind == rsp.ITEM_DONE)
+        elif kind == rsp.ARGUMENTS_DONE:
+            if body.arguments:
+                entry = self._call(body.output_index, body.item_id)
+                del entry[2:]
+                entry.append(body.arguments)
+        elif kind in rsp.TERMINAL:
+            response = body.response
+            if response is None:  # a terminal event without its response: it still ends it
+                self.finish_reason = rsp.FAILED if kind == "response.failed" else "stop"
+                return False
+            if response.usage is not None:
+                self._usage(response.usage)
+            self._finished(response.output, response.status, response.incomplete_details)
+        elif kind == rsp.ERROR_EVENT and self.finish_reason is None:
+            self.finish_reason = rsp.FAILED
+        return False
+
+    def _call(self, index: int | None, item_id: str | None) -> list[str]:
+        """The entry of the function call at `index` (or, without one, of item `item_id`)."""
+        tools = self._tools
+        if tools is None:
+            tools = self._tools = {}
+        items = self._items
+        if items is None:
+            items = self._items = {}
+        if index is None:
+            index = items.get(item_id or "", len(tools))
+        if item_id and item_id not in items:
+            items[item_id] = index
+        entry = tools.get(index)
+        if entry is None:
+            entry = tools[index] = ["", ""]
+        return entry
+
+    def _named(self, entry: list[str], item: Item, *, final: bool) -> None:
+        """Name and call id from a `function_call` item; its arguments when it is the final one
+        (`output_item.done`, or a whole answer's) and carries any."""
+        if item.name and not entry[0]:
+            entry[0] = item.name
+        if item.call_id and not entry[1]:
+            entry[1] = item.call_id
+        if final and item.arguments:
+            del entry[2:]
+            entry.append(item.arguments)
+
+    def _finished(
+        self, output: list[Item] | None, status: str | None, details: Details | None
+    ) -> None:
+        """The finish reason from a response's status; calls it lists that no event announced
+        (a stream that skipped them) are taken from its output."""
+        calls = bool(self._tools)
+        if output:
+            for index, item in enumerate(output):
+                if item.type == rsp.FUNCTION_CALL:
+                    calls = True
+                    if self._tools is None or index not in self._tools:
+                        self._named(self._call(index, item.id), item, final=True)
+        reason = rsp.finish_reason(status, details, calls)
+        self.finish_reason = reason if reason is not None else self.finish_reason
+
+    def _response(self, output: list[Item], status: str | None, details: Details | None) -> bool:
+        """A whole (non-streamed) Responses answer: its text, calls and status; True when it
+        carried output."""
+        token = False
+        for item in output:
+            if item.type == rsp.MESSAGE:
+                text = rsp.item_text(item)
+                if text:
+                    token = True
+                    self._add_text(text)
+            elif item.type == rsp.FUNCTION_CALL or item.type == "reasoning":
+                token = True
+        self._finished(output, status, details)
+        return token
 
     def final_event_seen(self) -> bool:
         """True once the stream carried its final event: `[DONE]` or choice 0's finish reason."""
@@ -419,7 +433,7 @@ class ResponseMeter:
         hasher.update(text[room:].encode() if room > 0 else text.encode())
         self.text_truncated = True
 
-    def _add_tools(self, calls: list[_ToolCall]) -> None:
+    def _add_tools(self, calls: list[ToolCall]) -> None:
         tools = self._tools
         if tools is None:
             tools = self._tools = {}
@@ -427,7 +441,9 @@ class ResponseMeter:
             index = pos if call.index is None else call.index
             entry = tools.get(index)
             if entry is None:
-                entry = tools[index] = [""]
+                entry = tools[index] = ["", ""]
+            if call.id and not entry[1]:
+                entry[1] = call.id
             fn = call.function
             if fn is not None:
                 if fn.name and not entry[0]:
@@ -478,20 +494,16 @@ class ResponseMeter:
                 # between them can be told, so none is reported (never a gap of 0).
                 res.timing_unresolved = res.e2e_s - res.ttft_s <= self._resolution
             self._close_read()
-        if self._gap_count and not res.timing_unresolved:
-            gaps = sorted(self._gaps)
-            res.inter_event_count = self._gap_count
-            res.inter_event_mean_s = self._gap_sum / self._gap_count
-            res.inter_event_p50_s = _percentile(gaps, 0.5)
-            res.inter_event_p99_s = _percentile(gaps, 0.99)
-            res.inter_event_max_s = self._gap_max
+        if not res.timing_unresolved:
+            self._put_gaps(res)
         if self._hasher is not None:
             res.output_hash = self._hasher.hexdigest()
         elif self._text_parts or self.first_token_at is not None or self.finish_reason is not None:
             res.output_hash = xxhash.xxh3_128_hexdigest(res.text.encode())
         if self._tools:
             res.tool_calls = [
-                (entry[0], "".join(entry[1:])) for _, entry in sorted(self._tools.items())
+                (entry[0], "".join(entry[2:]), entry[1] or None)
+                for _, entry in sorted(self._tools.items())
             ]
         return res
 
@@ -502,8 +514,14 @@ class ResponseMeter:
         payload = parts[0] if len(parts) == 1 else b"".join(parts)
         parts.clear()
         try:
-            body = _DECODER.decode(payload)
+            body = WHOLE_DECODER.decode(payload)
         except _DECODE_ERRORS:
             self.parse_errors += 1
+            return
+        if body.output is not None:  # a Responses answer
+            if body.usage is not None:
+                self._usage(body.usage)
+            if self._response(body.output, body.status, body.incomplete_details):
+                self.first_token_at = self._first_byte
             return
         self._account(body, self._last_byte or 0.0, streamed=False)

@@ -10,7 +10,7 @@ answering, 504 timeout before the first byte; a failure after streaming started 
 connection (no fake success). A client that goes away aborts the upstream request at once, so the
 engine stops generating.
 
-During a ramp (`gateway.server.ramp.route.RampRoute`), the session key (the session header,
+During a ramp (`gateway.rollout.route.RolloutRoute`), the session key (the session header,
 else the request id) picks the arm: the candidate's requests are forwarded, streamed and
 metered the same way to its base URL, and a candidate failure before any byte reached the
 client is retried once on production, with fresh deadlines (counted as a fallback, reported as
@@ -36,14 +36,14 @@ from multidict import CIMultiDict
 from domain.ids import uuid7
 from domain.outcomes import ErrorKind
 from gateway.config.sections import LimitsConfig, UpstreamConfig
+from gateway.rollout.arms import PRODUCTION, Split
+from gateway.rollout.route import RolloutRoute, rollout_kind
 from gateway.server.body import BUSY, TIMEOUT, BodyBudget, BodyRead, read_body
 from gateway.server.deadlines import CLIENT_WRITE, DeadlineSweeper, UpstreamTimeouts
 from gateway.server.headers import REQUEST_SKIP, RESPONSE_SKIP, copy_end_to_end
 from gateway.server.hooks import LiveTarget, RequestTee
 from gateway.server.meter import MeterResult, ResponseMeter
 from gateway.server.prometheus import Exporter
-from gateway.server.ramp.arms import PRODUCTION, Split
-from gateway.server.ramp.route import RampRoute, ramp_kind
 from gateway.server.stream.relay import Relay
 from gateway.server.stream.watch import StreamWatch
 from gateway.server.upstream import (
@@ -227,11 +227,11 @@ class Proxy:
         tee: RequestTee | None = None,
         *,
         text_max: int,
-        ramp: RampRoute | None = None,
+        rollout: RolloutRoute | None = None,
     ) -> None:
         self.live = live
         self.tee = tee
-        self.ramp = ramp
+        self.rollout = rollout
         self.metrics = metrics
         self.pool: UpstreamPool | None = None
         self.max_body = limits.max_body_bytes
@@ -321,14 +321,14 @@ class Proxy:
             return self._refuse_body(read.failure, stats, rid or uuid7())
         body = read.body
         headers, rid = self._request_headers(request, rid)
-        ramp = self.ramp
+        rollout = self.rollout
         arm: int = PRODUCTION
         active: Split | None = None
         key = ""
-        if ramp is not None:
-            router = ramp.router
+        if rollout is not None:
+            router = rollout.router
             active = router.rollout  # the snapshot arm_for decides with (one thread)
-            key = request.headers.get(ramp.session_header) or rid
+            key = request.headers.get(rollout.session_header) or rid
             arm = router.arm_for(key)
             if active.state != "ramping":
                 active = None
@@ -357,14 +357,14 @@ class Proxy:
         kind: str | None = None  # how it failed, for the ramp's record
         try:
             if active is not None and arm:
-                assert ramp is not None
-                upstream, failed = await ramp.open(
+                assert rollout is not None
+                upstream, failed = await rollout.open(
                     pool, active, request.method, path, headers, body, wd
                 )
                 if failed is not None:  # production covers; from here a production request
                     reason, failed_status, failed_kind = failed
-                    ramp.fallbacks[reason].inc()
-                    ramp.record(
+                    rollout.fallbacks[reason].inc()
+                    rollout.record(
                         active, arm, key, "fallback", status=failed_status,
                         error_kind=failed_kind, e2e_s=perf_counter() - t0,
                     )  # fmt: skip
@@ -426,14 +426,14 @@ class Proxy:
             await out.write_eof()
             complete = True
         except UpstreamError as exc:
-            kind = ramp_kind(exc)
+            kind = rollout_kind(exc)
             return self._upstream_failed(request, exc, stats, out, upstream, meter, token, rid)
         except (asyncio.CancelledError, ConnectionError) as exc:
             if isinstance(exc, asyncio.CancelledError):
                 try:
                     wd.check_cancel()
                 except UpstreamTimeoutError as timeout:
-                    kind = ramp_kind(timeout)
+                    kind = rollout_kind(timeout)
                     return self._upstream_failed(
                         request, timeout, stats, out, upstream, meter, token, rid
                     )
@@ -457,14 +457,14 @@ class Proxy:
             if upstream is not None:
                 upstream.close()  # a no-op once released; else the connection is not reusable
             if active is not None:
-                assert ramp is not None
+                assert rollout is not None
                 now = perf_counter()
                 ttft: float | None = None
                 if watch is not None and watch.first_token_at is not None:
                     ttft = watch.first_token_at - t0
                 elif first_at and not is_sse:
                     ttft = first_at - t0
-                ramp.record(
+                rollout.record(
                     active, arm, key, status=status, error_kind=kind, ttft_s=ttft,
                     e2e_s=now - t0, finished=delivered or (complete and not is_sse),
                 )  # fmt: skip

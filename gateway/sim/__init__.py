@@ -2,10 +2,11 @@
 tests and the benchmarks, without a GPU.
 
 `profiles` holds the knobs and named profiles, `engine` the pure core (tokenizer, KV caches,
-latency model, deterministic answers), `protocol` the OpenAI/vLLM JSON and SSE shapes, `generate`
-the completion routes, `faults` the injected failures, `server` the app and `start_sim`,
-`state` per-app state, `score` prompt logprobs, `grader` pairwise verdicts as an LLM grader
-and `workload` agent-like client traffic.
+latency model, deterministic answers, prompt logprobs), `calls` the agent's tool calls (parallel
+calls, broken arguments on request), `protocol` the OpenAI/vLLM JSON and SSE shapes, `generate`
+the completion routes, `responses` the Responses API route (`/v1/responses`), `faults` the
+injected failures, `server` the app and `start_sim`, `state` per-app state, `grader` pairwise
+verdicts as an LLM grader and `workload` agent-like client traffic.
 Importing this package stays free of aiohttp: the server names load on first use.
 """
 

@@ -17,13 +17,24 @@ import random
 import re
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import msgspec
 import xxhash
 
+from gateway.sim.calls import (
+    ToolSpec,
+    broken_arguments,
+    call_arguments,
+    call_hash,
+    call_id,
+    choose_calls,
+    is_broken,
+)
 from gateway.sim.profiles import SimProfile
+
+_encode = msgspec.json.Encoder().encode
 
 BLOCK_SIZE = 16  # tokens per KV block, as in vLLM
 VOCAB_SIZE = 32000
@@ -63,7 +74,7 @@ NEW_WORDS = (
 ).split()
 
 # Salts that give each hash-derived decision its own independent stream.
-_S_LEN, _S_DIV, _S_AT, _S_ALT, _S_TOOL, _S_PICK, _S_ID, _S_VAL, _S_SESSION, _S_NEW = range(1, 11)
+_S_LEN, _S_DIV, _S_AT, _S_ALT, _S_VAL, _S_SESSION, _S_NEW = 1, 2, 3, 4, 8, 9, 10
 
 
 def split_pieces(text: str) -> list[str]:
@@ -97,25 +108,34 @@ def session_of_text(first_user_message: str) -> str:
     return f"h:{_mix(text_hash(first_user_message), _S_SESSION):016x}"
 
 
-def render_chat(
+def chat_segments(
     messages: Sequence[tuple[str, str]], tools: str | None = None, *, continue_final: bool = False
-) -> str:
-    """Render (role, text) messages through a fixed ChatML-like template.
+) -> list[str]:
+    """Render (role, text) messages through a fixed ChatML-like template, one string per
+    message (and the generation prompt last); joined, they are the prompt.
 
     Each turn only appends to the previous rendering, so a growing conversation has a growing
     shared prefix: what prefix caches and session KV can reuse. `continue_final` (vLLM's
     `continue_final_message`) leaves the last message open instead of adding the generation
-    prompt: the assistant's answer so far, to be continued or scored.
+    prompt: the assistant's answer so far, to be continued or scored. Every segment starts with
+    a special token, so no token crosses two (`TokenCache` relies on it).
     """
     parts = [f"<|im_start|>system\n# Tools\n{tools}<|im_end|>\n"] if tools else []
     if continue_final and messages:
         parts.extend(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in messages[:-1])
         role, text = messages[-1]
         parts.append(f"<|im_start|>{role}\n{text}")
-        return "".join(parts)
+        return parts
     parts.extend(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in messages)
     parts.append("<|im_start|>assistant\n")
-    return "".join(parts)
+    return parts
+
+
+def render_chat(
+    messages: Sequence[tuple[str, str]], tools: str | None = None, *, continue_final: bool = False
+) -> str:
+    """The prompt of `chat_segments`, joined."""
+    return "".join(chat_segments(messages, tools, continue_final=continue_final))
 
 
 def embed(text: str) -> list[float]:
@@ -203,53 +223,6 @@ def json_answer(pieces: Sequence[str], phash: int) -> str:
     return msgspec.json.encode(obj).decode()
 
 
-class ToolSpec(NamedTuple):
-    name: str
-    parameters: Mapping[str, Any] | None
-
-
-def choose_tool(
-    phash: int, tools: Sequence[ToolSpec], choice: str | None, named: str | None
-) -> ToolSpec | None:
-    """Which tool to call, if any: `named` forces one; "required" always calls; "none" never;
-    "auto" (or absent) calls on a prompt-hash coin, about half the time."""
-    if not tools or choice == "none":
-        return None
-    if named is not None:
-        return next((t for t in tools if t.name == named), None)
-    if choice != "required" and _unit(phash, _S_TOOL) >= 0.5:
-        return None
-    return tools[_mix(phash, _S_PICK) % len(tools)]
-
-
-def tool_arguments(tool: ToolSpec, pieces: Sequence[str], phash: int) -> str:
-    """JSON arguments for `tool`, one value per declared property, drawn from the answer words."""
-    words = [p.strip().lower() for p in pieces if p.strip() not in ("", ".", ",")] or ["value"]
-    props = (tool.parameters or {}).get("properties")
-    if not isinstance(props, Mapping) or not props:
-        props = {"query": {"type": "string"}}
-    args: dict[str, Any] = {}
-    for i, (key, schema) in enumerate(list(props.items())[:16]):
-        h = _mix(phash, _S_VAL + i)
-        spec = schema if isinstance(schema, Mapping) else {}
-        kind, enum = spec.get("type", "string"), spec.get("enum")
-        if isinstance(enum, list) and enum:
-            args[str(key)] = enum[h % len(enum)]
-        elif kind == "integer":
-            args[str(key)] = h % 100
-        elif kind == "number":
-            args[str(key)] = round((h % 10000) / 100, 2)
-        elif kind == "boolean":
-            args[str(key)] = bool(h & 1)
-        elif kind == "array":
-            args[str(key)] = [words[(i + j) % len(words)] for j in range(2)]
-        elif kind == "object":
-            args[str(key)] = {}
-        else:
-            args[str(key)] = " ".join(words[(i * 3 + j) % len(words)] for j in range(3))
-    return msgspec.json.encode(args).decode()
-
-
 class PrefixCache:
     """Automatic prefix caching: chain-hashed full blocks in an LRU of `capacity` blocks."""
 
@@ -260,12 +233,15 @@ class PrefixCache:
         self._blocks: OrderedDict[int, None] = OrderedDict()
 
     @staticmethod
-    def block_hashes(tokens: Sequence[int]) -> list[int]:
-        """One hash per full block; each covers every token from the start (chained via seed)."""
-        hashes: list[int] = []
-        h = 0
-        for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
-            h = xxhash.xxh64_intdigest(array("I", tokens[start : start + BLOCK_SIZE]).tobytes(), h)
+    def block_hashes(tokens: Sequence[int], known: Sequence[int] = ()) -> list[int]:
+        """One hash per full block; each covers every token from the start (chained via seed).
+        `known`: the hashes of a prefix of `tokens` already hashed; they are continued."""
+        hashes = list(known)
+        h = hashes[-1] if hashes else 0
+        step = BLOCK_SIZE * 4  # bytes of a block's ids
+        view = memoryview(array("I", tokens[len(hashes) * BLOCK_SIZE :]).tobytes())
+        for start in range(0, len(view) - step + 1, step):
+            h = xxhash.xxh64_intdigest(view[start : start + step], h)
             hashes.append(h)
         return hashes
 
@@ -327,18 +303,32 @@ class SessionStore:
         self._held.clear()
 
 
+class Call(NamedTuple):
+    """One tool call of an answer: its function's name and its id."""
+
+    name: str
+    id: str
+
+
 class Plan:
-    """Everything decided about one generation before it starts."""
+    """Everything decided about one generation before it starts.
+
+    A text answer is `pieces`, one per decode step. A call answer is `schedule`: per decode
+    step, the index of the call it belongs to and the argument fragment it adds, or None for
+    the step that announces the call (its name and id), as vLLM streams one call's name, then
+    its arguments, then the next call's.
+    """
 
     __slots__ = (
+        "block_hashes",
         "cached_tokens",
+        "calls",
         "eos",
         "finish_reason",
         "pieces",
         "prompt_ids",
+        "schedule",
         "session",
-        "tool_call_id",
-        "tool_name",
     )
 
     def __init__(
@@ -349,17 +339,18 @@ class Plan:
         eos: bool,
         finish_reason: str,
         session: str | None,
-        tool_name: str | None = None,
-        tool_call_id: str = "",
+        calls: tuple[Call, ...] = (),
+        schedule: tuple[tuple[int, str | None], ...] = (),
     ) -> None:
         self.prompt_ids = prompt_ids
         self.cached_tokens = cached_tokens
-        self.pieces = pieces  # text, or tool-call argument fragments
+        self.pieces = pieces  # a text answer's pieces (empty for a call answer)
         self.eos = eos  # an end-of-sequence step follows the pieces
         self.finish_reason = finish_reason  # "stop" | "length" | "tool_calls"
         self.session = session
-        self.tool_name = tool_name  # when set, step 0 announces the call and carries no piece
-        self.tool_call_id = tool_call_id
+        self.calls = calls
+        self.schedule = schedule
+        self.block_hashes: list[int] = []  # the prompt's, when a prefix cache hashed them
 
     @property
     def prompt_tokens(self) -> int:
@@ -372,7 +363,75 @@ class Plan:
     @property
     def steps(self) -> int:
         """Decode steps = completion tokens."""
-        return len(self.pieces) + (self.tool_name is not None) + self.eos
+        return (len(self.schedule) if self.calls else len(self.pieces)) + self.eos
+
+    def arguments(self) -> list[str]:
+        """Each call's arguments as generated (cut short where max_tokens cut the answer)."""
+        parts: list[list[str]] = [[] for _ in self.calls]
+        for index, piece in self.schedule:
+            if piece is not None:
+                parts[index].append(piece)
+        return ["".join(p) for p in parts]
+
+    def generated(self, steps_done: int) -> list[str]:
+        """The pieces of the first `steps_done` steps (a call's announcing step adds none)."""
+        if not self.calls:
+            return self.pieces[:steps_done]
+        return [p for _, p in self.schedule[:steps_done] if p is not None]
+
+
+def _call_schedule(calls: Sequence[Call], texts: Sequence[str]) -> list[tuple[int, str | None]]:
+    schedule: list[tuple[int, str | None]] = []
+    for index, text in enumerate(texts):
+        schedule.append((index, None))
+        schedule.extend((index, piece) for piece in split_pieces(text))
+    return schedule
+
+
+class TokenCache:
+    """Token ids of rendered chat messages, by the hash of each message's text, in an LRU of
+    `capacity` messages.
+
+    An agent's conversation grows by appending messages, and every turn re-sends all of them:
+    tokenizing each message once makes a turn's cost follow what it added, not its whole
+    context. Safe because the template starts every message with a special token, so token
+    boundaries never cross messages (tokens of a join == join of tokens).
+    """
+
+    __slots__ = ("_ids", "capacity", "evicted", "hits", "misses")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[int, array[int]] = OrderedDict()
+        self.hits = self.misses = 0
+        self.evicted = 0  # messages dropped for the bound (tokenized again if they return)
+
+    def tokenize(self, segments: Sequence[str]) -> list[int]:
+        out: list[int] = []
+        held = self._ids
+        for segment in segments:
+            key = text_hash(segment)
+            ids = held.get(key)
+            if ids is None:
+                self.misses += 1
+                ids = array("I", tokenize(segment))
+                if self.capacity > 0:
+                    held[key] = ids
+                    if len(held) > self.capacity:
+                        held.popitem(last=False)
+                        self.evicted += 1
+            else:
+                self.hits += 1
+                held.move_to_end(key)
+            out.extend(ids)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def clear(self) -> None:
+        self._ids.clear()
+        self.hits = self.misses = self.evicted = 0
 
 
 class Engine:
@@ -384,16 +443,19 @@ class Engine:
         self._rng = random.Random(seed)
         self.prefix_cache = PrefixCache(profile.prefix_cache_blocks)
         self.sessions = SessionStore(profile.session_kv_max_sessions)
+        self.tokens = TokenCache(profile.token_cache_messages)
 
     def reset(self) -> None:
         self._rng = random.Random(self.seed)
         self.prefix_cache.clear()
         self.sessions.clear()
+        self.tokens.clear()
 
     def plan(
         self,
         prompt: str,
         *,
+        prompt_ids: list[int] | None = None,
         session: str | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
@@ -402,11 +464,14 @@ class Engine:
         tools: Sequence[ToolSpec] = (),
         tool_choice: str | None = None,
         named_tool: str | None = None,
+        parallel_tool_calls: bool = True,
         answer: str | None = None,
     ) -> Plan:
         """Decide the answer and the cache hits for one request, and record its prefill.
+        `prompt_ids`: the prompt's token ids when the caller has them (`TokenCache`).
         `answer`: the text decided elsewhere (a grader's verdict, gateway.sim.grader)."""
-        prompt_ids = tokenize(prompt)
+        if prompt_ids is None:
+            prompt_ids = tokenize(prompt)
         phash = text_hash(prompt)
         sample_seed = None
         if temperature:  # None or 0.0 means greedy
@@ -415,27 +480,42 @@ class Engine:
         if answer is not None:
             pieces = split_pieces(answer)
             tools = ()
-        tool = choose_tool(phash, tools, tool_choice, named_tool)
-        tool_name, call_id = None, ""
-        if tool is not None:
-            tool_name = tool.name
-            call_id = f"chatcmpl-tool-{_mix(phash, _S_ID):016x}{phash:016x}"
-            pieces = split_pieces(tool_arguments(tool, pieces, phash))
-        elif json_mode and answer is None:
-            pieces = split_pieces(json_answer(pieces, phash))
+        chosen = choose_calls(phash, tools, tool_choice, named_tool, parallel=parallel_tool_calls)
         budget = max_tokens if max_tokens is not None else self.profile.max_model_len
-        budget -= tool_name is not None
-        eos = len(pieces) < budget
-        finish = ("tool_calls" if tool_name else "stop") if eos else "length"
-        plan = Plan(prompt_ids, 0, pieces[: max(budget, 0)], eos, finish, session, tool_name)
-        plan.tool_call_id = call_id
+        if chosen:
+            calls, schedule = self._calls(chosen, pieces, phash)
+            eos = len(schedule) < budget
+            finish = "tool_calls" if eos else "length"
+            schedule = schedule[: max(budget, 0)]
+            plan = Plan(prompt_ids, 0, [], eos, finish, session, calls, tuple(schedule))
+        else:
+            if json_mode and answer is None:
+                pieces = split_pieces(json_answer(pieces, phash))
+            eos = len(pieces) < budget
+            plan = Plan(
+                prompt_ids, 0, pieces[: max(budget, 0)], eos, "stop" if eos else "length", session
+            )
         plan.cached_tokens = self._cached(plan)
         return plan
+
+    def _calls(
+        self, chosen: Sequence[ToolSpec], pieces: Sequence[str], phash: int
+    ) -> tuple[tuple[Call, ...], list[tuple[int, str | None]]]:
+        """The calls of a call answer and their decode schedule; with `break_calls`, one call
+        of a broken answer carries wrong arguments."""
+        words = [p.strip().lower() for p in pieces if p.strip() not in ("", ".", ",")]
+        calls = tuple(Call(t.name, call_id(phash, i)) for i, t in enumerate(chosen))
+        args = [call_arguments(t, words, call_hash(phash, i)) for i, t in enumerate(chosen)]
+        texts = [_encode(a).decode() for a in args]
+        if is_broken(phash, self.profile.break_calls):
+            at = phash % len(chosen)
+            texts[at] = broken_arguments(chosen[at], args[at], phash)
+        return calls, _call_schedule(calls, texts)
 
     def _cached(self, plan: Plan) -> int:
         ids, cached = plan.prompt_ids, 0
         if self.prefix_cache.capacity > 0:
-            hashes = PrefixCache.block_hashes(ids)
+            hashes = plan.block_hashes = PrefixCache.block_hashes(ids)
             cached = self.prefix_cache.match(hashes) * BLOCK_SIZE
             self.prefix_cache.insert(hashes)
         if self.profile.session_kv and plan.session is not None:
@@ -447,11 +527,14 @@ class Engine:
 
     def finish(self, plan: Plan, steps_done: int) -> None:
         """Record the KV of the tokens generated, for the caches' later turns."""
-        n = min(len(plan.pieces), steps_done - (plan.tool_name is not None))
-        if n <= 0 or (self.prefix_cache.capacity <= 0 and not self.profile.session_kv):
+        if steps_done <= 0 or (self.prefix_cache.capacity <= 0 and not self.profile.session_kv):
             return
-        ids = plan.prompt_ids + [token_id(p) for p in plan.pieces[:n]]
-        self.prefix_cache.insert(PrefixCache.block_hashes(ids))
+        generated = plan.generated(steps_done)
+        if not generated:
+            return
+        ids = plan.prompt_ids + [token_id(p) for p in generated]
+        if self.prefix_cache.capacity > 0:
+            self.prefix_cache.insert(PrefixCache.block_hashes(ids, plan.block_hashes))
         if self.profile.session_kv and plan.session is not None:
             self.sessions.store(plan.session, ids)
 
@@ -470,3 +553,45 @@ class Engine:
         p = self.profile
         base = p.decode_s_per_token + p.decode_s_per_extra_seq * max(other_active, 0)
         return base * self._noise() * p.time_scale if base > 0 else 0.0
+
+
+# --- prompt logprobs (scoring) ----------------------------------------------------------------
+# How likely a simulated engine finds each token of a prompt. Deterministic in the token ids and
+# their position (one hash per position), so two engines of the same profile (production's
+# configuration and its control) give identical scores, and a profile with `logprob_shift` (the
+# quantized one) finds every prompt token that many nats less likely; a token pushed below the
+# best alternative loses its top-1 rank. Shaped like vLLM's `prompt_logprobs`: None for the first
+# position, then {token id: {logprob, rank, decoded_token}} with the prompt's token and the top k.
+
+# How likely the baseline finds a prompt token: log p = -_SCALE * u (u uniform in [0, 1)), and
+# the best alternative at that position sits _GAP * v below the most likely token.
+_SCALE = 2.0
+_GAP = 0.5
+
+
+def _score_unit(*parts: int) -> float:
+    return xxhash.xxh64_intdigest(b"".join(p.to_bytes(8, "little") for p in parts)) / 2.0**64
+
+
+def prompt_logprobs(ids: Sequence[int], k: int, shift: float) -> list[dict[str, Any] | None]:
+    """Per position of `ids`: the prompt token's logprob and rank, and the top k."""
+    out: list[dict[str, Any] | None] = [None]
+    for i in range(1, len(ids)):
+        token = ids[i]
+        h = (ids[i - 1] << 20) ^ token
+        base = -_SCALE * _score_unit(h, i, 1)
+        top_lp = (
+            min(base + _GAP * _score_unit(h, i, 2), -1e-3) if _score_unit(h, i, 3) < 0.3 else base
+        )
+        mine = base - shift
+        # The best alternative: above the prompt's token, or (where the prompt's token is the
+        # most likely) a random gap below it, which a shift can close.
+        best = top_lp if top_lp > base else base - _GAP * _score_unit(h, i, 4)
+        alternatives = [((token + 1 + j * 7919) % VOCAB_SIZE, best - 0.7 * j) for j in range(k)]
+        ranked = sorted([(token, mine), *alternatives], key=lambda e: -e[1])
+        entry: dict[str, Any] = {}
+        for rank, (tid, lp) in enumerate(ranked, start=1):
+            if rank <= k or tid == token:
+                entry[str(tid)] = {"logprob": lp, "rank": rank, "decoded_token": None}
+        out.append(entry)
+    return out

@@ -20,10 +20,10 @@ import msgspec
 from aiohttp import web
 
 from gateway.sim import protocol
-from gateway.sim.engine import Plan, ToolSpec, render_chat, session_of_text
+from gateway.sim.calls import ToolSpec
+from gateway.sim.engine import Plan, chat_segments, prompt_logprobs, session_of_text
 from gateway.sim.faults import SSE_HEADERS, json_error, replace_answer, reset_connection
 from gateway.sim.grader import VERDICT_SCHEMA, verdict_text
-from gateway.sim.score import prompt_logprobs
 from gateway.sim.state import ClientGone, SimState, pause
 
 _encode = msgspec.json.Encoder().encode
@@ -123,30 +123,11 @@ async def _respond(
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
     enc = protocol.ChunkEncoder(chat=chat, request_id=request_id, created=created, model=model)
-    pieces, offset = plan.pieces, int(plan.tool_name is not None)
-    last = len(pieces) - 1 + offset  # step of the last piece
-    cut = None if plan.eos else "length"
-
-    flush_at = _event_ends(st.profile.max_tokens_per_event, offset, last)
-    held: list[str] = []  # pieces decoded but not yet sent: the API server is behind
-
-    async def emit(step: int) -> None:
-        if step == 0 and chat:
-            await resp.write(enc.role())
-        if step < offset:
-            await resp.write(enc.tool_call(plan))
-        elif step <= last:
-            held.append(pieces[step - offset])
-            if step not in flush_at:
-                return
-            finish = cut if step == last else None
-            piece = "".join(held)
-            held.clear()
-            data = enc.tool_arguments(piece, finish) if offset else enc.token(piece, finish)
-            await resp.write(data)
-        else:
-            await resp.write(enc.end(plan.finish_reason))
-
+    emit = (
+        _call_emitter(resp, enc, plan, st)
+        if plan.calls
+        else _text_emitter(resp, enc, plan, st, chat)
+    )
     if not await _run(request, st, plan, emit):
         return resp
     with contextlib.suppress(ConnectionError):
@@ -155,6 +136,70 @@ async def _respond(
         await resp.write(protocol.DONE)
         await resp.write_eof()
     return resp
+
+
+def _text_emitter(
+    resp: web.StreamResponse,
+    enc: protocol.ChunkEncoder,
+    plan: Plan,
+    st: SimState,
+    chat: bool,
+) -> Emit:
+    """Write a text answer's step: the role first (chat), then its pieces, packed into events
+    as `_event_ends` says, then the finish."""
+    pieces, last = plan.pieces, len(plan.pieces) - 1
+    cut = None if plan.eos else "length"
+    flush_at = _event_ends(st.profile.max_tokens_per_event, 0, last)
+    held: list[str] = []  # pieces decoded but not yet sent: the API server is behind
+
+    async def emit(step: int) -> None:
+        if step == 0 and chat:
+            await resp.write(enc.role())
+        if step <= last:
+            held.append(pieces[step])
+            if step not in flush_at:
+                return
+            piece = "".join(held)
+            held.clear()
+            await resp.write(enc.token(piece, cut if step == last else None))
+        else:
+            await resp.write(enc.end(plan.finish_reason))
+
+    return emit
+
+
+def _call_emitter(
+    resp: web.StreamResponse, enc: protocol.ChunkEncoder, plan: Plan, st: SimState
+) -> Emit:
+    """Write a call answer's step, as vLLM's tool parsers stream: the role, then per call one
+    event with its index, id and name, then its argument fragments (packed as `_event_ends`
+    says, never across two calls), then the next call; the finish last."""
+    schedule, calls, last = plan.schedule, plan.calls, len(plan.schedule) - 1
+    cut = None if plan.eos else "length"
+    heads = [i for i, (_, piece) in enumerate(schedule) if piece is None]
+    flush_at = _event_ends(st.profile.max_tokens_per_event, 0, last) | {h - 1 for h in heads}
+    held: list[str] = []
+
+    async def emit(step: int) -> None:
+        if step == 0:
+            await resp.write(enc.role())
+        if step > last:
+            await resp.write(enc.end(plan.finish_reason))
+            return
+        index, piece = schedule[step]
+        if piece is None:
+            call = calls[index]
+            await resp.write(enc.tool_call(index, call.id, call.name))
+            if step == last and cut is not None:  # max_tokens left no room for arguments
+                await resp.write(enc.tool_arguments(index, "", cut))
+            return
+        held.append(piece)
+        if step in flush_at:
+            fragment = "".join(held)
+            held.clear()
+            await resp.write(enc.tool_arguments(index, fragment, cut if step == last else None))
+
+    return emit
 
 
 def _event_ends(max_per_event: int, first: int, last: int) -> frozenset[int]:
@@ -202,10 +247,12 @@ async def chat(
     max_tokens = _max_tokens(req.max_completion_tokens, req.max_tokens)
     fmt = req.response_format.type if req.response_format else "text"
     schema = req.response_format.json_schema if req.response_format else None
-    prompt = render_chat(messages, tools_text)
+    segments = chat_segments(messages, tools_text)
+    prompt = "".join(segments)
     is_verdict = schema is not None and schema.name == VERDICT_SCHEMA
     plan = st.engine.plan(
         prompt,
+        prompt_ids=st.engine.tokens.tokenize(segments),
         session=session,
         max_tokens=max_tokens,
         temperature=req.temperature,
@@ -214,6 +261,7 @@ async def chat(
         tools=tools,
         tool_choice=choice,
         named_tool=named,
+        parallel_tool_calls=req.parallel_tool_calls is not False,
         answer=verdict_text(st.engine.profile, prompt) if is_verdict else None,
     )
     if (too_long := _check_length(st, plan, max_tokens)) is not None:

@@ -5,7 +5,7 @@ often its answers diverge from the baseline's, and which fault (if any) it injec
 frozen and validated on construction; `get_profile` is the one way to look one up by name and
 override knobs (the CLI's `--time-scale`, tests' small delays).
 
-Latency defaults are of the order of a mid-size model on one modern GPU: 0.2 ms of prefill per
+Latency defaults are of the order of an 8B-class model on one modern GPU: 0.05 ms of prefill per
 uncached prompt token, 8 ms per decode step plus 0.5 ms for every other sequence in the batch.
 """
 
@@ -32,7 +32,9 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     name: str = "baseline"
     # Latency model.
-    prefill_s_per_token: float = 0.0002  # per uncached prompt token
+    # Per uncached prompt token: 20k tokens a second, an 8B-class model on one H100 (an agent's
+    # 10k-token context then costs 0.2 s of TTFT uncached).
+    prefill_s_per_token: float = 0.00005
     decode_s_per_token: float = 0.008  # base decode step
     decode_s_per_extra_seq: float = 0.0005  # added per other sequence decoding concurrently
     overhead_s: float = 0.002  # scheduling + detokenisation, added once to every TTFT
@@ -40,12 +42,17 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     time_scale: float = 1.0  # multiplies every delay; tests use small values
     # Capacity: requests beyond `max_num_seqs` queue for a slot, which shows up in TTFT.
     max_num_seqs: int = 256
-    max_model_len: int = 8192
+    max_model_len: int = 32768  # an agent's context outgrows 8k within ten turns
     served_model_names: tuple[str, ...] = ("sim-model",)
     # KV caches.
     prefix_cache_blocks: int = 0  # LRU capacity in 16-token blocks (0 = no prefix cache)
     session_kv: bool = False  # bi-kv: keep each session's KV between turns
     session_kv_max_sessions: int = 4096  # bound on the sessions whose KV is retained
+    # Token ids of chat messages kept between turns (engine.TokenCache): a turn re-sends its
+    # whole conversation, and only its new messages are tokenized. 1024 holds every message
+    # of a few dozen agent sessions in flight (~8 MB at 2k tokens a message); older ones fall
+    # off (counted) and are tokenized again if they come back.
+    token_cache_messages: int = 1024
     # Answers.
     divergence: float = 0.0  # probability an answer diverges from the baseline's
     min_output_tokens: int = 16
@@ -54,12 +61,16 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # event). Real vLLM packs several tokens into one event whenever its engine runs ahead of
     # its API server's stream; an A/A with packing on shows that tokens are counted, not events.
     max_tokens_per_event: int = 1
-    # Scoring (prompt logprobs, gateway/sim/score.py): whether the engine answers them (False:
+    # Scoring (prompt logprobs, gateway/sim/engine.py): whether the engine answers them (False:
     # an older engine, 400), the most top-k it allows (vLLM's max_logprobs), and how many nats
     # each prompt token's logprob is lowered by (a quantized checkpoint's damage; 0 = baseline).
     prompt_logprobs: bool = True
     max_logprobs: int = 20
     logprob_shift: float = 0.0
+    # The share of call answers with wrong arguments (gateway.sim.calls.BREAKS: a required
+    # argument missing, a wrong type, an enum value outside the set, not JSON), drawn from the
+    # prompt hash so reruns agree; 0 for production and the control.
+    break_calls: float = 0.0
     # A model upgrade: every answer in its own words (gateway.sim.engine.NEW_WORDS).
     rephrase: bool = False
     # As an LLM grader (a pairwise request with a json_schema response_format, gateway.sim.grader):
@@ -79,7 +90,13 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise UsageError("profile name must not be empty")
         if self.fault is not None and self.fault not in FAULTS:
             raise UsageError(f"unknown fault {self.fault!r}; valid faults: {', '.join(FAULTS)}")
-        for key in ("divergence", "grader_first", "grader_tie", "grader_prefers_new"):
+        for key in (
+            "divergence",
+            "break_calls",
+            "grader_first",
+            "grader_tie",
+            "grader_prefers_new",
+        ):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise UsageError(f"{key} must be in [0, 1], got {getattr(self, key)}")
         delays = {
@@ -96,6 +113,8 @@ class SimProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         for key, value in delays.items():
             if not value >= 0.0:  # also rejects NaN
                 raise UsageError(f"{key} must be >= 0, got {value}")
+        if self.token_cache_messages < 0:
+            raise UsageError("token_cache_messages must be >= 0")
         if self.prefix_cache_blocks < 0 or self.session_kv_max_sessions < 1:
             raise UsageError("prefix_cache_blocks must be >= 0 and session_kv_max_sessions >= 1")
         if self.max_num_seqs < 1 or self.max_model_len < 16:
@@ -125,7 +144,7 @@ PROFILES: dict[str, SimProfile] = {
     "quantized": msgspec.structs.replace(
         _BASELINE,
         name="quantized",
-        prefill_s_per_token=0.00015,
+        prefill_s_per_token=0.0000375,
         decode_s_per_token=0.0048,
         decode_s_per_extra_seq=0.0003,
         divergence=0.3,

@@ -108,6 +108,7 @@ class ChatRequest(msgspec.Struct):
     n: int | None = 1
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
 
@@ -197,19 +198,20 @@ class ChunkEncoder:
             {"index": 0, key: value, "logprobs": None, "finish_reason": finish, "stop_reason": None}
         )
 
-    def tool_call(self, plan: Plan) -> bytes:
+    def tool_call(self, index: int, call_id: str, name: str) -> bytes:
+        """The step that announces call `index`: its id and name, no arguments yet."""
         call = {
-            "id": plan.tool_call_id,
+            "id": call_id,
             "type": "function",
-            "index": 0,
-            "function": {"name": plan.tool_name, "arguments": ""},
+            "index": index,
+            "function": {"name": name, "arguments": ""},
         }
         return self._event(
             {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}
         )
 
-    def tool_arguments(self, fragment: str, finish: str | None = None) -> bytes:
-        delta = {"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}
+    def tool_arguments(self, index: int, fragment: str, finish: str | None = None) -> bytes:
+        delta = {"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
         choice["finish_reason"] = finish
         if finish is not None:
@@ -232,14 +234,14 @@ class ChunkEncoder:
 def chat_completion(
     plan: Plan, request_id: str, created: int, model: str, completion_tokens: int
 ) -> bytes:
-    text = "".join(plan.pieces)
-    message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
-    if plan.tool_name is not None:
-        function = {"name": plan.tool_name, "arguments": text}
-        message["content"] = None
+    message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": []}
+    if plan.calls:
         message["tool_calls"] = [
-            {"id": plan.tool_call_id, "type": "function", "function": function}
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": a}}
+            for call, a in zip(plan.calls, plan.arguments(), strict=True)
         ]
+    else:
+        message["content"] = "".join(plan.pieces)
     choice = {
         "index": 0,
         "message": message,

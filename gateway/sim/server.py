@@ -1,6 +1,7 @@
 """The simulator's aiohttp application and a handle to run one on a real socket.
 
-Routes are vLLM's: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+Routes are vLLM's: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/responses`
+(gateway/sim/responses.py), `/v1/embeddings`,
 `/tokenize`, `/health`; plus the simulator's own `/sim/stats`, `/sim/requests` and `/sim/reset`
 for tests. Every request outside `/sim/` is counted and kept in a bounded log (method, path,
 headers, body length, session) so proxy tests can check what was forwarded. No per-request
@@ -19,8 +20,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from gateway.sim import generate, protocol
-from gateway.sim.engine import embed, render_chat, tokenize
+from gateway.sim import generate, protocol, responses
+from gateway.sim.engine import chat_segments, embed, tokenize
 from gateway.sim.faults import MAX_BODY_BYTES, json_error, read_body, replace_answer
 from gateway.sim.profiles import SimProfile, get_profile
 from gateway.sim.state import STATE, ClientGone, SimState, pause
@@ -96,13 +97,13 @@ async def _tokenize(
     if (req.prompt is None) == (req.messages is None):
         return json_error(400, "give exactly one of `prompt` or `messages`")
     if req.messages is not None:
-        text = render_chat(
+        segments = chat_segments(
             [(m.role, m.text()) for m in req.messages],
             continue_final=req.continue_final_message,
         )
+        tokens = st.engine.tokens.tokenize(segments)
     else:
-        text = req.prompt or ""
-    tokens = tokenize(text)
+        tokens = tokenize(req.prompt or "")
     max_len = st.profile.max_model_len
     return _json(
         {"count": len(tokens), "max_model_len": max_len, "tokens": tokens, "token_strs": None}
@@ -157,7 +158,16 @@ def _is_token_list(value: list[Any]) -> bool:
 
 
 async def _stats(request: web.Request) -> web.StreamResponse:
-    return _json(request.app[STATE].stats.as_dict())
+    st = request.app[STATE]
+    tokens = st.engine.tokens
+    return _json(
+        {
+            **st.stats.as_dict(),
+            "token_cache_hits": tokens.hits,
+            "token_cache_misses": tokens.misses,
+            "token_cache_evicted": tokens.evicted,  # messages dropped for the bound
+        }
+    )
 
 
 async def _requests(request: web.Request) -> web.StreamResponse:
@@ -176,6 +186,7 @@ def build_sim_app(profile: SimProfile, *, seed: int = 0) -> web.Application:
     app.router.add_get("/v1/models", _observed(_models))
     app.router.add_post("/v1/chat/completions", _observed(generate.chat))
     app.router.add_post("/v1/completions", _observed(generate.completions))
+    app.router.add_post("/v1/responses", _observed(responses.responses))
     app.router.add_post("/v1/embeddings", _observed(_embeddings))
     app.router.add_post("/tokenize", _observed(_tokenize))
     app.router.add_get("/health", _observed(_health))

@@ -8,7 +8,8 @@ msgspec Structs, so the evaluators import no SQLAlchemy and no driver:
   themselves in batches, through the driver's own server-side cursor;
 - `counters` / `stale_replicas`: the candidate's copy accounting, summed over replicas, and how
   many replicas' counters lag the exchanges they stored;
-- `capacity`: the candidate's newest `canary capacity` result young enough to trust.
+- `capacity`: the candidate's newest `canary capacity` result young enough to trust;
+- `tool_errors`: the candidate's most frequent first tool-call problems.
 
 What a row holds is the caller's `RowLayout` (the evaluators' column order): exchange columns,
 then each arm's observation columns, then whether the candidate's / control's output hash equals
@@ -129,6 +130,41 @@ async def count_pairs(
         async with engine.connect() as conn:
             stmt = select(func.count()).select_from(joined).where(*cond)
             return int((await conn.execute(stmt)).scalar_one())
+
+
+async def tool_errors(
+    engine: Engine,
+    candidate: str,
+    *,
+    since: float | None = None,
+    until: float | None = None,
+    limit: int = 5,
+) -> list[tuple[str, int]]:
+    """The candidate's most frequent first tool-call problems (`observations.tool_error`, value
+    free) in [since, until), with their counts, most frequent first."""
+    e = ExchangeRow.__table__
+    o = ObservationRow.__table__
+    cond: list[ColumnElement[bool]] = [
+        o.c.endpoint == candidate,
+        o.c.arm == "candidate",
+        o.c.tool_error.is_not(None),
+    ]
+    if since is not None:
+        cond.append(e.c.received_at >= since)
+    if until is not None:
+        cond.append(e.c.received_at < until)
+    n = func.count().label("n")
+    stmt = (
+        select(o.c.tool_error, n)
+        .select_from(o.join(e, e.c.id == o.c.exchange_id))
+        .where(*cond)
+        .group_by(o.c.tool_error)
+        .order_by(n.desc(), o.c.tool_error)
+        .limit(limit)
+    )
+    with translated("reading a candidate's tool-call problems"):
+        async with engine.connect() as conn:
+            return [(str(r[0]), int(r[1])) for r in await conn.execute(stmt)]
 
 
 def _query(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM = Path(os.environ.get("CANARY_CHROMIUM", "/usr/bin/chromium"))
+from bench._shared.browser_stack import CHROMIUM
 
 
 def browser_missing() -> str | None:

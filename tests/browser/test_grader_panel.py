@@ -17,15 +17,14 @@ import aiohttp
 import pytest
 
 from gateway.sim.workload import WorkloadSpec, run_workload
+from tests.browser.pages import signed_in_page
 from tests.browser.stack import (
     CANDIDATE,
     READ_WITHIN_S,
-    TOKEN,
     UPGRADE,
     VERDICT,
     Stack,
     chromium,
-    new_page,
     read_after,
     running_stack,
 )
@@ -74,8 +73,11 @@ async def test_grader_panel_shows_graded_pairs_net_preference_and_position_bias(
         spec = WorkloadSpec(sessions=SESSIONS, turns=TURNS, concurrency=8, seed=3)
         done = await run_workload(stack.url, spec)
         assert (done.requests, done.errors) == (SESSIONS * TURNS, 0)
-        # A session counts once closed: `session_idle_s` after its last turn.
-        closed_at = time.time() + float(VERDICT["session_idle_s"])
+        # A graded session counts once closed: `session_idle_s` after its last turn, plus
+        # `grading_deadline_s` (by then every verdict it will hold is in).
+        closed_at = (
+            time.time() + float(VERDICT["session_idle_s"]) + float(VERDICT["grading_deadline_s"])
+        )
 
         async def settled() -> tuple[dict[str, int], dict[str, Any]] | None:
             # Every selected pair ended (dropped, or graded in both orders), every session
@@ -103,13 +105,7 @@ async def test_grader_panel_shows_graded_pairs_net_preference_and_position_bias(
         assert d["pairs_graded"] >= 10 and d["pairs_both_orders"] == d["pairs_graded"]
         assert bias["n"] > 0 and bias["estimate"] > 0  # the planted first-shown pick
 
-        context, page = await new_page(browser, VIEWPORT)
-        errors: list[str] = []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-        await page.goto(stack.ui)
-        await page.fill("#token", TOKEN)
-        await read_after(page, lambda: page.click("#login-go"))
+        context, page, errors = await signed_in_page(browser, stack.ui, VIEWPORT)
 
         await read_after(page, lambda: page.click(f"a[href='#/c/{CANDIDATE}']"))
         assert await page.locator("#d-grader-panel").is_hidden()

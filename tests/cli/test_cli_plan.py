@@ -146,10 +146,10 @@ def _experiment(url: str, kind: str, scored_every: int = 0) -> None:
     such pair carries both arms' logprob scores (as teacher forcing writes them)."""
     import msgspec
 
+    from bench._shared import world
     from domain.endpoint import Endpoint
     from storage import queries
     from storage.engine import make_engine, upgrade
-    from tests.evaluators import world
     from tests.evaluators.test_eval_pairs import store
 
     case = next(c for c in world.PLANNED if c.label.startswith("A/A bi-kv, real"))
@@ -191,8 +191,8 @@ def test_plan_from_a_running_experiment_measures_each_gating_test(
     verdict gates it, turn-1 TTFT apart from the later-turn goal, sized from the noise each
     showed — the turn-1 row, one noisy pair per session, needs the most sessions of the latency
     rows and about what the noise model says at a pair sd of 1.1."""
+    from bench._shared import world
     from gateway.cli.main import main
-    from tests.evaluators import world
 
     url = f"sqlite+aiosqlite:///{tmp_path / 'plan.db'}"
     _experiment(url, "bi-kv")
@@ -259,7 +259,7 @@ def test_plan_of_a_scoring_candidate_lists_its_divergence_test_once_in_a_narrow_
         assert line[:end].endswith(f"{r['pairs']:,}"), line
 
 
-async def test_plan_states_each_ramp_step_at_the_live_session_rate() -> None:
+async def test_plan_states_each_rollout_step_at_the_live_session_rate() -> None:
     """`canary plan` states each default ramp step's sessions, time and what sizes it at the
     live session rate (1 %: a smoke step of min_step_s; 5 %: the TTFT harm; 25 %: the failure
     harm; 50 %: the non-inferiority look; 100 %: its dwell), the whole ramp's time as their sum,
@@ -267,14 +267,14 @@ async def test_plan_states_each_ramp_step_at_the_live_session_rate() -> None:
     code, out, err = await canary("plan", "--rate", "60", "--turns", "6", "--format", "json")
     assert code == 0, err
     doc = json.loads(out)
-    ramp = doc["ramp"]
-    assert [r["weight"] for r in ramp] == [1.0, 5.0, 25.0, 50.0, 100.0]
-    assert [r["sized_by"] for r in ramp] == [
+    steps = doc["ramp"]
+    assert [r["weight"] for r in steps] == [1.0, 5.0, 25.0, 50.0, 100.0]
+    assert [r["sized_by"] for r in steps] == [
         "min_step_s", "TTFT harm", "failure harm", "non-inferiority", "min_step_s",
     ]  # fmt: skip
-    for r in ramp[1:4]:
+    for r in steps[1:4]:
         assert math.isclose(r["seconds"], max(60.0, r["sessions"] / (60 / 6)), rel_tol=0.01)
-    assert math.isclose(doc["ramp_seconds"], sum(r["seconds"] for r in ramp), rel_tol=1e-9)
+    assert math.isclose(doc["ramp_seconds"], sum(r["seconds"] for r in steps), rel_tol=1e-9)
     code, out, _ = await canary("plan", "--rate", "60", "--turns", "6")
     assert code == 0 and "the whole ramp: about" in out and "50 %" in out
     code, _, err = await canary("plan", "--rate", "60", "--failing-share", "0.7")
@@ -283,6 +283,7 @@ async def test_plan_states_each_ramp_step_at_the_live_session_rate() -> None:
     assert code == 2 and "--session-noise" in err
 
 
+@pytest.mark.slow  # simulates the graded plan: ~30 s on two cores
 async def test_graded_plan_states_sessions_time_and_cost() -> None:
     """`--graded` states, for the preference margin and twice and three times it, the graded
     sessions the sizing core finds, the time at the sampled session rate, the grader calls at

@@ -24,7 +24,7 @@ async def test_help(argv: tuple[str, ...]) -> None:
     assert fits(out), out
 
 
-async def test_operator_ramp(tmp_path: Path) -> None:
+async def test_operator_rollout(tmp_path: Path) -> None:
     """start (refused without a verdict, bad steps refused before any request), status in text
     and JSON, pause, resume, advance and abort against a running gateway."""
     async with real_gateway(tmp_path) as gw:

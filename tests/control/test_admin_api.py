@@ -193,6 +193,7 @@ async def test_grader_round_trip(tmp_path: Path) -> None:
             "max_per_minute": 60,
             "daily_token_budget": 2_000_000,
             "prompt": None,
+            "label_rate": 0.0,
         }
         status, got = await call(http, "GET", srv.admin + "/candidates/upgrade")
         assert status == 200 and got["grader"] == created["grader"]

@@ -90,6 +90,7 @@ async def admin_server(
     insecure: bool = False,
     listen_host: str = "127.0.0.1",
     bind: str = "127.0.0.1",
+    **context: Any,
 ) -> AsyncIterator[AdminServer]:
     """Migrate `db_url` (idempotent), seed the live endpoint, start the admin API."""
     await upgrade(db_url)
@@ -109,6 +110,7 @@ async def admin_server(
             verdict_settings=VerdictSettings(),
             listen_host=listen_host,
             reports=LocalReports(engine, VerdictSettings()),
+            **context,  # more AdminContext fields (the labellers, the label settings)
         )
         app = web.Application()
         app.add_subapp("/admin", build_admin_app(ctx))

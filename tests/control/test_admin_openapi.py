@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 import schemathesis
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -112,6 +113,7 @@ def test_url_pattern_refuses_credentials_and_bad_ports() -> None:
         assert pattern.match(url), url
 
 
+@pytest.mark.slow  # a fuzzer: ~45 s on two cores
 async def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
     """schemathesis (every check, all phases, bounded) against the real gateway on SQLite."""
     config = tmp_path / "schemathesis.toml"

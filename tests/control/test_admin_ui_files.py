@@ -22,6 +22,8 @@ async def test_files_need_no_token_and_carry_a_strict_policy(tmp_path: Path) -> 
     referrer; the API next to them still answers 401 without one; `/ui` redirects to `/ui/`."""
     async with admin_server(sqlite_url(tmp_path)) as srv, aiohttp.ClientSession() as http:
         for path, ctype in (("/ui/", "text/html"), ("/ui/app.js", "text/javascript"),
+                            ("/ui/label.js", "text/javascript"),
+                            ("/ui/human.js", "text/javascript"),
                             ("/ui/app.css", "text/css")):  # fmt: skip
             async with http.get(srv.admin + path) as resp:
                 assert resp.status == 200, path
@@ -70,7 +72,7 @@ def test_page_loads_nothing_from_elsewhere_and_runs_no_inline_script() -> None:
     static = resources.files("gateway.control.admin").joinpath("static")
     html = static.joinpath("index.html").read_text()
     refs = re.findall(r'(?:src|href)="([^"#]+)"', html)
-    assert sorted(refs) == ["app.css", "app.js", "data:,"]
+    assert sorted(refs) == ["app.css", "app.js", "data:,", "human.js", "label.js"]
     assert not re.search(r"<script(?![^>]*\bsrc=)", html)
     assert "<style" not in html and " style=" not in html
     js = static.joinpath("app.js").read_text()
@@ -78,6 +80,12 @@ def test_page_loads_nothing_from_elsewhere_and_runs_no_inline_script() -> None:
     assert "sessionStorage" in js and "localStorage" not in js
     assert not re.search(r"https?://", js.replace("http://www.w3.org/2000/svg", ""))
     assert "innerHTML" not in js and "eval(" not in js
+    label = static.joinpath("label.js").read_text()  # the labelling view: a pair as plain text
+    assert "innerHTML" not in label and "eval(" not in label and "dataset.order" not in label
+    assert not re.search(r"https?://", label)
+    human = static.joinpath("human.js").read_text()  # what people prefer: text only
+    assert "innerHTML" not in human and "eval(" not in human
+    assert not re.search(r"https?://", human)
 
 
 async def test_page_goes_where_the_admin_app_goes(tmp_path: Path) -> None:

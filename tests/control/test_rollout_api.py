@@ -84,7 +84,7 @@ async def test_bad_input_and_conflicts_change_nothing(tmp_path: Path) -> None:
         status, body = await call(http, "POST", srv.admin + "/rollout/resume")
         assert (status, body["error"]["detail"]["reason"]) == (409, "not_paused")
         assert await _rollout(http, srv.admin) == first
-        # A paused ramp is not advanced by hand: resume it first (docs/ramp.md says the same).
+        # A paused ramp is not advanced by hand: resume it first (docs/rollout.md says the same).
         assert (await call(http, "POST", srv.admin + "/rollout/pause"))[0] == 200
         status, body = await call(http, "POST", srv.admin + "/rollout/advance")
         assert (status, body["error"]["detail"]["reason"]) == (409, "not_running")

@@ -4,7 +4,7 @@ candidate 30 % slower is rolled back with the evidence of the tests that showed 
 
 The per-request evidence is generated here (an independent generator: log-normal latencies,
 sessions of three turns, arms drawn at the step's weight) and served by the controller's
-evidence seam, in the columns `storage.reports.ramp.ramp_requests` returns.
+evidence seam, in the columns `storage.reports.rollout.rollout_requests` returns.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
 from evaluators.judge.settings import VerdictSettings
-from gateway.control.controller import RolloutController
+from gateway.rollout.controller import RolloutController
 from storage import queries
 from storage.engine import make_engine, upgrade
 from storage.rollouts import current_rollout, start_rollout
@@ -32,7 +32,7 @@ TURNS = 3
 
 
 class Traffic:
-    """One rollout generation's live requests, served as `ramp_requests` columns."""
+    """One rollout generation's live requests, served as `rollout_requests` columns."""
 
     def __init__(self, generation: int, start: float, *, slowdown: float, seed: int) -> None:
         rng = np.random.default_rng(seed)
@@ -142,7 +142,7 @@ async def test_slower_candidate_is_rolled_back_with_evidence(tmp_path: Path) -> 
         assert [s.value for s in ctl.samples()] == [1]
 
 
-async def test_margins_not_shown_hold_the_ramp_until_a_person_answers(tmp_path: Path) -> None:
+async def test_margins_not_shown_hold_the_rollout_until_a_person_answers(tmp_path: Path) -> None:
     """At the largest split step an A/A candidate whose non-inferiority look (sized for 50 %
     power at a 2.2 % latency margin) misses a margin is not rolled back but paused (hold) with
     the margin it missed; once a person resumes it the controller advances it instead of

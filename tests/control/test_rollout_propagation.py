@@ -17,9 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from domain.endpoint import Endpoint
 from gateway.control.registry import Registry
-from gateway.control.rollout import GuardTrips
+from gateway.rollout.arms import ArmRouter, SessionArms
+from gateway.rollout.state import GuardTrips
 from gateway.server.hooks import LiveTarget
-from gateway.server.ramp.arms import ArmRouter, SessionArms
 from storage import queries
 from storage.engine import make_engine, upgrade
 from storage.rollouts import current_rollout, start_rollout, transition

@@ -3,7 +3,7 @@ cuts (tests/store_link.py): a worker that cannot read the store for `store_loss_
 new sessions on production while its candidate sessions keep their arm, and follows the store
 again once it has answered for `store_resume_after_s`; a guard's rollback decided while the
 store is gone is retried until stored, and a held replica never resumes the stale weight.
-tests/process/test_ramp_store_loss.py shows the same with two `canary serve` replicas."""
+tests/process/test_rollout_store_loss.py shows the same with two `canary serve` replicas."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.control.registry import Registry
-from gateway.control.rollout import GuardTrips
+from gateway.rollout.arms import CANDIDATE, PRODUCTION, ArmRouter, SessionArms
+from gateway.rollout.state import GuardTrips
 from gateway.server.hooks import LiveTarget
-from gateway.server.ramp.arms import CANDIDATE, PRODUCTION, ArmRouter, SessionArms
 from storage.engine import make_engine, upgrade
 from storage.rollouts import current_rollout, start_rollout
 from tests.control.test_rollout_propagation import CAND, LIVE, applied
@@ -140,7 +140,7 @@ async def test_a_rollback_decided_without_the_store_is_stored_before_anyone_resu
                 )
                 guard = GuardTrips(engine_a, on_done=reg_a.refresh, retry_max_s=RETRY_MAX_S)
                 link.cut()
-                # What RampRoute.trip does on the fifth failure in a row: local, then durable.
+                # What RolloutRoute.trip does on the fifth failure in a row: local, then durable.
                 router_a.swap(router_a.rollout.rolled_back())
                 evidence: dict[str, object] = {"consecutive_failures": 5}
                 guard.trip(r.id * 2, "guard_consecutive", evidence)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,39 +22,19 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 )
 from google.protobuf import json_format
 
-ROOT = Path(__file__).resolve().parents[2]
-NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
+from bench._shared.nginx import MISSING, ROOT, find_nginx
+from bench._shared.nginx import nginx_conf as nginx_conf
+
 ENVOY_YAML = ROOT / "deploy" / "envoy" / "envoy.yaml"
 
 
-def nginx_conf(tmp: Path, listen: int, replicas: list[str], *, affinity: bool = True) -> Path:
-    """deploy/nginx/nginx.conf as shipped, with its listen port, pid file and replica addresses
-    replaced (and, with affinity=False, its hash line removed: nginx's default round-robin)."""
-    text = NGINX_CONF.read_text()
-    servers = re.findall(r"^ *server canary-\d+:8080;\n", text, re.M)
-    assert servers, "the example lists its replicas as `server canary-N:8080;`"
-    text = text.replace("".join(servers), "".join(f"        server {r};\n" for r in replicas))
-    text = text.replace("listen 8000;", f"listen 127.0.0.1:{listen};")
-    text = text.replace("pid /tmp/canary-nginx.pid;", f"pid {tmp / 'nginx.pid'};")
-    # One process that stays in the foreground (the test owns it), writing its temporary files
-    # under `tmp`, which a worker switched to another user could not.
-    text = text.replace("worker_processes auto;", "worker_processes 1;\nmaster_process off;")
-    text = text.replace("http {\n", f"http {{\n    client_body_temp_path {tmp / 'body'};\n"
-                        f"    proxy_temp_path {tmp / 'proxy'};\n", 1)  # fmt: skip
-    if not affinity:
-        text, n = re.subn(r"^ *hash \$canary_session consistent;\n", "", text, flags=re.M)
-        assert n == 1
-    conf = tmp / "nginx.conf"
-    conf.write_text(text)
-    return conf
-
-
 def nginx_binary() -> str:
-    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    """The nginx binary; a skip when it is missing (a failure under CANARY_REQUIRE_NGINX=1)."""
+    exe = find_nginx()
     if exe is None:
         if os.environ.get("CANARY_REQUIRE_NGINX") == "1":
-            pytest.fail("CANARY_REQUIRE_NGINX=1 but nginx is not installed", pytrace=False)
-        pytest.skip("nginx is not installed (apt-get install -y nginx)")
+            pytest.fail(f"CANARY_REQUIRE_NGINX=1 but {MISSING}", pytrace=False)
+        pytest.skip(MISSING)
     return exe
 
 

@@ -186,12 +186,14 @@ async def test_the_pod_runs_as_described(serve: Any, tmp_path: Path) -> None:
         "CANARY_ADMIN_LISTEN": f"127.0.0.1:{admin_port}",
         "CANARY_LIVE_URL": live.url,
     }
+    # The image's entrypoint, `canary` (tests/deploy/test_image.py), as this checkout's module;
+    # the spill volume's path is the pod's, a temporary directory here.
     python = [sys.executable, "-m", "gateway.cli.main"]
-    assert job["args"][0] == pod["args"][0] == "canary"
-    code, out = await _run(*python, *job["args"][1:], env=env)
+    env["CANARY_REPORTS_SPILL_DIR"] = str(tmp_path)
+    code, out = await _run(*python, *job["args"], env=env)
     assert code == 0, out
     config = pod["args"][pod["args"].index("--config") + 1]
-    args = [a if a != config else str(BASE / "gateway.toml") for a in pod["args"][1:]]
+    args = [a if a != config else str(BASE / "gateway.toml") for a in pod["args"]]
     proc = await asyncio.create_subprocess_exec(
         *python, *args, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
     )

@@ -2,7 +2,8 @@
 mirrored to simulator upgrades whose every answer differs from production's, graded in the
 mirror process by simulator graders with a planted position bias, stored in SQLite and judged
 by the evaluators: promoted by preference when the grader is indifferent (exact match would
-have rejected it), rejected when the grader prefers production 65:35, and the cap holds."""
+have rejected it), rejected when the grader prefers production's answers (net about -18 pp),
+and the cap holds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from domain.records import NOT_GRADED_OUTCOMES
 from evaluators.judge.settings import VerdictSettings
 from evaluators.report.build import evaluate
 from evaluators.report.model import Report
@@ -29,12 +31,16 @@ TIME_SCALE = 0.25
 SESSIONS = 300
 CAP = 5  # the capped candidate's grader calls per minute
 # Verdict margins a 300-session test can show (as tests/evaluators/test_e2e_verdicts.py); this
-# test is about preference, so latency gets a 10 % margin too.
+# test is about preference, so latency gets a 10 % margin too, and tool-call validity 2 pp: every
+# turn declares tools, and 300 sessions with no invalid call in either arm show the difference
+# within about ±1.3 pp at best, never within the default 1 pp.
 LOOSE = {
     "error_delta": 0.05,
     "error_critical": 0.1,
     "slo_exceedance_delta": 0.05,
     "latency_delta": 1.1,
+    "tool_validity_delta": 0.02,
+    "tool_validity_critical": 0.02,
 }
 
 
@@ -45,8 +51,11 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _grader(sim: SimServer, **extra: Any) -> dict[str, Any]:
-    # Uncapped unless asked: the default 60 a minute would grade a fraction of the pairs.
-    cap = {"max_per_minute": 1_000_000}
+    # Uncapped unless asked: the default 60 a minute would grade a fraction of the pairs, and
+    # the default 2 M tokens a day about a fifth of them (the agent contexts, tool results
+    # included, make a grading ~2,600 tokens: 1,800 pairs graded both ways are ~9 M tokens),
+    # the rest recorded over cap and only the first ~70 sessions graded.
+    cap = {"max_per_minute": 1_000_000, "daily_token_budget": 1 << 40}
     return {"url": sim.url, "model": "sim-model", "price_per_mtok": 1.0, **cap, **extra}
 
 
@@ -61,8 +70,10 @@ async def _scenario(tmp: Path) -> dict[str, Any]:
             ("capped", "upgrade", {}),
             # An indifferent grader that picks the first-shown answer a quarter of the time.
             ("fair-grader", "grader", {"time_scale": 0.02}),
-            # A grader preferring production's style 65:35 (same position bias).
-            ("strict-grader", "grader", {"grader_prefers_new": 0.35, "time_scale": 0.02}),
+            # A grader preferring production's style 80:20 where the two answers differ in
+            # style (same position bias); call turns where both arms make the same call are
+            # graded too, and there it picks either side: about -18 pp net over all pairs.
+            ("strict-grader", "grader", {"grader_prefers_new": 0.2, "time_scale": 0.02}),
         ):
             knobs = {"time_scale": TIME_SCALE, **knobs}
             sims[name] = await start_sim(get_profile(profile, **knobs))
@@ -124,7 +135,10 @@ async def _scenario(tmp: Path) -> dict[str, Any]:
                 out[name] = await evaluate(engine, name, settings=settings, planned_look=True)
             async with engine.connect() as conn:
                 rows = await conn.execute(
-                    text("SELECT endpoint, outcome, graded_at FROM gradings ORDER BY graded_at")
+                    text(
+                        "SELECT endpoint, outcome, graded_at FROM gradings WHERE outcome NOT IN"
+                        f" ({', '.join(repr(o) for o in NOT_GRADED_OUTCOMES)}) ORDER BY graded_at"
+                    )
                 )
                 out["gradings"] = [tuple(r) for r in rows]
         finally:
@@ -151,7 +165,7 @@ def test_indifferent_grader_promotes_an_upgrade_exact_match_would_reject(
     assert exact.status == "ungated" and exact.ci_low is not None
     assert exact.ci_low > VerdictSettings().agreement_critical
     pref = report.metrics["preference"]
-    assert pref.units is not None and pref.units >= 0.95 * SESSIONS  # a session may hold no text
+    assert pref.units is not None and pref.units >= 0.95 * SESSIONS  # call turns graded too
     assert pref.status == "inside", (pref.estimate, pref.ci_low, pref.ci_high)
     assert pref.estimate is not None and abs(pref.estimate) < 0.15
     bias = report.metrics["grader_position_bias"]
@@ -160,7 +174,7 @@ def test_indifferent_grader_promotes_an_upgrade_exact_match_would_reject(
 
 
 def test_grader_preferring_production_rejects(outcome: dict[str, Any]) -> None:
-    """A grader that prefers production's answers 65:35 (planted net -18 pp) rejects the
+    """A grader that prefers production's answers (planted net about -18 pp) rejects the
     upgrade on net preference at a 2 pp margin (stricter than the default 5 pp: 300 sessions
     graded both ways show the 16 pp gap through Holm's correction over every guardrail in 99 %
     of the world's runs; a 13 pp gap would need more)."""

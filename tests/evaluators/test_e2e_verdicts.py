@@ -71,6 +71,10 @@ async def _scenario(tmp: Path) -> dict[str, Any]:
                     "slo_exceedance_delta": 0.05,
                     "agreement_delta": 0.05,
                     "similarity_delta": 0.05,
+                    # Every turn declares tools: validity gates too, at a margin 100 sessions
+                    # can show.
+                    "tool_validity_delta": 0.05,
+                    "tool_validity_critical": 0.1,
                 },
                 "candidates": [
                     {
@@ -119,7 +123,9 @@ def test_bi_kv_candidate_is_promoted_on_later_turn_ttft(reports: dict[str, Any])
     later = [row for row in report.ttft_by_turn if row["turn"] != "1"]
     assert later and all(float(row["ratio"] or 1.0) < 1.0 for row in later)
     cached = [float(row["cached_fraction_candidate"] or 0.0) for row in later]
-    assert min(cached) > 0.5  # the candidate reports most of a later turn's prompt as cached
+    # The candidate reports a later turn's earlier context as cached: at turn 2 a third or more
+    # (the call and a large tool result arrive after turn 1), most of the prompt from then on.
+    assert min(cached) > 0.25 and sum(cached) / len(cached) > 0.5, cached
 
 
 def test_divergent_quantized_candidate_is_not_promoted(reports: dict[str, Any]) -> None:

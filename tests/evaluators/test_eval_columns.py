@@ -137,3 +137,12 @@ def test_builder_grows_past_its_capacity_and_trims() -> None:
     # Compact: ~280 bytes of columns per pair (3 arms x 16 float32 quantities, codes, the
     # token counter's int64), never a Python object per pair (~1 kB and more each).
     assert ps.nbytes < 300 * 100
+
+
+def test_an_id_tail_that_is_not_two_hex_digits_is_unranked() -> None:
+    """An exchange id ending in "-1" or "+f" is outside the similarity sample's order (int()
+    would read them as hex numbers, and -1 overflows the rank column)."""
+    from evaluators.pairs.columns import UNRANKED, suffix_rank
+
+    assert [suffix_rank(t) for t in ("00", "ff", "A0")] == [0, 255, 160]
+    assert {suffix_rank(t) for t in ("-1", "+f", " 1", "g0", "0", None)} == {UNRANKED}

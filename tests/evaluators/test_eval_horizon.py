@@ -27,10 +27,10 @@ import pytest
 from scipy import stats
 
 import evaluators.judge.metric as metric_module
+from bench._shared import world
 from evaluators.judge import plan
 from evaluators.judge.settings import VerdictSettings
 from evaluators.stats.sequential import BoundedStat, MeanStat
-from tests.evaluators import world
 
 ALPHA = 0.05
 RUNS = 3

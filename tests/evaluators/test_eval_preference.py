@@ -55,13 +55,13 @@ def _decisions(grader: Grader, sessions: int, seed: int) -> np.ndarray:
     return np.where(decided.any(axis=1), verdict[np.arange(RUNS), first], 0)
 
 
-def test_plan_states_about_five_thousand_sessions_at_five_points() -> None:
-    """At a 5 pp margin and a per-session sd of 0.9 the plan states 3,000 to 6,000 graded
-    sessions, and a wider margin buys a decision about quadratically sooner."""
+def test_plan_states_about_seven_thousand_sessions_at_five_points() -> None:
+    """At a 5 pp margin and a per-session sd of 0.9 (unclipped: issue 52) the plan states 6,000
+    to 9,000 graded sessions, and a wider margin buys a decision about quadratically sooner."""
     plans = preference_plan((0.05, 0.10, 0.15), alpha=0.05, price_per_mtok=1.0)
     sessions = [p.sessions for p in plans]
     assert all(s is not None for s in sessions)
-    assert 3_000 <= sessions[0] <= 6_000  # type: ignore[operator]
+    assert 6_000 <= sessions[0] <= 9_000  # type: ignore[operator]
     assert 3.0 <= sessions[0] / sessions[1] <= 5.0  # type: ignore[operator]
     assert plans[0].cost_usd == pytest.approx(plans[0].tokens / 1e6)  # type: ignore[operator]
 
@@ -209,7 +209,9 @@ def test_unparseable_gradings_stop_preference_from_gating() -> None:
 
 
 def _fields(g: Gradings) -> dict[str, np.ndarray]:
-    return {f: getattr(g, f) for f in Gradings.__dataclass_fields__}
+    # The per-verdict columns (the pair accounting is the window's, not a column).
+    values = {f: getattr(g, f) for f in Gradings.__dataclass_fields__}
+    return {f: v for f, v in values.items() if isinstance(v, np.ndarray)}
 
 
 def _subset(g: Gradings, keep: np.ndarray) -> Gradings:

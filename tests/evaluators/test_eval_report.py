@@ -96,15 +96,17 @@ def test_quantized_goal_is_cost() -> None:
     assert cost.estimate is not None and math.isclose(cost.estimate, 0.5, rel_tol=0.05)
 
 
-def test_guardrail_harm_waits_for_the_planned_look() -> None:
-    """Answers 15 % longer are beyond the 1.10 length margin but within the critical 1.50:
-    hold at an ordinary look, reject at the planned look."""
+def test_guardrail_harm_waits_for_the_planned_size() -> None:
+    """Answers 15 % longer are beyond the 1.10 length margin but within the critical 1.50 (a
+    mean sequence): hold before the planned size (the horizon), reject at a planned look, and
+    reject by itself once the units reach the horizon."""
     scenario = synthetic.Scenario(candidate=synthetic.Arm(length_ratio=1.15))
-    r = report(scenario, 1500)
+    early = {"horizon_units": 5000}
+    r = report(scenario, 1500, overrides=early)
     assert status(r, "output_length") == "beyond" and r.verdict == "hold"
-    assert "would reject at the planned look" in r.metrics["output_length"].reason
-    final = report(scenario, 1500, planned=True)
-    assert final.verdict == "reject"
+    assert "would reject from 5,000 units" in r.metrics["output_length"].reason
+    assert report(scenario, 1500, planned=True, overrides=early).verdict == "reject"
+    assert report(scenario, 1500).verdict == "reject"  # past the default horizon of 300
 
 
 def test_without_control_the_report_says_so() -> None:

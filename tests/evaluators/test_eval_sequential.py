@@ -124,6 +124,25 @@ def test_holm_step_down() -> None:
     np.testing.assert_array_equal(out[:, 1], [True, False, False])
 
 
+def test_weighted_holm_step_down() -> None:
+    """Weighted Holm: in the order of p / w, reject while p <= α w / (weights left); weight 0
+    is never rejected; equal weights are Holm's."""
+    p = np.array([[0.015, 0.02, 0.015], [0.01, 0.01, 0.001], [0.03, 0.5, 0.5]])
+    w = np.array([3.0, 1.0, 0.0])
+    out = holm(p, 0.05, w)
+    # column 0: order .015/3 (.005), .01/1 -> thresholds .05*3/4 = .0375 then .05*1/1 = .05
+    np.testing.assert_array_equal(out[:, 0], [True, True, False])
+    # column 1: .02/3 (.0067) <= .0375, then .01 <= .05
+    np.testing.assert_array_equal(out[:, 1], [True, True, False])
+    # column 2: .001/1 (.001) first: .001 <= .05/4; then .015 <= .05*3/3
+    np.testing.assert_array_equal(out[:, 2], [True, True, False])
+    unweighted = np.array([[0.01, 0.01], [0.02, 0.03], [0.04, 0.5]])
+    np.testing.assert_array_equal(holm(unweighted, 0.05, np.ones(3)), holm(unweighted, 0.05))
+    one_heavy = np.array([[0.03], [0.001]])  # alone at α·3/4 = .0375: rejected; Holm's .025 not
+    np.testing.assert_array_equal(holm(one_heavy, 0.05, np.array([3.0, 1.0]))[:, 0], [True, True])
+    np.testing.assert_array_equal(holm(np.array([[0.03], [0.5]]), 0.05)[:, 0], [False, False])
+
+
 def test_benjamini_hochberg_q_values() -> None:
     """BH q-values: p·K/rank made monotone, NaN left alone."""
     q = benjamini_hochberg(np.array([0.01, 0.04, 0.03, np.nan, 0.5]))

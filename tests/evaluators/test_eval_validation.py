@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import evaluators.judge.metric as metric_module
+from bench._shared import world
 from evaluators.judge.metric import Evidence
-from tests.evaluators import world
 
 RUNS = 4
 LOOKS = 8

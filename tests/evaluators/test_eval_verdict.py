@@ -46,10 +46,13 @@ def test_critical_harm_rejects_at_any_look() -> None:
     assert verdict == "reject" and status == ["critical", "inside"]
 
 
-def test_critical_alpha_is_split_across_critical_metrics() -> None:
-    """Evidence at α/2 is not enough beyond δc when there are two critical metrics (α/4 each)."""
-    verdict, _ = decide([("critical", ev(critical=0.02)), ("critical", ev(inside=LOW))])
+def test_critical_alpha_is_split_across_gating_metrics() -> None:
+    """Evidence at 0.6 α is not enough beyond δc when there are two gating metrics (α/2
+    each); at 0.4 α it is."""
+    verdict, _ = decide([("critical", ev(critical=0.03)), ("guardrail", ev(inside=LOW))])
     assert verdict == "hold"
+    verdict, _ = decide([("critical", ev(critical=0.02)), ("guardrail", ev(inside=LOW))])
+    assert verdict == "reject"
 
 
 def test_guardrail_harm_rejects_only_at_a_planned_look() -> None:
@@ -60,11 +63,11 @@ def test_guardrail_harm_rejects_only_at_a_planned_look() -> None:
 
 
 def test_holm_across_guardrails() -> None:
-    """At the planned look, Holm at α/2 over the guardrails: p = 0.01 and 0.02 both reject
-    (0.01 <= 0.025/2, then 0.02 <= 0.025), p = 0.02 and 0.03 reject neither."""
-    both = [("guardrail", ev(beyond=0.01)), ("guardrail", ev(beyond=0.02))]
+    """At the planned look, Holm at α over the guardrails: p = 0.02 and 0.04 both reject
+    (0.02 <= 0.05/2, then 0.04 <= 0.05), p = 0.03 and 0.04 reject neither."""
+    both = [("guardrail", ev(beyond=0.02)), ("guardrail", ev(beyond=0.04))]
     assert decide(both, planned=True) == ("reject", ["beyond", "beyond"])  # type: ignore[arg-type]
-    neither = [("guardrail", ev(beyond=0.02)), ("guardrail", ev(beyond=0.03))]
+    neither = [("guardrail", ev(beyond=0.03)), ("guardrail", ev(beyond=0.04))]
     assert decide(neither, planned=True)[0] == "hold"  # type: ignore[arg-type]
 
 

@@ -34,6 +34,7 @@ import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench._shared import world
 from domain.records import ObservationRecord
 from evaluators.judge.settings import VerdictSettings
 from evaluators.pairs import segments
@@ -44,7 +45,6 @@ from evaluators.report.build import evaluate
 from storage.models import ExchangeRow, ObservationRow, ReportSegmentRow
 from storage.reports import segments as seg_store
 from storage.textguard import observation_row
-from tests.evaluators import world
 from tests.evaluators.test_eval_pairs import assert_same, pair_exchange, register
 
 SPAN_S = 900.0  # the traffic spans ~14 grid cells

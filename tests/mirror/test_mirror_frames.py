@@ -8,7 +8,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from domain.records import RampRequest
+from domain.observation import describe
+from domain.records import RolloutRequest
 from gateway.mirror.channel import frames
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -68,18 +69,24 @@ def test_stats_with_and_without_rates() -> None:
         ("not-a-kind", "other"),
     ],
 )
-def test_ramp_frame_round_trip(error_kind: str | None, decoded: str | None) -> None:
+def test_rollout_frame_round_trip(error_kind: str | None, decoded: str | None) -> None:
     """A RAMP frame is one fixed-size header + meta, no body, and decodes to what was sent
     (signed 64-bit session and generation, a missing latency back as None, an unknown error kind
     as `other`)."""
     session = -(2**63) + 1
-    sent = RampRequest(
+    sent = RolloutRequest(
         status=503, error_kind=error_kind, ttft_s=0.25, e2e_s=None, finished=False,
         generation=2**40, arm=1, session=session, at=1.5e9,
     )  # fmt: skip
-    raw = frames.ramp_frame(sent)
+    raw = frames.rollout_frame(sent)
     kind, mlen, blen = frames.FRAME.unpack_from(raw)
-    assert (kind, mlen, blen) == (frames.KIND_RAMP, frames.RAMP.size, 0)
-    assert len(raw) == frames.FRAME.size + frames.RAMP.size == 54
-    got = RampRequest(**frames.RAMP_LAYOUT.fields(raw[frames.FRAME.size :]))  # type: ignore[arg-type]
+    assert (kind, mlen, blen) == (frames.KIND_ROLLOUT, frames.ROLLOUT_META.size, 0)
+    # 9 header bytes, then each declared field at its width: a float 8, a flag or an error
+    # kind's code 1, an integer its declared bits (32 by default); no padding.
+    widths = {float: 8, bool: 1, str: 1}
+    declared = sum(
+        widths.get(f.type) or (f.quantity.bits or 32) // 8 for f in describe(RolloutRequest)
+    )
+    assert len(raw) == frames.FRAME.size + frames.ROLLOUT_META.size == 9 + declared
+    got = RolloutRequest(**frames.ROLLOUT_LAYOUT.fields(raw[frames.FRAME.size :]))  # type: ignore[arg-type]
     assert got == msgspec.structs.replace(sent, error_kind=decoded)

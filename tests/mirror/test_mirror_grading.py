@@ -1,24 +1,38 @@
 """The grader lane in the mirror (gateway.mirror.grading.lane), against a real grader endpoint on
 127.0.0.1:0: a pair is graded after both answers, blind and in both orders when swapped, with
 the grader's own credential and a JSON-schema response_format; unparseable answers are retried
-once and never guessed, a grader that is down costs the copies nothing, and the cap holds."""
+once and never guessed, a grader that is down costs the copies nothing, and the cap holds. Agent
+turns are graded too (a call against a call, a call against text), every pair of a candidate
+with a grader leaves one row saying what became of it, and the grading series exist at 0
+before any grader."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 
 from domain.endpoint import Endpoint, GraderSpec
+from domain.exposition import GRADING_FAMILIES, Sample
+from domain.records import GRADING_OUTCOMES
+from gateway.config.load import load_config
 from gateway.mirror.replay.sinks import InMemorySink
 from gateway.mirror.tee import Mirror
+from gateway.process.runtime import running
 from gateway.server.meter import MeterResult
 from tests.mirror.test_mirror_lane import chat, headers, make_mirror, quiesce, sim
+from tests.waiting import until
+
+DASHBOARD = Path(__file__).parents[2] / "deploy/grafana/canary-gateway.json"
 
 PRODUCTION_ANSWER = "The parser closes the stream after each line."
 KEY_VAR = "CANARY_CANDIDATE_JUDGE_KEY"
@@ -198,3 +212,207 @@ async def test_gradings_in_flight_up_to_the_concurrency() -> None:
     assert [g.outcome for g in sink.gradings] == ["graded"] * 12
     assert stub.most_in_flight == 4
     assert mirror.grading.counters()["upgrade"]["calls"] == 12
+
+
+# An agent turn: tools declared, a call and its result in the history, and the candidate told
+# to call `get_weather` (the simulator then calls it with arguments fitting its schema).
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _agent_turn(i: int) -> bytes:
+    return msgspec.json.encode(
+        {
+            "model": "sim-model",
+            "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "messages": [
+                {"role": "user", "content": f"Weather in Paris, trip {i}?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+                {"role": "user", "content": "And in Rome?"},
+            ],
+        }
+    )
+
+
+async def _agent_run(production: MeterResult, n: int) -> tuple[InMemorySink, StubGrader]:
+    """`n` agent turns through the mirror to a simulator candidate, graded by a stub."""
+    upgrade = await sim("baseline")
+    sink = InMemorySink()
+    try:
+        async with grader_server("first") as stub:
+            spec = GraderSpec(url=stub.url, model="judge", swap_rate=0.0)
+            ep = Endpoint(name="upgrade", url=upgrade.url, sample_rate=1.0, grader=spec)
+            mirror = make_mirror([ep], sink)
+            await mirror.start()
+            try:
+                for i in range(n):
+                    token = mirror.on_request(
+                        "POST", "/v1/chat/completions", headers(), _agent_turn(i), f"req-{i}"
+                    )
+                    assert token is not None
+                    mirror.on_response(token, production, None)
+                await _settle(mirror, sink, n)
+            finally:
+                await mirror.close()
+    finally:
+        await upgrade.close()
+    return sink, stub
+
+
+def _answers(prompt: str) -> tuple[str, str]:
+    a = prompt.split("[Answer A]\n", 1)[1].split("\n\n[Answer B]\n", 1)
+    return a[0], a[1].split("\n\nReply with", 1)[0]
+
+
+async def test_call_turn_graded_through_the_mirror() -> None:
+    """Production and the candidate both call a tool: the pair is graded, and the grader sees
+    the declared tool, the history's call and result, and each answer's call with canonical
+    JSON arguments."""
+    production = MeterResult(
+        status=200,
+        is_sse=False,
+        text="",
+        finish_reason="tool_calls",
+        tool_calls=[("get_weather", '{ "city": "Rome" }', "call_p")],
+    )
+    sink, stub = await _agent_run(production, 3)
+    assert [g.outcome for g in sink.gradings] == ["graded"] * 3
+    calls = [o for o in sink.observations if o.endpoint == "upgrade"]
+    assert len(calls) == 3 and all(o.tool_calls and "get_weather" in o.tool_calls for o in calls)
+    for body, g in zip(stub.requests, sink.gradings, strict=True):
+        prompt = body["messages"][0]["content"]
+        assert "- get_weather: The current weather of a city." in prompt
+        assert 'assistant: [call] get_weather {"city":"Paris"} (id call_1)' in prompt
+        assert 'tool [result of call_1]: {"temp": 21}' in prompt
+        a, b = _answers(prompt)
+        mine = '[call] get_weather {"city":"Rome"}'
+        assert (a if not g.candidate_first else b) == mine
+        assert (b if not g.candidate_first else a).startswith("[call] get_weather {")
+        assert g.reference_chars == len(mine)
+
+
+async def test_text_against_call_is_graded() -> None:
+    """Production answers in text and the candidate calls a tool: the pair is graded, one
+    answer the text and the other the call."""
+    production = MeterResult(status=200, is_sse=False, text=PRODUCTION_ANSWER)
+    sink, stub = await _agent_run(production, 2)
+    assert [g.outcome for g in sink.gradings] == ["graded"] * 2
+    for body in stub.requests:
+        answers = set(_answers(body["messages"][0]["content"]))
+        assert PRODUCTION_ANSWER in answers
+        assert any(x.startswith("[call] get_weather {") for x in answers)
+
+
+# Pairs sent: the rate (0.5, by exchange id hash) samples some and leaves some; with 24, at least
+# three are sampled (and overflow the queue of 2) in all but ~2 in 100,000 runs.
+PAIRS = 24
+
+
+async def test_every_pair_leaves_one_row_saying_what_became_of_it() -> None:
+    """At rate 0.5 with one production failure and a queue of two: each exchange has its
+    graded rows or exactly one row with its reason (not sampled, queue full, no answer), and
+    the lane's counters agree."""
+    async with grader_server("slow") as stub:
+        spec = GraderSpec(url=stub.url, model="judge", swap_rate=0.0, rate=0.5)
+        upgrade = await sim("baseline")
+        sink = InMemorySink()
+        ep = Endpoint(name="upgrade", url=upgrade.url, sample_rate=1.0, grader=spec)
+        mirror = make_mirror([ep], sink, **{"mirror.grading_max_pending": 2})
+        await mirror.start()
+        try:
+            for i in range(PAIRS):
+                token = mirror.on_request(
+                    "POST", "/v1/chat/completions", headers(), chat(f"q {i}"), f"req-{i}"
+                )
+                assert token is not None
+                failed = MeterResult(status=500, is_sse=False, text="")
+                ok = MeterResult(status=200, is_sse=False, text=PRODUCTION_ANSWER)
+                mirror.on_response(token, failed if i == 0 else ok, None)
+            await quiesce(mirror)
+            async with asyncio.timeout(15):
+                while len({g.exchange_id for g in sink.gradings}) < PAIRS:
+                    await asyncio.sleep(0.02)
+                    await mirror.grading.wait_idle()
+        finally:
+            await mirror.close()
+            await upgrade.close()
+    by_pair: dict[str, list[str]] = {}
+    for g in sink.gradings:
+        by_pair.setdefault(g.exchange_id, []).append(g.outcome)
+    assert set(by_pair) == {e.id for e in sink.exchanges}
+    outcomes = [o for rows in by_pair.values() for o in rows]
+    assert all(len(rows) == 1 for rows in by_pair.values())  # swap_rate 0: one row a pair
+    c = mirror.grading.counters()["upgrade"]
+    assert outcomes.count("not_sampled") == PAIRS - c["sampled"] > 0
+    assert outcomes.count("queue_full") + outcomes.count("no_answer") == c["dropped"] > 0
+    assert outcomes.count("graded") == c["graded"] > 0
+    assert set(outcomes) <= {"graded", "not_sampled", "queue_full", "no_answer"}
+    unsent = [g for g in sink.gradings if g.outcome not in GRADING_OUTCOMES]
+    assert all(g.attempts == 0 and g.winner is None for g in unsent)
+    assert {g.error_kind for g in unsent if g.outcome == "no_answer"} <= {"production_failed"}
+
+
+def test_grading_series_exist_at_zero_before_any_grader() -> None:
+    """A mirror with no candidate exports every canary_grading_* family with one series at 0
+    (no candidate label), so the board's panels show 0, not "no data"."""
+    mirror = make_mirror([], InMemorySink())
+    samples = [x for x in mirror.prometheus_lines() if isinstance(x, Sample)]
+    zero = {
+        s.family.name: (s.labels, s.value)
+        for s in samples
+        if s.family.name.startswith("canary_grading_")
+    }
+    assert zero == {f.name: (("",), 0) for f in GRADING_FAMILIES.values()}
+
+
+async def test_board_grading_series_at_zero_on_metrics_from_start_up(tmp_path: Path) -> None:
+    """A gateway started with no candidate serves, on /metrics, every canary_grading_* counter
+    the Grafana board queries, each at 0 (the mirror process relays them to the worker)."""
+    board = DASHBOARD.read_text(encoding="utf-8")
+    queried = set(re.findall(r"canary_grading_[a-z_]+_total", board))
+    assert len(queried) >= 5
+    config = load_config(
+        None,
+        environ={},
+        overrides={
+            "server.listen": "127.0.0.1:0",
+            "storage.db_url": f"sqlite+aiosqlite:///{tmp_path / 'canary.db'}",
+            "admin.insecure": True,
+        },
+    )
+    async with running(config) as parts, aiohttp.ClientSession() as http:
+
+        async def zeros() -> set[str]:
+            async with http.get(parts.url + "/metrics") as resp:
+                text = await resp.text()
+            return {n for n in queried if re.search(rf"^{n}(\{{[^}}]*\}})? 0$", text, re.M)}
+
+        await until(
+            lambda: _all(zeros, queried), what="the board's grading series at 0", within_s=30
+        )
+
+
+async def _all(probe: Callable[[], Awaitable[set[str]]], want: set[str]) -> bool:
+    return await probe() == want

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import pytest
 
 from domain.accounting import identity_holds
 from gateway.config.load import load_config
@@ -54,6 +55,7 @@ async def _metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
     raise AssertionError(f"{name} not exported")
 
 
+@pytest.mark.slow  # ~26 s on two cores
 async def test_stalled_mirror_process_costs_production_nothing_and_is_counted(
     tmp_path: Path,
 ) -> None:

@@ -19,9 +19,13 @@ def _ring(
 
 
 def _offer(
-    ring: RingBuffer[str], body: bytes, now: float = 0.0, session: bytes | None = None
+    ring: RingBuffer[str],
+    body: bytes,
+    now: float = 0.0,
+    session: bytes | None = None,
+    turn: int = 0,
 ) -> Offer:
-    return ring.offer(body.decode(), id(body), len(body), body, session, now)
+    return ring.offer(body.decode(), id(body), len(body), body, session, now, turn)
 
 
 def test_drop_oldest_on_item_overflow() -> None:
@@ -120,15 +124,45 @@ def test_session_turns_are_released_in_order_one_at_a_time() -> None:
     assert third is not None and third.payload == "s1-t1"
 
 
-def test_evicting_a_session_head_releases_the_next_turn() -> None:
-    """Dropping a queued head of a session lets its next turn become ready."""
+def test_evicting_a_session_head_sheds_the_rest_of_the_session() -> None:
+    """Dropping a session's queued first turn sheds its queued and later turns, never sent."""
     ring = _ring(MemoryBudget(10_000), items=2)
-    _offer(ring, b"t0", session=b"s")
-    _offer(ring, b"t1", session=b"s")
-    _offer(ring, b"t2", session=b"s")  # evicts t0, the ready head
-    entry = ring.pop(0.0)
-    assert entry is not None and entry.payload == "t1"
-    assert ring.pop(0.0) is None
+    assert _offer(ring, b"t0", session=b"s", turn=0) is Offer.ACCEPTED
+    assert _offer(ring, b"t1", session=b"s", turn=1) is Offer.ACCEPTED
+    # Making room for t2 evicts t0 (the ready head): t1 is shed with it, t2 refused.
+    assert _offer(ring, b"t2", session=b"s", turn=2) is Offer.BROKEN
+    assert ring.pop(0.0) is None and ring.items == 0 and ring.bytes == 0
+    c = ring.counters
+    assert (c.dropped_overflow, c.shed_session_broken) == (1, 2)
+    assert _offer(ring, b"t3", session=b"s", turn=3) is Offer.BROKEN
+    assert _offer(ring, b"new", session=b"s", turn=0) is Offer.ACCEPTED  # it starts over
+
+
+def test_unanswered_turn_breaks_its_session() -> None:
+    """A turn the candidate never answered sheds the turns queued behind it and later ones."""
+    ring = _ring(MemoryBudget(10_000), items=10)
+    _offer(ring, b"t0", session=b"s", turn=0)
+    _offer(ring, b"t1", session=b"s", turn=1)
+    head = ring.pop(0.0)
+    assert head is not None
+    ring.done(head, answered=False)
+    assert ring.pop(0.0) is None and ring.items == 0 and ring.pending == 0
+    assert _offer(ring, b"t2", session=b"s", turn=2) is Offer.BROKEN
+    assert ring.counters.shed_session_broken == 2
+
+
+def test_a_skipped_turn_or_an_oversize_one_breaks_the_session() -> None:
+    """A turn that skips one, or one too large to queue, sheds the session's later turns."""
+    ring = _ring(MemoryBudget(10_000), items=10, nbytes=100)
+    assert _offer(ring, b"a0", session=b"a", turn=0) is Offer.ACCEPTED
+    assert _offer(ring, b"a2", session=b"a", turn=2) is Offer.BROKEN
+    assert _offer(ring, b"a1", session=b"a", turn=1) is Offer.BROKEN
+    assert _offer(ring, b"x" * 101, session=b"b", turn=0) is Offer.OVERSIZE
+    assert _offer(ring, b"b1", session=b"b", turn=1) is Offer.BROKEN
+    # A session first seen at a later turn (begun elsewhere) is taken, and a retry too.
+    assert _offer(ring, b"c3", session=b"c", turn=3) is Offer.ACCEPTED
+    assert _offer(ring, b"c3 again", session=b"c", turn=3) is Offer.ACCEPTED
+    assert ring.counters.shed_session_broken == 3
 
 
 def test_clear_counts_dropped_on_stop() -> None:
@@ -158,7 +192,8 @@ BODIES = [bytes([97 + i]) * size for i, size in enumerate((1, 7, 30, 64, 120, 20
 
 
 class RingMachine(RuleBasedStateMachine):
-    """Random offers, pops, completions and resizes over three rings sharing one budget."""
+    """Random offers, pops, completions and resizes over three rings sharing one budget; each
+    session's turns come in order, and what is sent of it is a prefix of its turns."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -173,7 +208,15 @@ class RingMachine(RuleBasedStateMachine):
         self.inflight: list[list[Entry[str]]] = [[], [], []]
         self.order: dict[tuple[int, bytes], list[int]] = defaultdict(list)
         self.busy: set[tuple[int, bytes]] = set()
+        # The next turn of each conversation offered to each ring (a ring is a candidate).
+        self.turns: dict[tuple[int, bytes], int] = defaultdict(int)
+        self.sent: dict[tuple[int, bytes], list[int]] = defaultdict(list)  # turns sent
+        self.conversation = 0
         self.now = 0.0
+
+    @rule()
+    def new_conversation(self) -> None:
+        self.conversation += 1
 
     @rule(
         ring=st.integers(0, 2),
@@ -185,7 +228,14 @@ class RingMachine(RuleBasedStateMachine):
         self.now += dt
         self.offered[ring] += 1
         payload = f"{self.offered[ring]}"
-        result = self.rings[ring].offer(payload, id(body), len(body), body, session, self.now)
+        turn, digest = 0, body
+        if session is not None:
+            session += b"-%d" % self.conversation
+            turn = self.turns[(ring, session)]
+            self.turns[(ring, session)] += 1
+            digest = body + session + b"-%d" % turn  # turns differ; dedup is by body alone
+        r = self.rings[ring]
+        result = r.offer(payload, id(body), len(body), digest, session, self.now, turn)
         if result is Offer.ACCEPTED and session is not None:
             self.order[(ring, session)].append(self.offered[ring])
 
@@ -204,6 +254,9 @@ class RingMachine(RuleBasedStateMachine):
             assert all(s > n for s in seqs[seqs.index(n) + 1 :])
             # Every earlier accepted turn was either sent already or evicted.
             del seqs[: seqs.index(n) + 1]
+            sent = self.sent[key]
+            assert entry.turn == len(sent), f"turn {entry.turn} sent after {sent}"
+            sent.append(entry.turn)
         self.inflight[ring].append(entry)
 
     @precondition(lambda self: any(self.inflight))
@@ -213,7 +266,7 @@ class RingMachine(RuleBasedStateMachine):
         entry = self.inflight[ring].pop(data.draw(st.integers(0, len(self.inflight[ring]) - 1)))
         if entry.session is not None:
             self.busy.discard((ring, entry.session))
-        self.rings[ring].done(entry)
+        self.rings[ring].done(entry, answered=data.draw(st.booleans()))
 
     @rule(ring=st.integers(0, 2), items=st.integers(1, 6), nbytes=st.integers(50, 700))
     def resize(self, ring: int, items: int, nbytes: int) -> None:
@@ -227,6 +280,7 @@ class RingMachine(RuleBasedStateMachine):
             assert ring.items <= ring.max_items and ring.bytes <= ring.max_bytes
             assert ring.inflight == len(self.inflight[i])
             dropped = c.deduplicated + c.dropped_overflow + c.dropped_oversize
+            dropped += c.shed_session_broken
             assert self.offered[i] == dropped + self.taken[i] + ring.items
             assert ring.bytes == sum(e.nbytes for e in ring._order.values())
             for e in ring._order.values():

@@ -19,7 +19,7 @@ from gateway.mirror.scoring import forced as scoring
 from gateway.mirror.scoring.jobs import selected
 from gateway.mirror.tee import Mirror
 from gateway.server.meter import MeterResult
-from gateway.sim.score import prompt_logprobs
+from gateway.sim.engine import prompt_logprobs
 from tests.mirror.test_mirror_lane import Run, chat, headers, make_mirror, quiesce, sim, sim_log
 
 ANSWER = "The stream is closed after each line of text the parser reads."

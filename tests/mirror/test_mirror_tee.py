@@ -147,6 +147,7 @@ def test_what_is_not_mirrored() -> None:
     assert mirror.process_counters() == {
         "skipped_unparseable": 1,
         "skipped_loop": 0,
+        "skipped_unmirrorable_state": 0,
         "skipped_unknown_candidate": 0,
         "out_of_order_turns": 0,
     }

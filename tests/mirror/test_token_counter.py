@@ -118,21 +118,32 @@ def test_uncountable_texts_are_stored_uncounted_with_their_reason(run: Run[None]
     run(scenario())
 
 
-def test_a_tool_call_answer_is_not_counted_as_an_empty_text() -> None:
-    """An answer that is only a tool call keeps no text to count: it is stored uncounted
-    (`no_text`), never as 0 output tokens."""
+def test_a_tool_call_answer_counts_its_calls_not_an_empty_text(run: Run[None]) -> None:
+    """An answer that is only a tool call is counted by the engine's /tokenize as its call's
+    name plus its arguments (one request each), never as 0 output tokens."""
     from domain.records import ObservationRecord
-    from gateway.config.load import config_from
-    from gateway.mirror.replay.tokens import TokenCounter
+    from tests.packing_engine import PackingEngine, tokenize
 
-    sink = InMemorySink()
-    counter = TokenCounter(sink, config_from({}).mirror)
-    record = ObservationRecord(
-        exchange_id="x", endpoint="live", arm="production", started_at=0.0, status=200,
-        output_text="", output_hash="h", tool_calls='[{"name": "f", "arguments": "{}"}]',
-        ttft_s=0.01, e2e_s=0.05, token_events=3,
-    )  # fmt: skip
-    counter.put_observation(record)
-    (stored,) = sink.observations
-    assert stored.output_tokens is None and stored.token_counter is None
-    assert counter.outcomes["no_text"] == 1 and counter.outcomes["counted"] == 0
+    async def scenario() -> None:
+        engine = PackingEngine(5)
+        served = await start_app(engine.app())
+        sink = InMemorySink()
+        mirror = make_mirror([Endpoint(name="ctl", url=served.url, sample_rate=0.0)], sink)
+        await mirror.start()
+        record = ObservationRecord(
+            exchange_id="x", endpoint="live", arm="production", started_at=0.0, status=200,
+            output_text="", output_hash="h", tool_calls='[{"name": "f", "arguments": "{} x"}]',
+            ttft_s=0.01, e2e_s=0.05, token_events=3,
+        )  # fmt: skip
+        try:
+            mirror.tokens.put_observation(record)
+            await _until_counted(mirror, sink, 1)
+        finally:
+            await mirror.close()
+            await served.close()
+        (stored,) = sink.observations
+        assert stored.output_tokens == len(tokenize("f")) + len(tokenize("{} x")) == 3
+        assert stored.token_counter == "tokenize:ctl" and engine.tokenize_calls == 2
+        assert mirror.tokens.outcomes["counted"] == 1 and mirror.tokens.outcomes["no_text"] == 0
+
+    run(scenario())

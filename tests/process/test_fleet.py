@@ -9,87 +9,37 @@ each replica's /metrics counts the split sessions it took part in."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import signal
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 from sqlalchemy import func, select
 
+from bench._shared.fleet import TOKEN as TOKEN
+from bench._shared.fleet import child_env as _env
+from bench._shared.fleet import cli as _cli
+from bench._shared.fleet import processes as _processes
+from bench._shared.fleet import replicas as _replicas
+from bench._shared.nginx import nginx_front as _nginx
 from evaluators.judge.settings import VerdictSettings
 from evaluators.report.build import evaluate
 from evaluators.report.model import Report
 from gateway.sim.workload import WorkloadSpec, run_workload
 from storage.engine import make_engine
 from storage.models import ExchangeRow
-from tests.deploy.test_balancers import nginx_binary, nginx_conf
+from tests.deploy.test_balancers import nginx_binary
 from tests.upstreams import free_port
-from tests.waiting import until_ready
 
 pytestmark = pytest.mark.slow
 
-TOKEN = "ops:fleet-test-token-0123456789"
 TIME_SCALE = 0.5
 SPLIT_METRIC = "canary_mirror_split_sessions_total"
 PG_ONLY = pytest.mark.parametrize(
     "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
 )
-
-
-async def _wait_http(url: str, what: str, proc: Any) -> None:
-    """Until `url` answers below 500 (a gateway: its start as the product bounds it) or `proc`
-    ends."""
-    try:
-        await until_ready(url, proc, ok=lambda status: status < 500)
-    except AssertionError as exc:
-        raise AssertionError(f"{what} did not come up at {url}: {exc}") from exc
-
-
-@asynccontextmanager
-async def _processes(*children: tuple[list[str], str, dict[str, str]]) -> AsyncIterator[None]:
-    """Child processes (argv, readiness URL, environment), started at once and ready once every
-    URL answers; SIGTERM and a clean exit for each at the end."""
-    procs = []
-    try:
-        for argv, _url, env in children:
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    *argv,
-                    env=env,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.PIPE,
-                )
-            )
-        await asyncio.gather(
-            *(
-                _wait_http(url, " ".join(argv[3:5]), p)
-                for (argv, url, _), p in zip(children, procs, strict=True)
-            )
-        )
-        yield
-    finally:
-        for proc in procs:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        for (argv, _, _), proc in zip(children, procs, strict=False):
-            assert proc.stderr is not None
-            err = await asyncio.wait_for(proc.stderr.read(), 60)
-            code = await asyncio.wait_for(proc.wait(), 60)
-            assert code == 0, f"{argv}: exit {code}: {err.decode()[-2000:]}"
-
-
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gateway.cli.main", *args]
 
 
 @asynccontextmanager
@@ -146,42 +96,6 @@ concurrency = 8
     return conf
 
 
-@asynccontextmanager
-async def _replicas(conf: Path, db_url: str, *names: str) -> AsyncIterator[list[str]]:
-    """`canary serve` replicas on one database and one config file, by URL."""
-    ports = [free_port() for _ in names]
-    urls = [f"http://127.0.0.1:{port}" for port in ports]
-    children = []
-    for name, port, url in zip(names, ports, urls, strict=True):
-        args = ["serve", "--config", str(conf), "--listen", f"127.0.0.1:{port}", "--db", db_url]
-        env = _env() | {"CANARY_ADMIN_TOKEN": TOKEN, "CANARY_SERVER_REPLICA_NAME": name}
-        children.append((_cli(*args), url + "/readyz", env))
-    async with _processes(*children):
-        yield urls
-
-
-@asynccontextmanager
-async def _nginx(tmp: Path, replicas: list[str], *, affinity: bool) -> AsyncIterator[str]:
-    port = free_port()
-    servers = [u.removeprefix("http://") for u in replicas]
-    conf = nginx_conf(tmp, port, servers, affinity=affinity)
-    proc = await asyncio.create_subprocess_exec(
-        *(nginx_binary(), "-p", str(tmp), "-c", str(conf), "-g", "daemon off;"),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        await _wait_http(f"http://127.0.0.1:{port}/healthz", "nginx", proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        assert proc.stderr is not None
-        err = await asyncio.wait_for(proc.stderr.read(), 30)
-        code = await asyncio.wait_for(proc.wait(), 30)
-        assert code == 0, err.decode()[-2000:]
-
-
 async def _split_counters(replicas: list[str]) -> dict[str, int]:
     """Each replica's split-session counter, by its replica label."""
     out: dict[str, int] = {}
@@ -203,6 +117,7 @@ async def _run_fleet(
     exchanges each replica stored, the replicas' split-session counters and the number of
     sessions whose exchanges the store holds from more than one host (counted here, apart from
     the product's own query)."""
+    nginx_binary()  # skips (or fails, under CANARY_REQUIRE_NGINX=1) before anything starts
     async with _sims("baseline", "bi-kv", "control") as (live, bikv, control):
         conf = _config(tmp, live, bikv, control)
         async with (

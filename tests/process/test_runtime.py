@@ -12,8 +12,8 @@ import aiohttp
 from gateway.config.load import load_config
 from gateway.config.sections import GatewayConfig
 from gateway.process.runtime import SIMULATOR_KIND, create_arms, running
-from gateway.server.app import RAMP
-from gateway.server.ramp.arms import tick
+from gateway.rollout.arms import tick
+from gateway.server.app import ROLLOUT_ROUTE
 from gateway.sim.server import start_sim
 
 
@@ -90,7 +90,7 @@ async def test_single_process_creates_its_arm_table_and_removes_it(tmp_path: Pat
     async with running(config) as parts, aiohttp.ClientSession() as http:
         [table] = arms.iterdir()
         assert parts.router is not None and parts.gateway is not None
-        assert parts.gateway.app[RAMP].router is parts.router
+        assert parts.gateway.app[ROLLOUT_ROUTE].router is parts.router
         async with http.get(parts.url + "/v1/models", headers={"X-Session-ID": "s"}) as resp:
             assert resp.status == 200
         assert parts.router.counters()["new_sessions"] == 1

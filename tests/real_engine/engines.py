@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -22,6 +21,11 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# Read by the suites as `eng.scrape`; their home is bench's, so the scripts share them.
+from bench._shared.vllm_metrics import delta as delta
+from bench._shared.vllm_metrics import scrape as scrape
+from bench._shared.vllm_metrics import settled_scrape as settled_scrape
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
@@ -137,6 +141,16 @@ class Engine:
             "--kv-cache-memory-bytes", str(256 << 20),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
             "--dtype", "float32",
+            # Tool calls (tests/real_engine/test_real_tools.py): hermes parses the calls (the form
+            # bench/tiny_model.py's chat template renders); with VLLM_ENFORCE_STRICT_TOOL_CALLING=0
+            # (below) a named or required `tool_choice` is forced as a JSON schema of the
+            # arguments. A request without tools is untouched.
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            # Compact JSON only: with whitespace allowed, the tiny model pads forced JSON (a tool
+            # call's arguments, a grader's verdict) with blanks until max_tokens and never closes
+            # it. vLLM takes this option only with an explicit xgrammar (or guidance) backend.
+            "--structured-outputs-config",
+            '{"backend": "xgrammar", "disable_any_whitespace": true}',
             *self.flags,  # later flags win: --dtype bfloat16, prefix caching on or off
         ]  # fmt: skip
         env = dict(os.environ)
@@ -151,6 +165,9 @@ class Engine:
             # One unpinned model thread: vLLM would pin every engine to core 0 of a 2-core host.
             VLLM_CPU_OMP_THREADS_BIND="nobind",
             OMP_NUM_THREADS="1",
+            # A named `tool_choice` as the plain JSON-schema path (which honours
+            # `disable_any_whitespace`), not hermes's structural tag (which does not).
+            VLLM_ENFORCE_STRICT_TOOL_CALLING="0",
         )
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
@@ -218,52 +235,3 @@ def start_all(
             engine.stop()
         raise
     return engines
-
-
-_SAMPLE = re.compile(r"^(vllm:[a-zA-Z0-9_:]+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|\+Inf)$")
-
-
-def scrape(url: str) -> dict[str, float]:
-    """The engine's `/metrics` samples named `vllm:*`, each summed over its labels
-    (histograms keep `_sum`, `_count` and `_bucket|le=X`)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
-        if name.endswith("_bucket"):
-            le = re.search(r'le="([^"]+)"', labels)
-            name = f"{name}|le={le.group(1) if le else ''}"
-        out[name] = out.get(name, 0.0) + value
-    return out
-
-
-def settled_scrape(
-    url: str,
-    key: str = "vllm:request_success_total",
-    *,
-    reach: float | None = None,
-    quiet_s: float = 2.0,
-    within_s: float = 30.0,
-) -> dict[str, float]:
-    """`scrape` once `key` has reached `reach`, or has stopped moving for `quiet_s`: the engine
-    counts a request a little after its last byte was sent, so a scrape right after the streams
-    end can miss the last few."""
-    deadline = time.monotonic() + within_s
-    last = scrape(url)
-    while time.monotonic() < deadline:
-        if reach is not None and last.get(key, 0.0) >= reach:
-            return last
-        time.sleep(quiet_s)
-        now = scrape(url)
-        if reach is None and now.get(key) == last.get(key):
-            return now
-        last = now
-    return last
-
-
-def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
-    return after.get(key, 0.0) - before.get(key, 0.0)

@@ -1,4 +1,4 @@
-"""The ramp's routing core (gateway/server/ramp/arms.py), on real files and spawned processes."""
+"""The ramp's routing core (gateway/rollout/arms.py), on real files and spawned processes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import xxhash
 
 from domain.errors import CanaryError, ConfigError, UsageError
-from gateway.server.ramp.arms import (
+from gateway.rollout.arms import (
     CANDIDATE,
     PRODUCTION,
     ArmRouter,
@@ -30,7 +30,7 @@ def _keys(prefix: str, n: int = N) -> list[str]:
     return [f"{prefix}-{i}" for i in range(n)]
 
 
-def _ramp(weight: float, generation: int = 1, salt: int = SALT) -> Split:
+def _split(weight: float, generation: int = 1, salt: int = SALT) -> Split:
     return Split(generation, salt=salt, weight=weight, candidate="cand", state="ramping")
 
 
@@ -79,7 +79,7 @@ def table(tmp_path: Path) -> Iterator[SessionArms]:
 
 def test_sessions_keep_their_arm_when_the_weight_rises(table: SessionArms) -> None:
     """Sessions seen at 5 % keep their arm at 25 %, while new sessions follow 25 %."""
-    router = ArmRouter(table, _ramp(0.05))
+    router = ArmRouter(table, _split(0.05))
     early = _keys("early")
     at_5 = [router.arm_for(k) for k in early]
     assert _within_binomial(sum(at_5), N, 0.05)
@@ -98,7 +98,7 @@ def test_sessions_keep_their_arm_when_the_weight_rises(table: SessionArms) -> No
 def test_rollback_sends_every_session_to_production_at_once(table: SessionArms) -> None:
     """After a rollback every session, candidate ones included, is served by production, with
     no table work; a later rollout leaves those sessions on production too."""
-    router = ArmRouter(table, _ramp(0.5))
+    router = ArmRouter(table, _split(0.5))
     keys = _keys("s")
     before = [router.arm_for(k) for k in keys]
     assert _within_binomial(sum(before), N, 0.5)
@@ -109,7 +109,7 @@ def test_rollback_sends_every_session_to_production_at_once(table: SessionArms) 
     assert all(router.arm_for(k) == PRODUCTION for k in keys)
     assert table.inserted == inserted and table.evicted == 0
 
-    router.swap(_ramp(1.0, generation=rolled_back.generation + 1, salt=SALT + 1))
+    router.swap(_split(1.0, generation=rolled_back.generation + 1, salt=SALT + 1))
     assert all(router.arm_for(k) == PRODUCTION for k in keys)
     assert all(router.arm_for(k) == CANDIDATE for k in _keys("new", 1000))
 
@@ -119,7 +119,7 @@ def test_sessions_from_before_a_rollout_stay_on_production(table: SessionArms) -
     router = ArmRouter(table)
     old = _keys("old", 5000)
     assert all(router.arm_for(k) == PRODUCTION for k in old)
-    router.swap(_ramp(1.0))
+    router.swap(_split(1.0))
     assert all(router.arm_for(k) == PRODUCTION for k in old)
     assert all(router.arm_for(k) == CANDIDATE for k in _keys("new", 5000))
     assert router.counters()["production"] == 10_000
@@ -132,19 +132,19 @@ def test_two_spawned_processes_sharing_one_table_agree(table: SessionArms) -> No
     same sessions in opposite orders, they answer alike."""
     early = _keys("early", 10_000)
     both = _keys("both", 10_000)
-    [(_, first)] = _in_processes((table.path, _ramp(0.05), early))
-    [(_, second)] = _in_processes((table.path, _ramp(0.25), early))
+    [(_, first)] = _in_processes((table.path, _split(0.05), early))
+    [(_, second)] = _in_processes((table.path, _split(0.25), early))
     assert second == first
     assert any(a != _fresh_arm(k, 0.25) for k, a in zip(early, first, strict=True))
 
     (pid_a, arms_a), (pid_b, arms_b) = _in_processes(
-        (table.path, _ramp(0.5), both), (table.path, _ramp(0.5), both[::-1])
+        (table.path, _split(0.5), both), (table.path, _split(0.5), both[::-1])
     )
     assert pid_a != pid_b
     assert arms_a == arms_b[::-1]
     assert _within_binomial(sum(arms_a), 10_000, 0.5)
     # The parent sees the same memory.
-    router = ArmRouter(table, _ramp(0.9))
+    router = ArmRouter(table, _split(0.9))
     assert [router.arm_for(k) for k in early] == first
     assert table.inserted == 0
 
@@ -156,9 +156,9 @@ def test_the_arm_is_deterministic_across_processes_for_the_same_salt(tmp_path: P
     tables = [SessionArms.create(str(tmp_path / name), slots=1 << 16) for name in "abc"]
     try:
         (pid_a, a), (pid_b, b), (_, other) = _in_processes(
-            (tables[0].path, _ramp(0.3), keys),
-            (tables[1].path, _ramp(0.3), keys),
-            (tables[2].path, _ramp(0.3, salt=7), keys),
+            (tables[0].path, _split(0.3), keys),
+            (tables[1].path, _split(0.3), keys),
+            (tables[2].path, _split(0.3, salt=7), keys),
         )
     finally:
         for t in tables:
@@ -175,7 +175,7 @@ def test_an_overfull_table_stays_bounded_and_counts_evictions(tmp_path: Path) ->
     path = tmp_path / "small"
     with SessionArms.create(str(path), slots=64) as table:
         size = path.stat().st_size
-        router = ArmRouter(table, _ramp(0.5))
+        router = ArmRouter(table, _split(0.5))
         for k in _keys("x", 5000):
             router.arm_for(k)
         assert path.stat().st_size == size == 64 + 64 * 8
@@ -237,15 +237,15 @@ def test_the_table_file_is_removed_at_close_by_its_creator_only(tmp_path: Path) 
 def test_the_weight_only_rises_within_a_rollout(table: SessionArms) -> None:
     """A lower weight or another salt in the same generation, or an older generation, is
     refused."""
-    router = ArmRouter(table, _ramp(0.25, generation=3))
+    router = ArmRouter(table, _split(0.25, generation=3))
     with pytest.raises(UsageError):
         router.rollout.step(0.05)
     with pytest.raises(UsageError):
-        router.swap(_ramp(0.05, generation=3))
+        router.swap(_split(0.05, generation=3))
     with pytest.raises(UsageError):
-        router.swap(_ramp(0.5, generation=2))
+        router.swap(_split(0.5, generation=2))
     with pytest.raises(UsageError):
-        router.swap(_ramp(0.5, generation=3, salt=SALT + 1))
+        router.swap(_split(0.5, generation=3, salt=SALT + 1))
     with pytest.raises(UsageError):
         Split(4, weight=0.1)
     router.swap(router.rollout.step(0.5))
@@ -258,15 +258,15 @@ def test_a_hold_sends_new_sessions_to_production_and_keeps_the_candidates(
     """Held (weight 0, same generation), new sessions go to production while sessions already
     on the candidate keep it, and the weight may rise back; a drop to anything but 0 is still
     refused."""
-    router = ArmRouter(table, _ramp(0.5))
+    router = ArmRouter(table, _split(0.5))
     keys = _keys("s")
     before = [router.arm_for(k) for k in keys]
     with pytest.raises(UsageError):
-        router.swap(_ramp(0.25))
+        router.swap(_split(0.25))
     router.swap(router.rollout.held())
     assert [router.arm_for(k) for k in keys] == before
     assert all(router.arm_for(k) == PRODUCTION for k in _keys("held", 1000))
-    router.swap(_ramp(0.5))
+    router.swap(_split(0.5))
     assert [router.arm_for(k) for k in keys] == before
     assert all(router.arm_for(k) == PRODUCTION for k in _keys("held", 1000))
     assert _within_binomial(sum(router.arm_for(k) for k in _keys("later")), N, 0.5)

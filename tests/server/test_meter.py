@@ -174,28 +174,48 @@ def test_zero_text_limit_still_hashes() -> None:
 def test_tool_call_fragments_are_joined_per_index() -> None:
     """Streamed tool calls collect the name and the concatenated argument fragments per index."""
 
-    def tc(index: int, name: str | None, args: str) -> bytes:
-        fn: dict[str, str] = {"arguments": args}
-        if name:
-            fn["name"] = name
-        return chat_event(None, tool_calls=[{"index": index, "function": fn}])
-
     res = run(
         [
-            tc(0, "get_weather", ""),
-            tc(0, None, '{"city": '),
-            tc(1, "get_time", '{"tz"'),
-            tc(0, None, '"Paris"}'),
-            tc(1, None, ': "UTC"}'),
+            tool_delta(0, "get_weather", "", "call_a"),
+            tool_delta(0, None, '{"city": '),
+            tool_delta(1, "get_time", '{"tz"', "call_b"),
+            tool_delta(0, None, '"Paris"}'),
+            tool_delta(1, None, ': "UTC"}'),
             chat_event(None, finish="tool_calls"),
         ]
     )
     assert res.tool_calls == [
-        ("get_weather", '{"city": "Paris"}'),
-        ("get_time", '{"tz": "UTC"}'),
+        ("get_weather", '{"city": "Paris"}', "call_a"),
+        ("get_time", '{"tz": "UTC"}', "call_b"),
     ]
     assert res.finish_reason == "tool_calls"
     assert res.token_chunk_count == 5
+
+
+def tool_delta(index: int, name: str | None, args: str, call_id: str | None = None) -> bytes:
+    """A chat delta with one tool-call fragment; the id only on a call's first, as vLLM sends."""
+    fn: dict[str, str] = {"arguments": args}
+    if name:
+        fn["name"] = name
+    call: dict[str, object] = {"index": index, "function": fn}
+    if call_id is not None:
+        call.update(id=call_id, type="function")
+    return chat_event(None, tool_calls=[call])
+
+
+def test_parallel_chat_calls_keep_distinct_ids_and_a_call_without_id_gets_none() -> None:
+    """Parallel streamed calls keep each call's own id, in index order, whatever order their
+    fragments come in; a call whose deltas never carried an id is reported with None."""
+    res = run(
+        [
+            tool_delta(1, "b", "{", "call_2")
+            + tool_delta(0, "a", "{", "call_1")
+            + tool_delta(2, "c", "{}"),
+            tool_delta(0, None, "}") + tool_delta(1, None, "}"),
+            chat_event(None, finish="tool_calls"),
+        ]
+    )
+    assert res.tool_calls == [("a", "{}", "call_1"), ("b", "{}", "call_2"), ("c", "{}", None)]
 
 
 def test_completions_stream_text_field() -> None:
@@ -237,14 +257,17 @@ def test_non_sse_tool_calls_and_embeddings() -> None:
                     "index": 0,
                     "message": {
                         "content": None,
-                        "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+                        "tool_calls": [
+                            {"id": "call_9", "function": {"name": "f", "arguments": "{}"}},
+                            {"function": {"name": "g", "arguments": "[]"}},
+                        ],
                     },
                     "finish_reason": "tool_calls",
                 }
             ]
         }
     ).encode()
-    assert run([chat], is_sse=False).tool_calls == [("f", "{}")]
+    assert run([chat], is_sse=False).tool_calls == [("f", "{}", "call_9"), ("g", "[]", None)]
     emb = json.dumps({"data": [{"embedding": [0.1] * 50}], "usage": {"prompt_tokens": 3}})
     res = run([emb.encode()], is_sse=False)
     assert res.ttft_s is None and res.e2e_s == 1.0 and res.prompt_tokens == 3

@@ -16,12 +16,12 @@ import pytest_asyncio
 from aiohttp import web
 
 from domain.outcomes import ErrorKind
-from domain.records import RampRequest
+from domain.records import RolloutRequest
 from gateway.config.load import config_from
-from gateway.server.app import RAMP, RunningGateway, start_gateway
+from gateway.rollout.arms import ArmGuard, ArmRouter, SessionArms, Split
+from gateway.rollout.route import session_hash
+from gateway.server.app import ROLLOUT_ROUTE, RunningGateway, start_gateway
 from gateway.server.hooks import LiveTarget
-from gateway.server.ramp.arms import ArmGuard, ArmRouter, SessionArms, Split
-from gateway.server.ramp.route import session_hash
 from tests import fixtures_net
 from tests.fixtures_net import Served
 from tests.upstreams import free_port, raw_upstream, rst
@@ -80,12 +80,12 @@ def named_upstream(name: str, status: int = 200) -> web.Application:
 
 
 class Sink:
-    """A RampSink keeping every record."""
+    """A RolloutSink keeping every record."""
 
     def __init__(self) -> None:
-        self.records: list[RampRequest] = []
+        self.records: list[RolloutRequest] = []
 
-    def put_ramp(self, request: RampRequest) -> None:
+    def put_rollout(self, request: RolloutRequest) -> None:
         self.records.append(request)
 
 
@@ -112,7 +112,7 @@ class Tee:
         raise AssertionError("no token was handed out")
 
 
-class Ramp:
+class RolloutGateway:
     """A gateway with a router, its sink and its guard hook."""
 
     def __init__(self, gw: RunningGateway, router: ArmRouter, sink: Sink, trips: Trips) -> None:
@@ -123,7 +123,7 @@ class Ramp:
         self.url = gw.url
 
     def start(self, candidate_url: str, weight: float, salt: int = 7) -> Split:
-        cfg = self.gw.app[RAMP]  # the route exists: the router is wired into the proxy
+        cfg = self.gw.app[ROLLOUT_ROUTE]  # the route exists: the router is wired into the proxy
         assert cfg.router is self.router
         endpoint = config_from({"live_url": candidate_url}).live.endpoint(candidate_url)
         rollout = Split(GENERATION, salt, weight, LiveTarget(endpoint), "ramping")
@@ -132,20 +132,24 @@ class Ramp:
 
 
 @pytest_asyncio.fixture
-async def ramp(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Ramp]]]:
+async def rollout_gateway(
+    tmp_path: Path,
+) -> AsyncIterator[Callable[..., Awaitable[RolloutGateway]]]:
     """`await ramp(production_url, tee=None, **config)` -> a gateway whose router is idle."""
     opened: list[tuple[RunningGateway, SessionArms]] = []
 
-    async def _ramp(live_url: str, tee: Any = None, **config: Any) -> Ramp:
+    async def _open(live_url: str, tee: Any = None, **config: Any) -> RolloutGateway:
         cfg = config_from({"listen": "127.0.0.1:0", "live_url": live_url, **config})
         table = SessionArms.create(str(tmp_path / f"arms-{len(opened)}"), slots=1 << 12)
         router = ArmRouter(table)
         sink, trips = Sink(), Trips()
-        gw = await start_gateway(cfg, tee=tee, router=router, ramp_sink=sink, rollout_guard=trips)
+        gw = await start_gateway(
+            cfg, tee=tee, router=router, rollout_sink=sink, rollout_guard=trips
+        )
         opened.append((gw, table))
-        return Ramp(gw, router, sink, trips)
+        return RolloutGateway(gw, router, sink, trips)
 
-    yield _ramp
+    yield _open
     for gw, table in reversed(opened):
         await gw.close()
         table.close()
@@ -176,11 +180,12 @@ def sdk(url: str) -> openai.AsyncOpenAI:
 
 
 async def test_sessions_keep_their_arm_while_new_ones_follow_the_weight(
-    ramp: Callable[..., Awaitable[Ramp]], serve: Callable[..., Awaitable[Served]]
+    rollout_gateway: Callable[..., Awaitable[RolloutGateway]],
+    serve: Callable[..., Awaitable[Served]],
 ) -> None:
     """Sessions first seen at 25 % keep their upstream at 50 %, and new sessions split ~50 %."""
     prod, cand = await upstreams(serve)
-    r = await ramp(prod)
+    r = await rollout_gateway(prod)
     rollout = r.start(cand, 0.25)
     async with sdk(r.url) as client:
         first = {f"old-{i}": await served_by(client, f"old-{i}") for i in range(120)}
@@ -193,11 +198,12 @@ async def test_sessions_keep_their_arm_while_new_ones_follow_the_weight(
 
 
 async def test_rollback_sends_every_session_to_production_at_once(
-    ramp: Callable[..., Awaitable[Ramp]], serve: Callable[..., Awaitable[Served]]
+    rollout_gateway: Callable[..., Awaitable[RolloutGateway]],
+    serve: Callable[..., Awaitable[Served]],
 ) -> None:
     """After a rollback, sessions that were on the candidate are served by production."""
     prod, cand = await upstreams(serve)
-    r = await ramp(prod)
+    r = await rollout_gateway(prod)
     rollout = r.start(cand, 0.5)
     async with sdk(r.url) as client:
         seen = {f"s-{i}": await served_by(client, f"s-{i}") for i in range(40)}
@@ -209,7 +215,7 @@ async def test_rollback_sends_every_session_to_production_at_once(
 
 @pytest.mark.parametrize("failure", ["refused", "status_500", "reset"])
 async def test_candidate_failing_before_the_first_byte_is_covered_by_production(
-    ramp: Callable[..., Awaitable[Ramp]],
+    rollout_gateway: Callable[..., Awaitable[RolloutGateway]],
     serve: Callable[..., Awaitable[Served]],
     failure: str,
 ) -> None:
@@ -226,7 +232,7 @@ async def test_candidate_failing_before_the_first_byte_is_covered_by_production(
             "status_500": (await serve(named_upstream("candidate", status=500))).url,
             "reset": reset_url,
         }[failure]
-        r = await ramp(prod)
+        r = await rollout_gateway(prod)
         r.start(cand, 1.0)
         async with sdk(r.url) as client:
             assert await served_by(client, "one") == "production"
@@ -250,12 +256,13 @@ async def test_candidate_failing_before_the_first_byte_is_covered_by_production(
 
 
 async def test_without_retry_the_client_sees_the_candidates_failure(
-    ramp: Callable[..., Awaitable[Ramp]], serve: Callable[..., Awaitable[Served]]
+    rollout_gateway: Callable[..., Awaitable[RolloutGateway]],
+    serve: Callable[..., Awaitable[Served]],
 ) -> None:
     """With retry_on_production off, a candidate's 500 reaches the client and counts as error."""
     prod = (await serve(named_upstream("production"))).url
     cand = (await serve(named_upstream("candidate", status=500))).url
-    r = await ramp(prod, **{"rollout.retry_on_production": False})
+    r = await rollout_gateway(prod, **{"rollout.retry_on_production": False})
     r.start(cand, 1.0)
     async with (
         aiohttp.ClientSession() as http,
@@ -269,7 +276,8 @@ async def test_without_retry_the_client_sees_the_candidates_failure(
 
 
 async def test_candidate_dying_mid_stream_cuts_the_client(
-    ramp: Callable[..., Awaitable[Ramp]], serve: Callable[..., Awaitable[Served]]
+    rollout_gateway: Callable[..., Awaitable[RolloutGateway]],
+    serve: Callable[..., Awaitable[Served]],
 ) -> None:
     """A candidate that resets after its first event: the client's stream is cut, never ended
     cleanly, and the record says reset, unfinished."""
@@ -287,7 +295,7 @@ async def test_candidate_dying_mid_stream_cuts_the_client(
         rst(writer)
 
     async with raw_upstream(one_event_then_reset) as cand:
-        r = await ramp(prod)
+        r = await rollout_gateway(prod)
         r.start(cand, 1.0)
         async with (
             aiohttp.ClientSession() as http,
@@ -305,12 +313,13 @@ async def test_candidate_dying_mid_stream_cuts_the_client(
 
 
 async def test_guard_trips_once_after_consecutive_failures(
-    ramp: Callable[..., Awaitable[Ramp]], serve: Callable[..., Awaitable[Served]]
+    rollout_gateway: Callable[..., Awaitable[RolloutGateway]],
+    serve: Callable[..., Awaitable[Served]],
 ) -> None:
     """Three consecutive candidate failures roll this worker back at once and call trip once;
     later requests go straight to production."""
     prod = (await serve(named_upstream("production"))).url
-    r = await ramp(prod, **{"rollout.guard_consecutive_failures": 3})
+    r = await rollout_gateway(prod, **{"rollout.guard_consecutive_failures": 3})
     r.start(f"http://127.0.0.1:{free_port()}", 1.0)
     async with sdk(r.url) as client:
         models = [await served_by(client, f"s-{i}") for i in range(6)]
@@ -330,12 +339,13 @@ async def test_guard_trips_once_after_consecutive_failures(
 
 
 async def test_sink_gets_one_record_per_request_with_its_arm(
-    ramp: Callable[..., Awaitable[Ramp]], serve: Callable[..., Awaitable[Served]]
+    rollout_gateway: Callable[..., Awaitable[RolloutGateway]],
+    serve: Callable[..., Awaitable[Served]],
 ) -> None:
     """Each request of an open rollout, streamed or not, gives one record naming the arm that
     served it, its session hash, its TTFT and E2E, and that it finished."""
     prod, cand = await upstreams(serve)
-    r = await ramp(prod)
+    r = await rollout_gateway(prod)
     r.start(cand, 0.5)
     served: list[tuple[str, int]] = []
     async with aiohttp.ClientSession() as http:
@@ -357,12 +367,13 @@ async def test_sink_gets_one_record_per_request_with_its_arm(
 
 
 async def test_only_production_arm_requests_reach_the_tee(
-    ramp: Callable[..., Awaitable[Ramp]], serve: Callable[..., Awaitable[Served]]
+    rollout_gateway: Callable[..., Awaitable[RolloutGateway]],
+    serve: Callable[..., Awaitable[Served]],
 ) -> None:
     """The mirror's tee is offered production-arm requests only, never the candidate's own."""
     prod, cand = await upstreams(serve)
     tee = Tee()
-    r = await ramp(prod, tee=tee)
+    r = await rollout_gateway(prod, tee=tee)
     r.start(cand, 0.5)
     async with sdk(r.url) as client:
         models = {f"s-{i}": await served_by(client, f"s-{i}") for i in range(30)}
@@ -371,10 +382,11 @@ async def test_only_production_arm_requests_reach_the_tee(
 
 
 async def test_rollout_metrics_are_exported_at_zero_from_start(
-    ramp: Callable[..., Awaitable[Ramp]], serve: Callable[..., Awaitable[Served]]
+    rollout_gateway: Callable[..., Awaitable[RolloutGateway]],
+    serve: Callable[..., Awaitable[Served]],
 ) -> None:
     """Before any rollout, every rollout series is exported: weight 0, state idle, counts 0."""
-    r = await ramp((await serve(named_upstream("production"))).url)
+    r = await rollout_gateway((await serve(named_upstream("production"))).url)
     lines = await metric_lines(r.url, "canary_rollout_")
     for expected in (
         "canary_rollout_weight 0",
@@ -412,3 +424,44 @@ def test_guard_forgets_failures_that_left_the_window() -> None:
     guard = ArmGuard(consecutive=5, window=4, burst=2)
     assert [guard.observe(0, f) for f in (True, False, False, False, False, True)] == [None] * 6
     assert guard.observe(0, True) == "guard_burst"
+
+
+def test_an_older_generations_outcome_leaves_the_newer_guard_alone() -> None:
+    """A candidate stream of an older rollout that ends after a newer one began is not counted:
+    it neither resets the newer generation's streak nor trips it."""
+    guard = ArmGuard(consecutive=3, window=10, burst=10)
+    assert [guard.observe(6, True) for _ in range(2)] == [None, None]
+    assert guard.observe(4, False) is None  # generation 4's last stream, finishing late
+    assert guard.observe(4, True) is None
+    assert guard.observe(6, True) == "guard_consecutive"  # the streak of 6 was kept: 3 in a row
+    assert guard.tripped == 1
+
+
+async def test_a_session_id_that_is_not_utf8_is_routed_by_its_bytes(
+    rollout_gateway: Callable[..., Awaitable[RolloutGateway]],
+    serve: Callable[..., Awaitable[Served]],
+) -> None:
+    """An `X-Session-ID` (and `X-Request-Id`) holding bytes that are not UTF-8 is hashed by its
+    wire bytes: the request is answered (no 500, no traceback), and the session stays on one
+    arm."""
+    prod, cand = await upstreams(serve)
+    r = await rollout_gateway(prod)
+    r.start(cand, 0.5)
+    host, port = r.url.removeprefix("http://").split(":")
+    body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    served = set()
+    for _ in range(3):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nX-Session-ID: caf\xe9-\xff\r\n"
+            b"X-Request-Id: r\xfe1\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        raw = await asyncio.wait_for(reader.read(), 20.0)
+        writer.close()
+        assert raw.split(b" ", 2)[1] == b"200", raw[:300]
+        served.add(msgspec.json.decode(raw.partition(b"\r\n\r\n")[2])["model"])
+    assert len(served) == 1

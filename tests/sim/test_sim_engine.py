@@ -6,19 +6,28 @@ import json
 import math
 import statistics
 
+import jsonschema
 import msgspec
 import pytest
 
 from domain.errors import UsageError
 from gateway.sim import engine as eng
+from gateway.sim.calls import (
+    AUTO_CALL_SHARE,
+    BREAKS,
+    ToolSpec,
+    broken_arguments,
+    call_arguments,
+    choose_calls,
+)
 from gateway.sim.engine import (
     BLOCK_SIZE,
     Engine,
     PrefixCache,
     SessionStore,
-    ToolSpec,
+    TokenCache,
     answer_pieces,
-    choose_tool,
+    chat_segments,
     render_chat,
     split_pieces,
     tokenize,
@@ -44,10 +53,11 @@ WEATHER = ToolSpec(
         "type": "object",
         "properties": {
             "city": {"type": "string"},
-            "days": {"type": "integer"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 16},
             "unit": {"type": "string", "enum": ["c", "f"]},
             "hourly": {"type": "boolean"},
         },
+        "required": ["city", "unit"],
     },
 )
 
@@ -189,19 +199,59 @@ def test_json_mode_answers_are_json_objects() -> None:
 
 
 def test_tool_choice_semantics_and_arguments_follow_the_schema() -> None:
-    """ "required" always calls, "none" never, "auto" about half the time; arguments are a JSON
-    object with one schema-typed value per declared property."""
+    """ "required" always calls, "none" never, "auto" on AUTO_CALL_SHARE of prompts; arguments
+    are a JSON object with a schema-typed value for every required property."""
     hashes = [eng.text_hash(_prompt(i)) for i in range(400)]
-    assert all(choose_tool(h, [WEATHER], "required", None) == WEATHER for h in hashes)
-    assert all(choose_tool(h, [WEATHER], "none", None) is None for h in hashes)
-    auto = sum(choose_tool(h, [WEATHER], None, None) is not None for h in hashes) / len(hashes)
-    assert 0.4 < auto < 0.6
-    plan = Engine(PROFILES["baseline"]).plan(_prompt(0), tools=[WEATHER], tool_choice="required")
-    assert plan.tool_name == "get_weather" and plan.finish_reason == "tool_calls"
-    args = json.loads("".join(plan.pieces))
-    assert set(args) == {"city", "days", "unit", "hourly"}
-    assert isinstance(args["city"], str) and isinstance(args["days"], int)
-    assert args["unit"] in ("c", "f") and isinstance(args["hourly"], bool)
+    assert all(choose_calls(h, [WEATHER], "required", None) == [WEATHER] for h in hashes)
+    assert all(choose_calls(h, [WEATHER], "none", None) == [] for h in hashes)
+    auto = sum(bool(choose_calls(h, [WEATHER], None, None)) for h in hashes) / len(hashes)
+    assert abs(auto - AUTO_CALL_SHARE) < 0.1
+    engine = Engine(PROFILES["baseline"])
+    for i in range(20):
+        plan = engine.plan(_prompt(i), tools=[WEATHER], tool_choice="required")
+        assert [c.name for c in plan.calls] == ["get_weather"]
+        assert plan.finish_reason == "tool_calls"
+        args = json.loads(plan.arguments()[0])
+        assert {"city", "unit"} <= set(args) <= {"city", "days", "unit", "hourly"}
+        assert isinstance(args["city"], str) and args["unit"] in ("c", "f")
+        assert 1 <= args.get("days", 1) <= 16 and isinstance(args.get("hourly", True), bool)
+
+
+def test_broken_arguments_break_each_way_and_only_then() -> None:
+    """Every way of `BREAKS` occurs over many prompts, each makes arguments that a JSON Schema
+    validator (or the JSON parser) rejects, and arguments drawn unbroken always validate."""
+    schema = dict(WEATHER.parameters or {})
+    seen: set[str] = set()
+    for i in range(200):
+        h = eng.text_hash(_prompt(i))
+        args = call_arguments(WEATHER, ["north", "harbour"], h)
+        jsonschema.validate(args, schema)
+        text = broken_arguments(WEATHER, args, h)
+        try:
+            broken = json.loads(text)
+        except json.JSONDecodeError:
+            seen.add("invalid_json")
+            continue
+        errors = list(jsonschema.Draft202012Validator(schema).iter_errors(broken))
+        assert errors, text
+        seen.add(
+            {"required": "missing_required", "type": "wrong_type", "enum": "enum_outside"}[
+                str(errors[0].validator)
+            ]
+        )
+    assert seen == set(BREAKS)
+
+
+def test_chat_segments_tokenize_as_their_join() -> None:
+    """Tokens never cross two rendered messages, so the token cache's ids equal the whole
+    prompt's, and a message seen before is not tokenized again."""
+    messages = [("system", "Be brief."), ("user", "Read  the file, please.\n"), ("tool", "x = 1\n")]
+    cache = TokenCache(8)
+    for k in range(1, 4):
+        segments = chat_segments(messages[:k], '[{"name": "f"}]')
+        assert cache.tokenize(segments) == tokenize("".join(segments))
+    # Tokenized once each: the tools, three messages and the generation prompt.
+    assert cache.misses == 5 and cache.hits == 7
 
 
 def test_embeddings_are_deterministic_unit_vectors() -> None:
@@ -289,7 +339,7 @@ def test_latency_model_scales_with_uncached_tokens_batch_and_time_scale() -> Non
     """Without jitter, delays follow the formulas exactly and time_scale multiplies them."""
     p = get_profile("baseline", jitter=0.0, time_scale=0.5)
     engine = Engine(p)
-    assert engine.prefill_delay(100) == pytest.approx((p.overhead_s + 100 * 0.0002) * 0.5)
+    assert engine.prefill_delay(100) == pytest.approx((p.overhead_s + 100 * 0.00005) * 0.5)
     assert engine.decode_delay(0) == pytest.approx(0.008 * 0.5)
     assert engine.decode_delay(10) == pytest.approx((0.008 + 10 * 0.0005) * 0.5)
     fast = Engine(PROFILES["fast"])
@@ -309,3 +359,14 @@ def test_jitter_is_seeded_lognormal_noise() -> None:
     logs = [math.log(d) for d in draws]
     assert abs(statistics.fmean(logs)) < 0.01
     assert abs(statistics.stdev(logs) - 0.08) < 0.01
+
+
+def test_prefill_scale_is_checked_before_a_simulator_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`canary sim --prefill-scale 0` is refused with a message naming the flag and exit 2,
+    before anything listens."""
+    from gateway.cli.main import main
+
+    assert main(["sim", "--profile", "bi-kv", "--prefill-scale", "0"]) == 2
+    assert "--prefill-scale must be in (0, 100]" in capsys.readouterr().err

@@ -34,7 +34,7 @@ def test_upgrade_answers_all_differ_and_are_told_apart() -> None:
 
 def test_planted_net_preference_and_position_bias() -> None:
     """Over 4,000 graded pairs shown in a random order, a grader with b = 0.25, t = 0.2 and
-    p = 0.35 gives the upgrade a net of (1 - b)(1 - t)(2p - 1) = -18 pp within 3 pp, and the
+    p = 0.35 gives the upgrade a net of (1 - b)(1 - t)(2p - 1) = -18 pp within 3 SE, and the
     first-shown answer wins b / (2 (b + (1 - b)(1 - t))) = 14.7 pp over half of the decisive
     verdicts, within 3 pp."""
     grader = get_profile("grader", grader_prefers_new=0.35)
@@ -52,7 +52,9 @@ def test_planted_net_preference_and_position_bias() -> None:
         if label != "tie":
             decisive += 1
             first_won += label == "A"
-    assert abs(net / n - (-0.18)) <= 0.03
+    # 3 standard errors (0.88 / sqrt(4,000) = 0.014 each): the draws hash the whole prompt, so
+    # any change of the rubric's words redraws them.
+    assert abs(net / n - (-0.18)) <= 0.042
     assert abs(first_won / decisive - 0.5 - 0.25 / (2 * (0.25 + 0.75 * 0.8))) <= 0.03
 
 

@@ -27,7 +27,7 @@ from storage.engine import (
     upgrade,
 )
 from storage.models import Base
-from storage.writer import ObservationWriter
+from tests.graded_store import write_records
 
 REVISIONS = migrate.all_revisions()
 LIVE = Endpoint(name="prod", url="http://127.0.0.1:9000", role="live")
@@ -49,22 +49,15 @@ async def populate(engine: AsyncEngine) -> None:
         engine, "a", actor="t", reason="r", forced=True, verdict="hold", report_snapshot="{}"
     )
     await queries.upsert_counters(engine, "r1", {"a": {"sampled": 2}})
-    writer = ObservationWriter(
-        engine,
-        batch_size=10,
-        flush_interval_s=0.05,
-        queue_max=100,
-        store_text=True,
-        store_text_max_chars=100,
-    )
-    await writer.start()
-    for i in range(5):
-        writer.put_exchange(ExchangeRecord(id=f"x{i}", received_at=1.0, route="/v1/completions"))
-        for arm, name in (("production", "prod"), ("candidate", "a")):
-            writer.put_observation(
-                ObservationRecord(exchange_id=f"x{i}", endpoint=name, arm=arm, started_at=1.0)  # type: ignore[arg-type]
-            )
-    await writer.close()
+    exchanges = [
+        ExchangeRecord(id=f"x{i}", received_at=1.0, route="/v1/completions") for i in range(5)
+    ]
+    observations = [
+        ObservationRecord(exchange_id=f"x{i}", endpoint=name, arm=arm, started_at=1.0)  # type: ignore[arg-type]
+        for i in range(5)
+        for arm, name in (("production", "prod"), ("candidate", "a"))
+    ]
+    await write_records(engine, exchanges=exchanges, observations=observations)
 
 
 async def row_counts(engine: AsyncEngine) -> dict[str, int]:

@@ -1,2 +1,2 @@
 """One module per `canary` subcommand: `serve`, `candidates`, `report`, `promote`, `rollout`,
-`plan`, `capacity`, `db`, `demo`, `sim`."""
+`label`, `plan`, `capacity`, `db`, `demo`, `sim`."""

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from gateway.cli.progress import Progress
-    from gateway.process.demo import RAMP_STEPS, DemoOptions, run_demo
+    from gateway.process.demo import ROLLOUT_STEPS, DemoOptions, run_demo
 
     if args.sessions < 0:
         raise UsageError("--sessions must be at least 1 (or 0: until every candidate is decided)")
@@ -119,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--time-scale must be positive")
     if not args.step_dwell > 0:
         raise UsageError("--step-dwell must be positive")
-    if not 0 <= args.fail_at_step < len(RAMP_STEPS):
+    if not 0 <= args.fail_at_step < len(ROLLOUT_STEPS):
         raise UsageError(
-            f"--fail-at-step must be a step before the last (1-{len(RAMP_STEPS) - 1}), or 0"
+            f"--fail-at-step must be a step before the last (1-{len(ROLLOUT_STEPS) - 1}), or 0"
         )
     opts = DemoOptions(
         sessions=args.sessions,

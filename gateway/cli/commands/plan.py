@@ -18,7 +18,14 @@ from typing import Any
 import msgspec
 
 from domain.errors import EXIT_FAILURE, EXIT_OK, CanaryError, UsageError
-from gateway.cli.plan_view import GradedRow, Plan, PlanRow, RampRow, render_text
+from gateway.cli.plan_view import (
+    GradedRow,
+    LabelRow,
+    Plan,
+    PlanRow,
+    RolloutPlanRow,
+    render_text,
+)
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -26,7 +33,7 @@ _REQUESTS = re.compile(r"^canary_proxy_requests_total(?:\{[^}]*\})?\s+([0-9.eE+-
 # Bound on one /metrics read: the command must not hang on a stuck gateway.
 _SCRAPE_TIMEOUT_S = 10.0
 # A ramp step needing more sessions than this is stated as out of reach.
-MAX_RAMP_SESSIONS = 10_000_000
+MAX_ROLLOUT_SESSIONS = 10_000_000
 
 
 class GatewayUnreadable(CanaryError):
@@ -101,6 +108,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="share of pairs where one of candidate / control differs at T=0 (0.02)",
     )
     p.add_argument(
+        "--tool-discordance",
+        type=float,
+        default=0.0,
+        help="share of pairs where exactly one arm's tool calls are invalid (0; agent traffic "
+        "with 1 %% invalid calls on each arm: 0.02)",
+    )
+    p.add_argument(
         "--goal-ratio",
         type=float,
         help="improvement the goal should show (0.8; with --candidate: the one measured so far)",
@@ -128,7 +142,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--failing-share",
         type=float,
         default=0.02,
-        help="the ramp's production share of sessions with a failed request (default 0.02)",
+        help="the ramp's production share of sessions with a failed request (default 0.02); "
+        "sizes the failure test's dwell and states the guards' false trips",
     )
     g = p.add_argument_group("a model upgrade judged by an LLM grader (docs/grading.md)")
     g.add_argument(
@@ -146,10 +161,33 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=0.9,
         help="sd of one graded session's mean verdict score (0.9: about 80 %% decisive)",
     )
+    g.add_argument(
+        "--effect",
+        type=float,
+        default=0.0,
+        help="the net preference you expect of the candidate (-0.03 = 3 pp net loss; default 0)",
+    )
     g.add_argument("--grader-rate", type=float, default=1.0, help="share of pairs graded (1)")
     g.add_argument("--swap-rate", type=float, default=0.25, help="share graded both ways (0.25)")
     g.add_argument("--grader-tokens", type=float, default=1500.0, help="tokens per grading (1500)")
     g.add_argument("--grader-price", type=float, default=0.0, help="USD per 1M grader tokens")
+    g.add_argument(
+        "--labels",
+        action="store_true",
+        help="with --graded: the labels people's check needs at the preference margin, alone "
+        "and prediction-powered (docs/grading.md, People check the grader)",
+    )
+    g.add_argument(
+        "--agreement",
+        type=float,
+        help="share of pairs the grader and people agree on (default: the candidate's measured "
+        "share with --candidate, else 0.8)",
+    )
+    g.add_argument(
+        "--label-rate",
+        type=float,
+        help="share of graded sessions kept for people (default: the candidate's, else 0.1)",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -186,6 +224,8 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--failures", args.failures, "in [0, 1)")
     if not 0 <= args.disagreement < 1:
         raise bad("--disagreement", args.disagreement, "in [0, 1)")
+    if not 0 <= args.tool_discordance < 1:
+        raise bad("--tool-discordance", args.tool_discordance, "in [0, 1)")
     if args.horizon is not None and not 10 <= args.horizon <= 10_000_000:
         raise bad("--horizon", args.horizon, "in [10, 10000000]")
     if args.goal_ratio is not None and not 0 < args.goal_ratio < 1:
@@ -194,8 +234,21 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("--preference-delta", args.preference_delta, "in (0, 1)")
     if not (math.isfinite(args.grader_sd) and 0 < args.grader_sd <= 1):
         raise bad("--grader-sd", args.grader_sd, "in (0, 1]")
+    if not (math.isfinite(args.effect) and -1 < args.effect < 1):
+        raise bad("--effect", args.effect, "in (-1, 1): a net preference")
+    if args.grader_sd > math.sqrt(1.0 - args.effect**2) + 1e-12:
+        raise UsageError(
+            f"--grader-sd {args.grader_sd!r} is not possible at --effect {args.effect!r}: scores "
+            f"in [-1, 1] with that mean have an sd of at most {math.sqrt(1 - args.effect**2):.3f}"
+        )
     if not 0 < args.grader_rate <= 1:
         raise bad("--grader-rate", args.grader_rate, "in (0, 1]")
+    if args.labels and not args.graded:
+        raise UsageError("--labels: needs --graded (people check a grader)")
+    if args.agreement is not None and not 0 <= args.agreement <= 1:
+        raise bad("--agreement", args.agreement, "in [0, 1]")
+    if args.label_rate is not None and not 0 < args.label_rate <= 1:
+        raise bad("--label-rate", args.label_rate, "in (0, 1]")
     if not 0 <= args.swap_rate <= 1:
         raise bad("--swap-rate", args.swap_rate, "in [0, 1]")
     if not (math.isfinite(args.grader_tokens) and args.grader_tokens > 0):
@@ -266,18 +319,18 @@ async def measure_rate(url: str, probe_s: float) -> float:
     return rate
 
 
-def ramp_rows(
+def rollout_rows(
     rate_rps: float, turns: float, noise: float, failing_share: float, settings: Any
-) -> list[RampRow]:
-    """Each default step's expected dwell by the ramp's rule (evaluators.ramp.rule.plan_ramp):
+) -> list[RolloutPlanRow]:
+    """Each default step's expected dwell by the ramp's rule (evaluators.rollout.rule.plan_rollout):
     a smoke step of min_step_s, steps sized to catch the planted harms, the non-inferiority
     look at the largest split step, and 100 % after its dwell."""
     from domain.records import DEFAULT_STEPS
-    from evaluators.ramp.rule import plan_ramp
+    from evaluators.rollout.rule import plan_rollout
     from gateway.config.sections import RolloutConfig
 
     per_s = rate_rps / max(1.0, turns)
-    plan = plan_ramp(
+    plan = plan_rollout(
         DEFAULT_STEPS,
         sessions_per_s=per_s,
         noise=noise,
@@ -285,12 +338,41 @@ def ramp_rows(
         min_step_s=RolloutConfig().default_min_step_s,
         settings=settings,
     )
-    return [
-        RampRow(p.weight_pct, math.ceil(p.sessions), p.seconds, p.sized_by)
-        if p.sessions < MAX_RAMP_SESSIONS
-        else RampRow(p.weight_pct, None, None, p.sized_by)
+    rows = [
+        RolloutPlanRow(p.weight_pct, math.ceil(p.sessions), p.seconds, p.sized_by)
+        if p.sessions < MAX_ROLLOUT_SESSIONS
+        else RolloutPlanRow(p.weight_pct, None, None, p.sized_by)
         for p in plan
     ]
+    _false_rollbacks(rows, per_s, turns, failing_share, settings)
+    return rows
+
+
+def _false_rollbacks(
+    rows: list[RolloutPlanRow], per_s: float, turns: float, failing_share: float, settings: Any
+) -> None:
+    """Each step's share of false rollbacks of an equal candidate: its tests' bound (their
+    share of alpha) and the guards' false trips over its dwell at the failing share given
+    (`evaluators.rollout.guards`, with the config's guard defaults)."""
+    from dataclasses import replace
+
+    from evaluators.rollout.guards import WORLD, step_guard_trips
+    from evaluators.rollout.rule import DETERIORATION, harm_alpha
+    from gateway.config.sections import RolloutConfig
+
+    config = RolloutConfig()
+    world = replace(WORLD, sessions_per_s=per_s, failing_share=failing_share, turns=turns)
+    steps = [r.weight for r in rows]
+    per_test = harm_alpha(settings, steps)
+    for r in rows:
+        r.tests_false = len(DETERIORATION) * per_test if r.weight < 100.0 else 0.0
+        if r.seconds is not None:
+            r.guards_false = step_guard_trips(
+                r.weight / 100.0, r.seconds, world,
+                consecutive=config.guard_consecutive_failures,
+                window=config.guard_burst_window,
+                burst=config.guard_burst_failures,
+            ).either  # fmt: skip
 
 
 def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> Plan:
@@ -333,6 +415,7 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
         sd_pair=args.noise,
         discordance=args.failures,
         disagreement=args.disagreement,
+        tool_discordance=args.tool_discordance,
         goal_ratio=args.goal_ratio if args.goal_ratio is not None else 0.8,
         **scoring,
     )
@@ -372,11 +455,19 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
         source=source,
     )
     if measured is None:
-        result.ramp = ramp_rows(rate, turns, args.session_noise, args.failing_share, s)
+        result.ramp = rollout_rows(rate, turns, args.session_noise, args.failing_share, s)
         if all(r.seconds is not None for r in result.ramp):
             result.ramp_seconds = math.fsum(r.seconds or 0.0 for r in result.ramp)
+        from evaluators.rollout.guards import false_rollbacks
+
+        errors = false_rollbacks([r.tests_false for r in result.ramp],
+                                 [r.guards_false for r in result.ramp])  # fmt: skip
+        result.ramp_tests_false, result.ramp_guards_false, result.ramp_false_rollback = errors
     if args.graded:
         result.graded = graded_rows(args, s, traffic.pairs_per_s, traffic.turns)
+        result.graded_effect = args.effect
+        if args.labels:
+            result.labels = label_rows(args, s, measured)
     units: float | None = None
     if args.budget:
         result.budget_s = parse_duration(args.budget)
@@ -395,7 +486,8 @@ def build_plan(args: argparse.Namespace, rate: float, measured: Any = None) -> P
 def graded_rows(args: argparse.Namespace, s: Any, pairs_per_s: float, turns: float
                 ) -> list[GradedRow]:  # fmt: skip
     """The preference test at its margin and at twice and three times it (what a wider margin
-    buys), from the verdict's own sequence (`evaluators.judge.preference_plan`)."""
+    buys), for the sd and net preference given, from the verdict's own sequence and rule
+    (`evaluators.judge.preference_plan`): the sessions by which 95 % of runs decide."""
     from evaluators.judge.preference_plan import preference_plan
 
     margins = tuple(min(0.9, s.preference_delta * k) for k in (1, 2, 3))
@@ -403,6 +495,8 @@ def graded_rows(args: argparse.Namespace, s: Any, pairs_per_s: float, turns: flo
         margins,
         alpha=s.alpha,
         sd=args.grader_sd,
+        effect=args.effect,
+        critical=s.preference_critical,
         pairs_per_session=turns,
         swap_rate=args.swap_rate,
         tokens_per_grading=args.grader_tokens,
@@ -420,6 +514,35 @@ def graded_rows(args: argparse.Namespace, s: Any, pairs_per_s: float, turns: flo
         )
         for p in found
     ]
+
+
+def label_rows(args: argparse.Namespace, s: Any, measured: Any) -> list[LabelRow]:
+    """People's check at the preference margin: labels alone and prediction-powered, at the
+    agreement and label rate given, else the candidate's measured ones, else 0.8 and 0.1."""
+    from evaluators.judge.label_plan import label_plan
+
+    detail: dict[str, Any] = {}
+    if measured is not None:
+        found = measured[0].metrics.get("human_preference")
+        detail = dict(found.detail) if found is not None else {}
+    agreement = args.agreement
+    if agreement is None:
+        agreement = detail.get("agreement_share") or 0.8
+    rate = args.label_rate
+    if rate is None:
+        rate = detail.get("label_rate") or 0.1
+    (p,) = label_plan(
+        (s.preference_delta,),
+        settings=s,
+        effect=args.effect,
+        agreement=float(agreement),
+        rate=float(rate),
+        sd=args.grader_sd,
+    )
+    return [
+        LabelRow(p.margin, p.effect, p.agreement, p.rate, p.human_labels, p.ppi_labels,
+                 p.graded_units, p.label_factor, p.width_factor)
+    ]  # fmt: skip
 
 
 async def _measured(args: argparse.Namespace) -> tuple[Any, Any]:

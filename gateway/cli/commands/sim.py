@@ -15,7 +15,7 @@ from domain.errors import EXIT_OK, UsageError
 # profile in gateway.sim.profiles.PROFILES.
 _EPILOG = """\
 profiles:
-  baseline          production today: no prefix cache; prefill 0.2 ms/token, decode 8 ms/token
+  baseline          production today: no prefix cache; prefill 0.05 ms/token, decode 8 ms/token
                     + 0.5 ms per other running sequence, lognormal jitter sigma 0.08
   control           the baseline under another name (an A/A control)
   bi-kv             baseline + per-session KV kept between turns + an 8192-block prefix cache
@@ -76,6 +76,26 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="lower every prompt token's logprob by NATS when scoring (quantized: 0.1)",
     )
     parser.add_argument(
+        "--break-calls",
+        type=float,
+        default=None,
+        metavar="P",
+        help=(
+            "share of call answers whose arguments are wrong (a required argument missing, a"
+            " wrong type, an enum value outside the set, not JSON), drawn per request (0..1)"
+        ),
+    )
+    parser.add_argument(
+        "--prefill-scale",
+        type=float,
+        default=None,
+        metavar="X",
+        help=(
+            "multiply the profile's prefill time per uncached prompt token by X (e.g. 4: a "
+            "model 4x slower to prefill, where reusing a session's KV saves more)"
+        ),
+    )
+    parser.add_argument(
         "--tokens-per-event",
         type=int,
         default=None,
@@ -105,8 +125,15 @@ def run(args: argparse.Namespace) -> int:
         overrides["divergence"] = args.divergence
     if args.logprob_shift is not None:
         overrides["logprob_shift"] = args.logprob_shift
+    if args.break_calls is not None:
+        overrides["break_calls"] = args.break_calls
     if args.tokens_per_event is not None:
         overrides["max_tokens_per_event"] = args.tokens_per_event
+    if args.prefill_scale is not None:
+        if not 0 < args.prefill_scale <= 100:
+            raise UsageError(f"--prefill-scale must be in (0, 100], got {args.prefill_scale}")
+        base = get_profile(args.profile).prefill_s_per_token
+        overrides["prefill_s_per_token"] = base * args.prefill_scale
     if args.models:
         overrides["served_model_names"] = tuple(args.models)
     if not 0 <= args.port <= 65535:

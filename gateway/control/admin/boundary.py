@@ -1,6 +1,11 @@
 """The admin API's HTTP boundary: bounded body reading, msgspec decoding into the request
 Structs, the one error shape, and the one place where domain and storage errors become HTTP
-statuses (`boundary`, the sub-app's middleware).
+statuses (`map_exception`, called by `boundary`, the sub-app's middleware).
+
+Handlers never pick a status: they raise the tree's classes (domain/errors.py, and the admin's
+own refusals declared here: `InvalidField`, `NotAuthenticated`, `Forbidden`, `RateLimited`),
+whose class attributes are their mapping. `ApiError` (a status per instance) is for this
+module's own protocol answers: a body too large, not JSON, or not the request's shape.
 
 Never echo a request value in an error message (it may be a secret sent by mistake): messages
 name the field and the rule, which is all msgspec's own messages do too.
@@ -38,6 +43,52 @@ T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class InvalidField(se.UsageError):
+    """A field or query parameter of an admin request that passed its type but not its rule (a
+    URL's scheme, a forbidden credential variable, a value outside its choices)."""
+
+    code = "validation_error"
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.http_field = field
+
+
+class NotAuthenticated(CanaryError):
+    """No bearer token, or not one of the configured ones; answered with a Bearer challenge."""
+
+    exit_code = se.EXIT_USAGE
+    http_status = 401
+    code = "authentication_error"
+
+    def http_headers(self) -> dict[str, str] | None:
+        return dict(_CHALLENGE)
+
+
+class Forbidden(CanaryError):
+    """A valid token whose role may not use the route (a labeller's outside the labels)."""
+
+    exit_code = se.EXIT_USAGE
+    http_status = 403
+    code = "forbidden"
+    http_field = "Authorization"
+
+
+class RateLimited(CanaryError):
+    """Too many failed authentications from one address: try again after `retry_after_s`."""
+
+    exit_code = se.EXIT_USAGE
+    http_status = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, retry_after_s)
+
+    def http_headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
 class ApiError(CanaryError):
     """An answer other than 2xx, raised by a handler and rendered by `boundary`."""
 
@@ -55,6 +106,9 @@ class ApiError(CanaryError):
         self.status, self.type, self.field, self.detail = status, type_, field, detail
         self.http_status, self.code = status, type_
         self.headers = headers
+
+    def http_headers(self) -> dict[str, str] | None:
+        return dict(self.headers) if self.headers is not None else None
 
 
 def json_response(
@@ -75,7 +129,8 @@ def error_response(exc: ApiError, headers: Mapping[str, str] | None = None) -> w
 def map_exception(exc: BaseException) -> ApiError:
     """The one map from an exception to an HTTP answer (the admin API's and the report
     process's): an ApiError as it is; any other CanaryError by its class's `http_status`,
-    `code`, `http_message`, `http_field` and `http_detail()` (domain/errors.py); a database
+    `code`, `http_message`, `http_field`, `http_detail()` and `http_headers()`
+    (domain/errors.py); a database
     driver's transient error (an evaluator's read) as StorageUnavailable; anything else, a
     stray KeyError included, a logged 500."""
     if isinstance(exc, ApiError):
@@ -89,19 +144,24 @@ def map_exception(exc: BaseException) -> ApiError:
         log.warning("admin: %s: %s", exc.code, exc)
     message = exc.http_message or str(exc)
     return ApiError(
-        exc.http_status, exc.code, message, field=exc.http_field, detail=exc.http_detail()
+        exc.http_status,
+        exc.code,
+        message,
+        field=exc.http_field,
+        detail=exc.http_detail(),
+        headers=exc.http_headers(),
     )
 
 
 def boundary(enabled: bool, authenticate: Callable[[web.Request], str]) -> Any:
     """The sub-app middleware: 404 when disabled, then authentication (which returns the actor
-    or raises ApiError), then the handler; every failure leaves in the error shape."""
+    or raises), then the handler; every failure leaves in the error shape, by `map_exception`."""
 
     @web.middleware
     async def admin_boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             if not enabled:
-                raise ApiError(404, "not_found", "admin API is disabled (no admin token set)")
+                raise se.NotFound("admin API is disabled (no admin token set)")
             name = request.match_info.route.name
             if name != "openapi" and not is_public(name):  # the page's files hold no data
                 request[ACTOR] = authenticate(request)
@@ -114,7 +174,7 @@ def boundary(enabled: bool, authenticate: Callable[[web.Request], str]) -> Any:
             return error_response(err, allow)
         except Exception as exc:  # the boundary: everything becomes the error shape
             err = map_exception(exc)
-            return error_response(err, _CHALLENGE if err.status == 401 else err.headers)
+            return error_response(err, err.headers)
 
     return admin_boundary
 

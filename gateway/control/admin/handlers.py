@@ -5,7 +5,8 @@ rollouts, promote and roll back. Every change is committed to storage before the
 2xx, then this replica's registry is refreshed at once (others follow within their poll
 interval). Bodies are validated by the Structs of `gateway.control.admin.schema`; errors leave
 through `gateway.control.admin.boundary.boundary` in one JSON shape;
-`gateway.control.admin.openapi` describes it all.
+`gateway.control.admin.openapi` describes it all. Handlers raise the exception tree's classes
+and never choose an error status or re-map an error: `boundary.map_exception` is the one map.
 
 Never: store, return or log a secret (only the name of the env var that holds a candidate's
 credential), log a request body, or answer 2xx before the commit.
@@ -33,16 +34,21 @@ from gateway.control.admin import ui
 from gateway.control.admin.auth import INSECURE_ACTOR, TokenChecker, admin_mode, is_loopback
 from gateway.control.admin.boundary import (
     ACTOR,
-    ApiError,
+    Forbidden,
+    InvalidField,
+    NotAuthenticated,
+    RateLimited,
     boundary,
     decode,
     json_response,
     read_body,
 )
 from gateway.control.admin.guard import AuthGuard
+from gateway.control.admin.labels import LABELLER_PREFIX, LabelSettings
+from gateway.control.admin.labels import add_routes as add_label_routes
 from gateway.control.promotion import Promotions
 from gateway.control.reports import ReportDoc, Reports
-from gateway.control.rollout import OPERATOR_KINDS, Rollouts
+from gateway.rollout.state import OPERATOR_KINDS, Rollouts
 from gateway.server.app import ADMIN_COLLECTORS, ADMIN_READY_CHECKS, ReadyCheck
 from gateway.server.prometheus import Collector
 from storage import queries as q
@@ -97,14 +103,19 @@ class AdminContext:
     replica: str = ""
     # A rollout's dwell per step when its start does not say (`[rollout] default_min_step_s`).
     default_min_step_s: float = 60.0
+    # Labeller tokens (token -> label): they reach the labelling routes only (admin.labels).
+    labellers: Mapping[str, str] = field(default_factory=dict)
+    labels: LabelSettings = field(default_factory=LabelSettings)
     promotions: Promotions = field(init=False)
     rollouts: Rollouts = field(init=False)
 
     def __post_init__(self) -> None:
         uses = Promotions(self.engine, self.reports)
         object.__setattr__(self, "promotions", uses)
-        ramps = Rollouts(self.engine, self.reports, default_min_step_s=self.default_min_step_s)
-        object.__setattr__(self, "rollouts", ramps)
+        rollout_cases = Rollouts(
+            self.engine, self.reports, default_min_step_s=self.default_min_step_s
+        )
+        object.__setattr__(self, "rollouts", rollout_cases)
 
 
 CTX = web.AppKey("canary_admin_ctx", AdminContext)
@@ -117,12 +128,12 @@ def _check_credentials_env(
     request: web.Request, name: str | None, where: str = "credentials_env"
 ) -> None:
     if name and (reason := credential_env_refusal(request.app[CREDENTIALS], name)):
-        raise ApiError(422, "validation_error", f"{where}: {reason}", field=where)
+        raise InvalidField(f"{where}: {reason}", where)
 
 
 def _check_url(url: str, where: str = "url") -> None:
     if reason := check_http_url(url):
-        raise ApiError(422, "validation_error", f"{where}: {reason}", field=where)
+        raise InvalidField(f"{where}: {reason}", where)
 
 
 def _check_grader(request: web.Request, grader: GraderSpec | None) -> None:
@@ -133,11 +144,9 @@ def _check_grader(request: web.Request, grader: GraderSpec | None) -> None:
         _check_credentials_env(request, grader.credentials_env, "grader.credentials_env")
 
 
-def _check_verdict(ctx: AdminContext, overrides: dict[str, float]) -> None:
-    try:
-        ctx.verdict_settings.with_overrides(overrides)
-    except (ValueError, TypeError) as exc:
-        raise ApiError(422, "validation_error", f"verdict: {exc}", field="verdict") from None
+def _check_verdict(ctx: AdminContext, overrides: Mapping[str, float | str]) -> None:
+    """Raises InvalidSettings (422, field `verdict`) naming the setting and the rule."""
+    ctx.verdict_settings.with_overrides(overrides)
 
 
 async def _refresh(ctx: AdminContext) -> None:
@@ -201,7 +210,9 @@ async def update_candidate(request: web.Request) -> web.Response:
     if "grader" in changes:
         _check_grader(request, changes["grader"])
     if current.role == "live":
-        raise ApiError(409, "conflict", f"{name!r} is live: it changes only by promote/rollback")
+        raise se.PromotionConflict(
+            f"{name!r} is live: it changes only by promote/rollback", reason="is_live"
+        )
     if not changes:
         return json_response(s.view(current))
     updated = await q.update_endpoint(ctx.engine, name, changes)
@@ -231,7 +242,7 @@ def _final_look(request: web.Request) -> bool:
     if value in s.FINAL_FALSE:
         return False
     choices = ", ".join(s.FINAL_TRUE + s.FINAL_FALSE)
-    raise ApiError(422, "invalid_request", f"final must be one of {choices}", field="final")
+    raise InvalidField(f"final must be one of {choices}", "final")
 
 
 async def _evaluate(ctx: AdminContext, ep: Endpoint, *, final: bool = False) -> ReportDoc:
@@ -271,14 +282,9 @@ async def _promotion_result(ctx: AdminContext, rec: PromotionRecord) -> web.Resp
 async def promote(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = await decode(request, s.PromoteRequest, optional=True)
-    try:
-        rec = await ctx.promotions.promote(
-            request.match_info["name"], actor=request[ACTOR], reason=body.reason, force=body.force
-        )
-    except se.PromotionConflict as exc:
-        if exc.reason == "already_live":
-            raise ApiError(409, "conflict", str(exc)) from exc
-        raise
+    rec = await ctx.promotions.promote(
+        request.match_info["name"], actor=request[ACTOR], reason=body.reason, force=body.force
+    )
     return await _promotion_result(ctx, rec)
 
 
@@ -356,6 +362,7 @@ def _authenticator(
     ctx: AdminContext, guard: AuthGuard, db_file: DatabaseFileGuard
 ) -> Callable[[web.Request], str]:
     checker = TokenChecker(ctx.tokens)
+    labellers = TokenChecker(ctx.labellers)
 
     def authenticate(request: web.Request) -> str:
         actor = _who(request)
@@ -364,27 +371,38 @@ def _authenticator(
         if writes and (problem := db_file.problem()):
             # SQLite would keep writing to the unlinked file and lose it all at exit.
             log.error("admin: write refused: %s", problem)
-            raise ApiError(503, "storage_unavailable", f"{problem}; restart the gateway")
+            refused = se.StorageUnavailable(f"{problem}; restart the gateway")
+            # Said without the file's path, as storage errors are; the log line names it.
+            refused.http_message = (
+                "the database file was replaced or deleted while the gateway runs; "
+                "restart the gateway"
+            )
+            raise refused
         return actor
 
     def _who(request: web.Request) -> str:
-        if not ctx.tokens:  # --insecure-admin: loopback peers only
+        if not ctx.tokens and not ctx.labellers:  # --insecure-admin: loopback peers only
             if not is_loopback(request.remote):
-                raise ApiError(404, "not_found", "admin API is disabled")
+                raise se.NotFound("admin API is disabled")
             return INSECURE_ACTOR
         peer = request.remote or "unknown"
         wait = guard.retry_after(peer)
         if wait > 0:
-            raise ApiError(
-                429, "rate_limited", "too many failed authentications from this address",
-                headers={"Retry-After": str(max(1, round(wait)))},
-            )  # fmt: skip
-        label = checker.label_for(request.headers.get("Authorization"))
-        if label is None:
+            raise RateLimited(
+                "too many failed authentications from this address", retry_after_s=round(wait)
+            )
+        presented = request.headers.get("Authorization")
+        label = checker.label_for(presented)
+        labeller = labellers.label_for(presented) if label is None else None
+        if label is None and labeller is None:
             guard.failed(peer)
-            raise ApiError(401, "authentication_error", "missing or invalid bearer token")
+            raise NotAuthenticated("missing or invalid bearer token")
         guard.succeeded(peer)
-        return label
+        if labeller is not None and not request.path.startswith(LABELLER_PREFIX):
+            raise Forbidden(
+                "this token has the labeller role: it may label (/admin/labels/) and nothing else"
+            )
+        return label or f"{labeller}"
 
     return authenticate
 
@@ -401,7 +419,7 @@ def build_admin_app(
     public listener."""
     from gateway.control.admin.openapi import openapi_document
 
-    mode = admin_mode(ctx.tokens, ctx.insecure, ctx.listen_host)
+    mode = admin_mode({**ctx.tokens, **ctx.labellers}, ctx.insecure, ctx.listen_host)
     enabled = mode != "disabled"
     admin = admin if admin is not None else AdminConfig()
     credentials = credentials if credentials is not None else CredentialsConfig()
@@ -454,5 +472,6 @@ def build_admin_app(
         r.add_post(f"/rollout/{kind}", rollout_action(kind))
     r.add_get("/status", status)
     r.add_get("/openapi.json", openapi_json, name="openapi")
+    add_label_routes(app, ctx.engine, ctx.labels, ctx.verdict_settings)
     ui.add_routes(r, token_required=mode == "tokens")  # the live page: calls the routes above
     return app

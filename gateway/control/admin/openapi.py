@@ -12,6 +12,8 @@ import msgspec
 from domain.endpoint import NAME_PATTERN, CandidatePatch
 from gateway.config.load import settings_variables
 from gateway.config.sections import CredentialsConfig
+from gateway.control.admin.labels import LabelBody
+from gateway.control.admin.labels import openapi_paths as label_paths
 from gateway.control.admin.schema import (
     FINAL_FALSE,
     FINAL_TRUE,
@@ -44,6 +46,7 @@ _COMPONENTS: tuple[Any, ...] = (
     PromotionResult,
     StatusView,
     ErrorBody,
+    LabelBody,
 )
 _ERRORS = {
     400: "Malformed JSON body (not parseable as JSON)",
@@ -296,6 +299,7 @@ def openapi_document(settings: CredentialsConfig | None = None) -> dict[str, Any
                 ),
             },
             **rollout_paths,
+            **label_paths(_op, _json, _ref),
             "/status": {
                 "get": _op(
                     "status",

@@ -90,7 +90,7 @@ class EndpointView(Endpoint, frozen=True, kw_only=True, forbid_unknown_fields=Fa
 class Counters(msgspec.Struct, kw_only=True):
     """This replica's copy accounting for one candidate (docs/design.md, "The mirror path"):
     sampled = deduplicated + dropped_overflow + dropped_oversize + shed_overload + shed_capacity
-    + sent + pending and sent = observed_ok + observed_error + timed_out."""
+    + shed_session_broken + sent + pending and sent = observed_ok + observed_error + timed_out."""
 
     sampled: int = 0
     deduplicated: int = 0
@@ -98,6 +98,7 @@ class Counters(msgspec.Struct, kw_only=True):
     dropped_oversize: int = 0
     shed_overload: int = 0
     shed_capacity: int = 0  # by hash under the capacity share: a sampling decision
+    shed_session_broken: int = 0  # later turns of a session an earlier turn of which was lost
     sent: int = 0
     pending: int = 0
     observed_ok: int = 0

@@ -8,7 +8,7 @@ back or steers a ramp through the same endpoints `canary promote` and `canary ro
 the API gates and audits every change. Wherever the admin app runs,
 the page goes with it.
 
-The three files are served without authentication (they reveal nothing: no names, no
+The page's files are served without authentication (they reveal nothing: no names, no
 numbers). When the admin API takes tokens, every API call the page makes carries the
 operator's bearer token, typed into the page, kept in the tab's sessionStorage and sent only as
 an `Authorization` header, never in a URL; when it is open (`insecure_admin`, loopback only)
@@ -29,6 +29,8 @@ PAGE_PATH = "/ui/"  # the page, under the admin app's mount point (`/admin`)
 _FILES = {  # served name -> content type
     "index.html": "text/html",
     "app.js": "text/javascript",
+    "label.js": "text/javascript",
+    "human.js": "text/javascript",
     "app.css": "text/css",
 }
 # Nothing from elsewhere, no inline script or style, no framing, no forms posted anywhere.
@@ -64,7 +66,7 @@ def _load(token_required: bool) -> dict[str, bytes]:
 
 def add_routes(router: web.UrlDispatcher, *, token_required: bool = True) -> None:
     """Add `/ui`, `/ui/` and `/ui/{file}` to the admin sub-app's router (read once, kept in
-    memory: three small files). `token_required` is False for an open admin API
+    memory: five small files). `token_required` is False for an open admin API
     (`insecure_admin`): the page then shows no token prompt."""
     files = _load(token_required)
 

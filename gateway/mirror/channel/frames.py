@@ -8,7 +8,7 @@ Worker -> mirror: COPY (a sampled or undecided request), RESULT (production's me
 a copy that was handed off), RELOAD (the registry moved), IDLE (answer IDLE_ACK once every copy
 before it is finished), ELIGIBLE (about once a second: how many requests on mirrored routes the
 worker served, sampled or not), RAMP (one request of an open rollout: its arm, session and
-outcome, a `domain.records.RampRequest` struct-packed in a fixed 45-byte meta whose layout is
+outcome, a `domain.records.RolloutRequest` struct-packed in a fixed 45-byte meta whose layout is
 derived from that declaration; no msgpack, no body), METRICS (with several workers, about once
 a second: the worker's own series, rendered and labelled). Mirror -> worker: STATS (host-wide
 counters and metrics, and every worker's last METRICS text), IDLE_ACK, RATES (the adaptive
@@ -26,7 +26,7 @@ import msgspec
 
 from domain.observation import Field, describe
 from domain.outcomes import ERROR_KINDS, ErrorKind
-from domain.records import RampRequest
+from domain.records import RolloutRequest
 from gateway.server.meter import MeterResult
 
 __all__ = [
@@ -36,25 +36,25 @@ __all__ = [
     "KIND_IDLE",
     "KIND_IDLE_ACK",
     "KIND_METRICS",
-    "KIND_RAMP",
     "KIND_RATES",
     "KIND_RELOAD",
     "KIND_RESULT",
+    "KIND_ROLLOUT",
     "KIND_STATS",
-    "RAMP",
-    "RAMP_FRAME",
-    "RAMP_LAYOUT",
+    "ROLLOUT_FRAME",
+    "ROLLOUT_LAYOUT",
+    "ROLLOUT_META",
     "CopyMeta",
     "EligibleMeta",
     "IdleMeta",
     "MetricsMeta",
-    "RampLayout",
     "RatesMeta",
     "ResultMeta",
+    "RolloutLayout",
     "StatsMeta",
     "frame_header",
-    "ramp_error_kind",
-    "ramp_frame",
+    "rollout_error_kind",
+    "rollout_frame",
 ]
 
 FRAME: Final = struct.Struct("!BII")
@@ -66,7 +66,7 @@ KIND_STATS: Final = 5
 KIND_IDLE_ACK: Final = 6
 KIND_ELIGIBLE: Final = 7
 KIND_RATES: Final = 8
-KIND_RAMP: Final = 9
+KIND_ROLLOUT: Final = 9
 KIND_METRICS: Final = 10
 # The longest METRICS text the mirror process relays (bytes): a worker's series with every
 # candidate and histogram are tens of kilobytes; past it the text is refused and counted.
@@ -82,7 +82,7 @@ def _code(field: Field) -> str:
     return {float: "d", bool: "?", str: "B"}[field.type]
 
 
-class RampLayout:
+class RolloutLayout:
     """The RAMP meta's packed layout, derived from a declared request record (one field after
     another, in declaration order): `pack` and `unpack` are the only conversions between the
     record (None where absent) and the wire (NaN, code 0)."""
@@ -105,7 +105,7 @@ class RampLayout:
 
     def values(self, record: msgspec.Struct) -> list[object]:
         """The record's packed values, in layout order (a record of exactly `cls`; about
-        0.2 µs for RampRequest, the worker's cost per request of an open rollout)."""
+        0.2 µs for RolloutRequest, the worker's cost per request of an open rollout)."""
         out: list[object] = list(_astuple(record))
         for i in self._floats:
             if out[i] is None:
@@ -127,7 +127,7 @@ class RampLayout:
             if values[i] != values[i]:  # NaN
                 values[i] = None
         for i in self._codes:
-            values[i] = ramp_error_kind(values[i])  # type: ignore[arg-type]
+            values[i] = rollout_error_kind(values[i])  # type: ignore[arg-type]
         return dict(zip(self.names, values, strict=True))
 
 
@@ -135,11 +135,11 @@ _NAN: Final = math.nan
 _astuple: Final = msgspec.structs.astuple
 _ERROR_CODES: Final = {kind.value: n for n, kind in enumerate(ERROR_KINDS, 1)}
 _OTHER: Final = _ERROR_CODES[ErrorKind.OTHER.value]
-RAMP_LAYOUT: Final = RampLayout(RampRequest)
-# A RAMP frame's meta, as declared by domain.records.RampRequest.
-RAMP: Final = RAMP_LAYOUT.meta
+ROLLOUT_LAYOUT: Final = RolloutLayout(RolloutRequest)
+# A RAMP frame's meta, as declared by domain.records.RolloutRequest.
+ROLLOUT_META: Final = ROLLOUT_LAYOUT.meta
 # Header and meta packed in one call on the worker (the body is always empty).
-RAMP_FRAME: Final = struct.Struct("!BII" + RAMP.format[1:])
+ROLLOUT_FRAME: Final = struct.Struct("!BII" + ROLLOUT_META.format[1:])
 
 
 class CopyMeta(msgspec.Struct, array_like=True, frozen=True):
@@ -226,11 +226,11 @@ def headers_nbytes(headers: list[tuple[str, str]]) -> int:
     return sum(len(k) + len(v) + 4 for k, v in headers)
 
 
-def ramp_frame(request: RampRequest) -> bytes:
+def rollout_frame(request: RolloutRequest) -> bytes:
     """One RAMP frame, header included (an unknown error kind travels as `other`)."""
-    return RAMP_FRAME.pack(KIND_RAMP, RAMP.size, 0, *RAMP_LAYOUT.values(request))
+    return ROLLOUT_FRAME.pack(KIND_ROLLOUT, ROLLOUT_META.size, 0, *ROLLOUT_LAYOUT.values(request))
 
 
-def ramp_error_kind(code: int) -> str | None:
+def rollout_error_kind(code: int) -> str | None:
     """The error kind a RAMP frame's code names (None: the request did not fail)."""
     return None if code == 0 else ERROR_KINDS[code - 1].value

@@ -39,7 +39,7 @@ session that a worker cannot decide alone goes to the mirror process in `check`.
 later turn needs one byte search of the body (`"assistant"`), done only while some session-mode
 candidate has a limit.
 
-Ramp evidence (`put_ramp`, the worker's `gateway.server.ramp.hooks.RampSink`): each request of an
+Ramp evidence (`put_rollout`, the worker's `gateway.rollout.hooks.RolloutSink`): each request of an
 open rollout becomes one fixed-size RAMP frame (struct-packed, no body), queued with the other
 frames under the same cap as production's results; while the channel is down or full it is
 `ramp_dropped`, counted, never waited for.
@@ -62,7 +62,7 @@ from domain.accounting import GAUGE_FIELDS, IDENTITY_FIELDS
 from domain.endpoint import Endpoint
 from domain.exposition import Exposed, Family
 from domain.ids import uuid7
-from domain.records import RampRequest
+from domain.records import RolloutRequest
 from gateway.config.sections import MirrorConfig
 from gateway.mirror.channel import frames
 from gateway.mirror.replay.lane import MIRROR_HEADER
@@ -347,7 +347,10 @@ class Handoff:
         header_value = headers.get(self._session_header)
         first = not self._band or _LATER_TURN not in body
         sampled, shed, check, undecided = decide_kept(
-            offers, request_id.encode(), header_value.encode() if header_value else None, first
+            offers,
+            request_id.encode("utf-8", "surrogateescape"),
+            header_value.encode("utf-8", "surrogateescape") if header_value else None,
+            first,
         )
         if check and header_value:  # later turns of sessions this worker shed: shed again
             shed_sessions = self._shed_sessions
@@ -413,10 +416,10 @@ class Handoff:
         if not self._send_small(frames.KIND_RESULT, meta):
             self.process["results_dropped"] += 1
 
-    def put_ramp(self, request: RampRequest) -> None:
-        """One request of an open rollout to the mirror process (`RampSink`); never waits."""
+    def put_rollout(self, request: RolloutRequest) -> None:
+        """One request of an open rollout to the mirror process (`RolloutSink`); never waits."""
         transport = self._transport
-        frame = frames.ramp_frame(request)
+        frame = frames.rollout_frame(request)
         size = len(frame)
         if transport is None or (
             transport.get_write_buffer_size() + self._pending_bytes + size

@@ -16,10 +16,21 @@ own tokens, `grading_concurrency` calls at most).
 An unparseable answer is retried once, never guessed. The grader's credential comes from its
 own `credentials_env` through the candidates' credentials reader (never a client's header).
 
+An answer is its text and its calls (an agent turn is graded like any other: `prompt` shows
+the grader both); a failed answer, or one with neither text nor a call, is no answer.
+
 Bounded: `grading_max_pending` pairs waiting or queued (beyond: `dropped`); a pair whose answers
 do not arrive within the candidate's timeout plus a minute is dropped too; each call is bounded
 by `grading_timeout_s`. Every grading is counted (graded, tie, unparseable, failed, over cap)
-and stored as a `GradingRecord`, with its tokens.
+and stored as a `GradingRecord`, with its tokens; so is every pair of a candidate with a grader
+that is not graded, one row with its reason (`NOT_GRADED_OUTCOMES`: outside the rate, queue
+full, no answer, stopped), so that the report accounts for every complete pair from the shared
+store, merged across replicas.
+
+A graded pair whose unit (the session's key hash) falls within the grader's `label_rate`
+(`domain.records.is_labelled`, chosen here, before the verdict is known) is also kept for people:
+the conversation and both answers exactly as the grader was shown them, handed to the sink's
+`put_label_item` (storage.labels). Never with `store_text = false`: the writer keeps none.
 """
 
 from __future__ import annotations
@@ -39,12 +50,13 @@ from yarl import URL
 
 from domain.endpoint import GraderSpec
 from domain.exposition import GRADING_FAMILIES, Exposed
-from domain.records import GradingOutcome, GradingRecord, ObservationRecord
+from domain.records import GradingOutcome, GradingRecord, LabelItem, ObservationRecord, is_labelled
 from gateway.config.sections import CredentialsConfig, MirrorConfig
 from gateway.credentials import candidate_credential
 from gateway.mirror.grading import request as rq
+from gateway.mirror.grading.prompt import Reply, answer_text, conversation_text
 
-__all__ = ["Grading", "GradingCounters", "GradingSink"]
+__all__ = ["Grading", "GradingCounters", "GradingSink", "LabelSink"]
 
 log = logging.getLogger("canary.mirror.grading")
 
@@ -61,6 +73,13 @@ class GradingSink(Protocol):
     """Receives finished gradings; never blocks (storage.writer.ObservationWriter)."""
 
     def put_grading(self, record: GradingRecord) -> None: ...
+
+
+@runtime_checkable
+class LabelSink(Protocol):
+    """Receives the pairs kept for people; never blocks (storage.writer.ObservationWriter)."""
+
+    def put_label_item(self, item: LabelItem) -> None: ...
 
 
 @dataclass(slots=True)
@@ -83,15 +102,17 @@ class GradingCounters:
 
 class _Pair:
     __slots__ = (
-        "answer",
         "body",
         "candidate",
+        "candidate_reply",
         "exchange_id",
+        "missing",
         "received_at",
         "reference",
+        "reference_reply",
         "spec",
-        "text",
         "timer",
+        "unit",
         "waiting",
     )
 
@@ -103,17 +124,30 @@ class _Pair:
         reference: str,
         spec: GraderSpec,
         received_at: float,
+        unit: str,
     ) -> None:
         self.exchange_id = exchange_id
+        self.unit = unit  # the session's key hash (or the exchange id): the labelling unit
         self.body = body  # a reference to the copy's body (shared, never copied)
         self.candidate = candidate
         self.reference = reference
         self.spec = spec
         self.received_at = received_at
-        self.answer: str | None = None
-        self.text: str | None = None
+        self.reference_reply: Reply | None = None  # production's answer
+        self.candidate_reply: Reply | None = None
+        self.missing: str | None = None  # why an answer is unusable (a no_answer's error_kind)
         self.waiting = {"production", "candidate"}
         self.timer: asyncio.TimerHandle | None = None
+
+
+def _reply(record: ObservationRecord, arm: str) -> tuple[Reply | None, str | None]:
+    """(the answer the grader reads, None) of a usable observation, else (None, why not)."""
+    if record.error_kind is not None:
+        return None, f"{arm}_failed"
+    calls = record.tool_calls if record.tool_calls not in (None, "", "[]") else None
+    if not record.output_text and calls is None:
+        return None, f"{arm}_empty"
+    return Reply(record.output_text, calls), None
 
 
 class _Cap:
@@ -189,19 +223,25 @@ class Grading:
         targets: Iterable[tuple[str, GraderSpec | None, float]],
         reference: str,
         received_at: float,
+        unit: str | None = None,
     ) -> None:
-        """Select the exchange for each (candidate, grader, timeout) whose rate covers it."""
+        """Select the exchange for each (candidate, grader, timeout) whose rate covers it;
+        `unit` is the session's key hash (None: the exchange is its own unit)."""
         if self._closed or not self._tasks:
             return
         for name, spec, timeout_s in targets:
-            if spec is None or not rq.is_graded(exchange_id, spec.rate):
+            if spec is None:
                 continue
             c = self._count(name)
+            if not rq.is_graded(exchange_id, spec.rate):
+                self._not_graded(exchange_id, name, reference, "not_sampled")
+                continue
             c.sampled += 1
             if self.pending >= self._max:
                 c.dropped += 1
+                self._not_graded(exchange_id, name, reference, "queue_full")
                 continue
-            pair = _Pair(exchange_id, body, name, reference, spec, received_at)
+            pair = _Pair(exchange_id, body, name, reference, spec, received_at, unit or exchange_id)
             key = (exchange_id, name)
             self._pairs[key] = pair
             self._by_exchange.setdefault(exchange_id, []).append(name)
@@ -209,13 +249,18 @@ class Grading:
                 timeout_s + _DEADLINE_SLACK_S, self._expire, key
             )
 
-    def answer(self, exchange_id: str, text: str | None) -> None:
-        """Production's answer (None: it failed, called tools or kept no text)."""
-        for name in self._by_exchange.pop(exchange_id, ()):
-            key = (exchange_id, name)
+    def answer(self, record: ObservationRecord) -> None:
+        """Production's finished observation: its text and calls are the reference answer."""
+        names = self._by_exchange.pop(record.exchange_id, ())
+        if not names:
+            return
+        reply, missing = _reply(record, "production")
+        for name in names:
+            key = (record.exchange_id, name)
             pair = self._pairs.get(key)
             if pair is not None:
-                pair.answer = text
+                pair.reference_reply = reply
+                pair.missing = pair.missing or missing
                 self._arrived(key, pair, "production")
 
     def observed(self, record: ObservationRecord) -> None:
@@ -224,8 +269,8 @@ class Grading:
         pair = self._pairs.get(key)
         if pair is None:
             return
-        ok = record.error_kind is None and not record.tool_calls
-        pair.text = record.output_text if ok else None
+        pair.candidate_reply, missing = _reply(record, "candidate")
+        pair.missing = pair.missing or missing
         self._arrived(key, pair, "candidate")
 
     def _arrived(self, key: tuple[str, str], pair: _Pair, who: str) -> None:
@@ -235,8 +280,11 @@ class Grading:
         del self._pairs[key]
         if pair.timer is not None:
             pair.timer.cancel()
-        if not pair.answer or not pair.text:
+        if pair.reference_reply is None or pair.candidate_reply is None:
             self._count(pair.candidate).dropped += 1
+            self._not_graded(
+                pair.exchange_id, pair.candidate, pair.reference, "no_answer", pair.missing
+            )
             return
         self._queue.append(pair)
         self._idle.clear()
@@ -246,11 +294,36 @@ class Grading:
         pair = self._pairs.pop(key, None)
         if pair is not None:
             self._count(pair.candidate).dropped += 1
+            self._not_graded(pair.exchange_id, pair.candidate, pair.reference, "no_answer", "late")
         waiting = self._by_exchange.get(key[0])
         if waiting is not None and key[1] in waiting:
             waiting.remove(key[1])
             if not waiting:
                 del self._by_exchange[key[0]]
+
+    def _not_graded(
+        self,
+        exchange_id: str,
+        candidate: str,
+        reference: str,
+        outcome: GradingOutcome,
+        error: str | None = None,
+    ) -> None:
+        """Store why a pair is not graded: one row, no call (the report's accounting)."""
+        if self._sink is not None:
+            self._sink.put_grading(
+                GradingRecord(
+                    exchange_id=exchange_id,
+                    endpoint=candidate,
+                    reference=reference,
+                    graded_at=time.time(),
+                    candidate_first=False,
+                    swapped=False,
+                    outcome=outcome,
+                    attempts=0,
+                    error_kind=error,
+                )
+            )
 
     # ------------------------------------------------------------------ the grader calls
 
@@ -295,19 +368,36 @@ class Grading:
     async def _grade(self, pair: _Pair) -> None:
         try:
             request = _decode(pair.body)
-        except msgspec.DecodeError:
+        except msgspec.DecodeError:  # the mirror parsed it already: not seen in practice
             self._count(pair.candidate).dropped += 1
+            self._not_graded(
+                pair.exchange_id, pair.candidate, pair.reference, "no_answer", "request_not_json"
+            )
             return
-        conversation = rq.conversation_text(request, self._max_chars)
-        cand, ref = pair.text or "", pair.answer or ""
-        cand_text, ref_text = cand[: self._max_chars], ref[: self._max_chars]
+        assert pair.candidate_reply is not None and pair.reference_reply is not None
+        conversation = conversation_text(request, self._max_chars)
+        cand_text, cand_len = answer_text(pair.candidate_reply, self._max_chars)
+        ref_text, ref_len = answer_text(pair.reference_reply, self._max_chars)
+        if is_labelled(pair.unit, pair.spec.label_rate) and isinstance(self._sink, LabelSink):
+            self._sink.put_label_item(
+                LabelItem(
+                    exchange_id=pair.exchange_id,
+                    endpoint=pair.candidate,
+                    reference=pair.reference,
+                    unit=pair.unit,
+                    graded_at=time.time(),
+                    conversation=conversation,
+                    candidate_answer=cand_text,
+                    reference_answer=ref_text,
+                )
+            )
         for first, swapped in rq.orders(pair.exchange_id, pair.spec.swap_rate):
             body = rq.grader_body(
                 pair.spec, conversation, cand_text, ref_text, candidate_shown_first=first
             )
             record = await self._one(pair, body, first)
             record.swapped = swapped
-            record.candidate_chars, record.reference_chars = len(cand), len(ref)
+            record.candidate_chars, record.reference_chars = cand_len, ref_len
             if self._sink is not None:
                 self._sink.put_grading(record)
             await asyncio.sleep(0)  # let the copies' work run between gradings
@@ -406,6 +496,7 @@ class Grading:
             if pair.timer is not None:
                 pair.timer.cancel()
             self._count(pair.candidate).dropped += 1
+            self._not_graded(pair.exchange_id, pair.candidate, pair.reference, "stopped")
         self._queue.clear()
         self._pairs.clear()
         self._by_exchange.clear()
@@ -416,10 +507,15 @@ class Grading:
         return {name: c.as_dict() for name, c in self._counters.items()}
 
     def prometheus_lines(self) -> Iterable[Exposed]:
-        yield from GRADING_FAMILIES.values()
-        for name, c in self._counters.items():
-            for key, value in c.as_dict().items():
-                yield GRADING_FAMILIES[key].sample(value, name)
+        """Every grading family; before any candidate with a grader has a pair, each at 0 with
+        no candidate (an empty label is no label), so the board's series exist from start-up."""
+        values = {name: c.as_dict() for name, c in self._counters.items()}
+        for key, family in GRADING_FAMILIES.items():  # each family's samples in its own block
+            yield family
+            if not values:
+                yield family.sample(0, "")
+            for name, counts in values.items():
+                yield family.sample(counts[key], name)
 
 
 def targets_of(lanes: Sequence[Any]) -> list[tuple[str, GraderSpec | None, float]]:

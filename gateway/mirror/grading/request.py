@@ -4,14 +4,15 @@ is shown, and what its answer says.
 A pair is graded iff `xxh3_64(GRADE_SALT + exchange id) / 2**64 < rate` (nested: a pair graded at
 rate r is graded at every rate above r), shown with the candidate's answer first iff one bit of
 another hash is set (half each way), and graded in both orders iff a third hash falls below
-`swap_rate`. The grader sees the user's conversation and two answers labelled A and B, never
-which arm gave which, and must answer `{"winner": "A" | "B" | "tie"}` through `response_format`
-(`json_schema`, strict): anything else is unparseable, never guessed. Pure: no IO.
+`swap_rate`. The grader sees the user's conversation and two answers labelled A and B (their
+text and their calls, as `prompt` writes them), never which arm gave which, and must answer
+`{"winner": "A" | "B" | "tie"}` through `response_format` (`json_schema`, strict): anything else
+is unparseable, never guessed. Pure: no IO.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
@@ -19,6 +20,7 @@ import xxhash
 
 from domain.endpoint import GraderSpec
 from domain.records import GradingWinner
+from gateway.mirror.grading.prompt import conversation_text
 
 __all__ = [
     "DEFAULT_PROMPT",
@@ -42,13 +44,18 @@ _ORDER_SALT: Final = b"canary-grade-order\x00"
 _SWAP_SALT: Final = b"canary-grade-swap\x00"
 _SCALE: Final = float(2**64)
 
-# The default rubric (docs/grading.md quotes it): what the grader is asked to weigh, and that
-# length is not merit (graders prefer longer answers; arXiv 2404.04475).
+# The default rubric (docs/grading.md quotes it): what the grader is asked to weigh, that length
+# is not merit (graders prefer longer answers; arXiv 2404.04475), and what a better call is (an
+# agent turn: the answer may be a call, shown as gateway.mirror.grading.prompt writes it).
 DEFAULT_PROMPT: Final = (
     "You are comparing two assistant answers to the same conversation. Judge which answer "
     "serves the user better: it is helpful, it is correct, and it follows the user's "
     "instructions. Length is not merit: a longer answer is better only if what it adds is "
-    "needed. The order of the answers means nothing. If neither is better, answer tie.\n\n"
+    "needed. An answer may call tools instead of, or besides, answering in text; each call is "
+    "shown as [call] followed by the tool's name and its arguments. A better call uses the "
+    "right tool with the right arguments, and calls a tool only when a call is needed; when "
+    "no call is needed, an answer in text is better than a call. The order of the answers "
+    "means nothing. If neither is better, answer tie.\n\n"
     "[Conversation]\n{conversation}\n\n[Answer A]\n{answer_a}\n\n[Answer B]\n{answer_b}\n\n"
     'Reply with a JSON object only: {{"winner": "A"}}, {{"winner": "B"}} or '
     '{{"winner": "tie"}}.'
@@ -112,27 +119,6 @@ def candidate_first(exchange_id: str) -> bool:
 def is_swapped(exchange_id: str, swap_rate: float) -> bool:
     """Whether the pair is graded in the other order too."""
     return _unit(_SWAP_SALT, exchange_id) < swap_rate
-
-
-def conversation_text(request: Mapping[str, Any], max_chars: int) -> str:
-    """The user's conversation as the grader reads it: chat messages as `role: content` lines
-    (text parts only), or a completion's prompt; the last `max_chars` characters when longer
-    (the end of a conversation is what was answered)."""
-    messages = request.get("messages")
-    if isinstance(messages, list):
-        lines = []
-        for m in messages:
-            if not isinstance(m, dict):
-                continue
-            content = m.get("content")
-            if isinstance(content, list):  # content parts: keep the text ones
-                content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            lines.append(f"{m.get('role', 'user')}: {content if content is not None else ''}")
-        text = "\n".join(lines)
-    else:
-        prompt = request.get("prompt")
-        text = prompt if isinstance(prompt, str) else ""
-    return text[-max_chars:] if len(text) > max_chars else text
 
 
 def grader_body(

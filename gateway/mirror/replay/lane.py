@@ -43,6 +43,7 @@ from gateway.credentials import candidate_credential
 from gateway.mirror.counters import LaneCounters
 from gateway.mirror.replay.observe import classify, observation
 from gateway.mirror.replay.ring import Entry, MemoryBudget, Offer, RingBuffer
+from gateway.mirror.replay.validity import NOTHING, CallJudge, Declared
 from gateway.server.deadlines import DeadlineSweeper, UpstreamTimeouts
 from gateway.server.headers import COPY_SKIP, copy_end_to_end, copy_skip
 from gateway.server.hooks import ObservationSink
@@ -91,15 +92,22 @@ class Copy:
     `nbytes` is everything the copy holds: body, every header name and value, and a fixed
     overhead; the rings and the memory budget count that, not just the body."""
 
-    __slots__ = ("body", "exchange_id", "headers", "nbytes", "path_qs")
+    __slots__ = ("body", "exchange_id", "headers", "nbytes", "path_qs", "tools")
 
     def __init__(
-        self, exchange_id: str, path_qs: str, headers: CIMultiDictProxy[str], body: bytes
+        self,
+        exchange_id: str,
+        path_qs: str,
+        headers: CIMultiDictProxy[str],
+        body: bytes,
+        tools: Declared = NOTHING,
     ) -> None:
         self.exchange_id = exchange_id
         self.path_qs = path_qs
         self.headers = headers
         self.body = body
+        # What the request declared, parsed once: every arm's calls are judged against it.
+        self.tools = tools
         self.nbytes = (
             len(body)
             + len(path_qs)
@@ -121,8 +129,11 @@ class Lane:
         upstream: UpstreamConfig,
         storage: StorageConfig,
         credentials: CredentialsConfig,
+        calls: CallJudge | None = None,
     ) -> None:
         self.counters = LaneCounters()
+        # The mirror process's tool-call checker (shared by every lane: one schema cache).
+        self._calls = calls or CallJudge()
         self.ring: RingBuffer[Copy] = RingBuffer(
             endpoint.buffer_max_items,
             endpoint.buffer_max_bytes,
@@ -287,10 +298,13 @@ class Lane:
 
     # ------------------------------------------------------------------ hot path
 
-    def offer(self, copy: Copy, digest: bytes, session: bytes | None, now: float) -> bool:
-        """Queue a copy; synchronous, never awaits. True when the ring accepted it."""
+    def offer(
+        self, copy: Copy, digest: bytes, session: bytes | None, now: float, turn: int = 0
+    ) -> bool:
+        """Queue a copy (`turn`: its index in `session`); synchronous, never awaits. True when
+        the ring accepted it."""
         # The Copy object is shared by every ring that takes it: the budget counts it once.
-        if self.ring.offer(copy, id(copy), copy.nbytes, digest, session, now) is not (
+        if self.ring.offer(copy, id(copy), copy.nbytes, digest, session, now, turn) is not (
             Offer.ACCEPTED
         ):
             return False
@@ -342,7 +356,9 @@ class Lane:
             try:
                 await self._send(entry)
             finally:
-                ring.done(entry)
+                # Unanswered (no response head: refused, reset, timed out or cancelled before
+                # it), the copy never reached the candidate: its session's later turns are shed.
+                ring.done(entry, entry.answered)
                 if ring.has_ready:
                     self._wake_one()  # a session's next turn may have become ready
                 elif self._stopping and not ring.items:
@@ -394,6 +410,7 @@ class Lane:
                 watchdog=wd,
             )
             status = resp.status
+            entry.answered = True
             meter = ResponseMeter(
                 t0,
                 is_sse=is_event_stream(resp.headers.get("Content-Type")),
@@ -461,6 +478,7 @@ class Lane:
             max_chars=self._storage.store_text_max_chars,
             queue_wait_s=queue_wait,
         )
+        self._calls.judge(record, copy.tools, result.tool_calls)
         if not self.hold(record):
             self._sink.put_observation(record)
 

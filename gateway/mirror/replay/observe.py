@@ -3,8 +3,9 @@
 One function for both arms so production and candidate observations are built the same way:
 the meter's measured fields carried over as they are (every name in `MEASURED`), output
 text kept by `domain.observation.kept_text` (cut to `store_text_max_chars`, or None when
-`store_text` is false), the hash of the full text always kept, tool calls as JSON text, and
-an `error_kind` derived from the response when the transport itself did not fail.
+`store_text` is false), the hash of the full text always kept, tool calls as JSON text
+(`[{"name", "arguments", "id"}]`, the id absent when the answer gave none), and an
+`error_kind` derived from the response when the transport itself did not fail.
 
 A stream that carried its final event (`[DONE]`, or choice 0's `finish_reason`) answered: what
 the client's socket did afterwards (the SDK closing after `[DONE]` before the gateway's last
@@ -56,6 +57,13 @@ def _builder() -> Callable[..., ObservationRecord]:
 _build: Final = _builder()
 
 
+def _call(name: str, arguments: str, call_id: str | None) -> dict[str, str]:
+    """A stored tool call: name, arguments as emitted and the call id (absent when none came)."""
+    if call_id is None:
+        return {"name": name, "arguments": arguments}
+    return {"name": name, "arguments": arguments, "id": call_id}
+
+
 def classify(result: MeterResult) -> ErrorKind | None:
     """The error kind a complete exchange's response shows, or None when it looks healthy."""
     if result.status >= 500:
@@ -64,6 +72,8 @@ def classify(result: MeterResult) -> ErrorKind | None:
         return ErrorKind.HTTP_4XX
     if result.status < 200:
         return ErrorKind.HTTP_OTHER
+    if result.finish_reason == "error":  # a Responses answer that failed (`response.failed`)
+        return ErrorKind.OTHER
     if result.is_sse:
         if result.saw_done or result.finish_reason is not None:
             return None
@@ -103,9 +113,7 @@ def observation(
         arm,
         started_at,
         text,
-        None
-        if tools is None
-        else _encode([{"name": n, "arguments": a} for n, a in tools]).decode(),
+        None if tools is None else _encode([_call(*t) for t in tools]).decode(),
         queue_wait_s,
         truncated,
         error_kind,

@@ -19,6 +19,14 @@ worker within `dedup_window_s`, is `deduplicated`.
 Session ordering: copies with a session key are released one at a time per session — a later
 turn becomes ready only when the earlier turn's copy is `done` (finished or evicted), so a
 candidate sees a conversation's turns in order and never two at once.
+
+Whole sessions: a candidate receives a session's turns as a prefix or not at all. When a copy
+of a session leaves without reaching the candidate (dropped on overflow, oversize, or sent and
+left unanswered: `done(entry, answered=False)`), the session is broken (`SessionTrail`): its
+turns queued behind it and every later turn offered are `shed_session_broken`, never sent. A
+turn that skips one (the one between never got here) breaks it too. Copies still queued when
+the ring is cleared (removal, shutdown) stay `dropped_overflow`: nothing of the lane is sent
+again.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from enum import Enum
 from typing import Final, Generic, Protocol, TypeVar
 
 from gateway.mirror.counters import LaneCounters
+from gateway.mirror.replay.order import SessionTrail
 
 __all__ = ["Entry", "MemoryBudget", "Offer", "RingBuffer"]
 
@@ -43,12 +52,14 @@ class Offer(Enum):
     ACCEPTED = "accepted"
     DEDUPLICATED = "deduplicated"
     OVERSIZE = "oversize"
+    BROKEN = "broken"  # a later turn of a broken session: shed_session_broken
 
 
 class Entry(Generic[T]):
     """One queued copy. `payload` is what the dispatcher needs; the ring never looks inside."""
 
     __slots__ = (
+        "answered",
         "body_id",
         "digest",
         "enqueued_at",
@@ -56,6 +67,7 @@ class Entry(Generic[T]):
         "payload",
         "seq",
         "session",
+        "turn",
         "waiting",
     )
 
@@ -68,6 +80,7 @@ class Entry(Generic[T]):
         digest: bytes,
         session: bytes | None,
         enqueued_at: float,
+        turn: int = 0,
     ) -> None:
         self.seq = seq
         self.payload = payload
@@ -76,7 +89,9 @@ class Entry(Generic[T]):
         self.digest = digest
         self.session = session
         self.enqueued_at = enqueued_at
+        self.turn = turn
         self.waiting = False  # behind an earlier turn of its session, not yet ready
+        self.answered = False  # the sender got the candidate's response head (set by it)
 
 
 class _Evictable(Protocol):
@@ -143,6 +158,7 @@ class RingBuffer(Generic[T]):
         "inflight",
         "max_bytes",
         "max_items",
+        "trail",
     )
 
     def __init__(
@@ -168,6 +184,7 @@ class RingBuffer(Generic[T]):
         self._sessions: dict[bytes, OrderedDict[int, Entry[T]]] = {}
         self._pending_digests: dict[bytes, int] = {}
         self._recent: OrderedDict[bytes, float] = OrderedDict()
+        self.trail = SessionTrail()
         budget.rings.append(self)
 
     @property
@@ -191,22 +208,36 @@ class RingBuffer(Generic[T]):
         digest: bytes,
         session: bytes | None,
         now: float,
+        turn: int = 0,
     ) -> Offer:
-        """Queue one copy; O(1) amortised, never copies the body."""
+        """Queue one copy (`turn`: its index in `session`); O(1) amortised, never copies the
+        body."""
         if nbytes > self.max_bytes or nbytes > self.budget.limit:
             self.counters.dropped_oversize += 1
+            if session is not None:
+                self.break_session(session)
             return Offer.OVERSIZE
         self._expire_recent(now)
         if digest in self._pending_digests or digest in self._recent:
             self.counters.deduplicated += 1
             return Offer.DEDUPLICATED
+        if session is not None and not self.trail.admit(session, turn):
+            self.counters.shed_session_broken += 1
+            return Offer.BROKEN
         while self._order and (
             len(self._order) >= self.max_items or self.bytes + nbytes > self.max_bytes
         ):
             self.evict_oldest()
         self.budget.make_room(body_id, nbytes)
+        if session is not None and self.trail.broken(session):
+            # Making room dropped an earlier copy of this session: a later turn would go
+            # headless; a first turn starts it over.
+            if turn:
+                self.counters.shed_session_broken += 1
+                return Offer.BROKEN
+            self.trail.admit(session, 0)
         self._seq += 1
-        entry = Entry(self._seq, payload, body_id, nbytes, digest, session, now)
+        entry = Entry(self._seq, payload, body_id, nbytes, digest, session, now, turn)
         self._order[entry.seq] = entry
         if session is None:
             self._ready[entry.seq] = entry
@@ -235,16 +266,28 @@ class RingBuffer(Generic[T]):
         self.inflight += 1
         return entry
 
-    def done(self, entry: Entry[T]) -> None:
-        """The copy taken by `pop` is finished: release its session's next turn."""
+    def done(self, entry: Entry[T], answered: bool = True) -> None:
+        """The copy taken by `pop` is finished: release its session's next turn, or, when the
+        candidate never answered it, break the session (its queued turns are shed)."""
         self.inflight -= 1
-        if entry.session is not None:
-            self._advance(entry.session)
+        session = entry.session
+        if session is None:
+            return
+        if not answered:
+            self.break_session(session)
+            self._shed_waiting(session)
+        self._advance(session)
+
+    def break_session(self, session: bytes) -> None:
+        """A turn of `session` will never reach the candidate (dropped or shed before it was
+        offered here, or here): its later turns are shed, never sent."""
+        self.trail.break_(session)
 
     def evict_oldest(self) -> None:
-        """Drop the oldest queued copy and count it as `dropped_overflow`."""
+        """Drop the oldest queued copy and count it as `dropped_overflow`; its session is
+        broken, and its turns queued behind it are shed."""
         _, entry = self._order.popitem(last=False)
-        self._drop(entry)
+        self._drop(entry, cascade=True)
 
     def resize(self, max_items: int, max_bytes: int, dedup_window_s: float) -> None:
         """Apply new limits, dropping the oldest copies that no longer fit."""
@@ -256,7 +299,8 @@ class RingBuffer(Generic[T]):
         """Drop every queued copy (candidate removed or shutdown); returns how many."""
         n = len(self._order)
         while self._order:
-            self.evict_oldest()
+            _, entry = self._order.popitem(last=False)
+            self._drop(entry, cascade=False)
         self.counters.dropped_on_stop += n
         return n
 
@@ -264,16 +308,35 @@ class RingBuffer(Generic[T]):
         """Leave the global budget (after `clear`): this ring will never hold a copy again."""
         self.budget.rings.remove(self)
 
-    def _drop(self, entry: Entry[T]) -> None:
+    def _drop(self, entry: Entry[T], cascade: bool) -> None:
+        """Count a queued copy (already out of `_order`) `dropped_overflow`; with `cascade`,
+        break its session and shed the turns queued behind it."""
+        session = entry.session
         if entry.waiting:
-            assert entry.session is not None
-            del self._sessions[entry.session][entry.seq]
+            assert session is not None
+            del self._sessions[session][entry.seq]
         else:
             del self._ready[entry.seq]
-            if entry.session is not None:
-                self._advance(entry.session)  # it was its session's head: the next turn may go
         self._unqueue(entry)
         self.counters.dropped_overflow += 1
+        if session is None:
+            return
+        if cascade:
+            self.break_session(session)
+            self._shed_waiting(session)
+        if not entry.waiting:
+            self._advance(session)  # it was its session's head: the next turn may go
+
+    def _shed_waiting(self, session: bytes) -> None:
+        """Shed the turns of a broken session queued behind its head (`shed_session_broken`)."""
+        queue = self._sessions.get(session)
+        if not queue:
+            return
+        for entry in queue.values():
+            del self._order[entry.seq]
+            self._unqueue(entry)
+        self.counters.shed_session_broken += len(queue)
+        queue.clear()
 
     def _unqueue(self, entry: Entry[T]) -> None:
         self.bytes -= entry.nbytes

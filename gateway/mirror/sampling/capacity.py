@@ -43,7 +43,11 @@ Sessions: a first turn is kept iff its hash is under the share in force; a later
 lies in `[low, sample)`, where `low` is the lowest share of the last `SESSION_ACTIVE_S`, could
 belong to a session admitted when the share was higher or shed when it was lower, so the mirror
 process answers from the sessions it admitted (`Admitted`). An admitted session keeps its later
-turns; a shed one is shed from its first turn.
+turns while it stays whole; a shed one is shed from its first turn. Admission is not enough: a
+session one of whose turns the mirror drops or sheds after admission (ring overflow, the loop
+guard, unanswered, stop) is no longer admitted, and its ring sheds its later turns
+(`shed_session_broken`, `gateway.mirror.replay.ring`), so no session reaches the candidate
+headless.
 """
 
 from __future__ import annotations
@@ -302,7 +306,9 @@ class LimitTimes:
 
 class Admitted:
     """Per candidate, the sessions whose first turn was kept (LRU-bounded): the mirror process
-    answers the later turns a worker cannot decide alone."""
+    answers the later turns a worker cannot decide alone. A session is added only once its
+    candidate's ring accepted a copy of it; one the ring has since broken is refused there
+    (`RingBuffer.trail`), whatever this set says."""
 
     __slots__ = ("_sessions", "max_sessions")
 

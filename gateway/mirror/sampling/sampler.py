@@ -12,6 +12,13 @@ The key is the request id in `request` mode, and the session in `session` mode: 
 header (`X-Session-ID` by default), else the OpenAI `user` field, else a hash of (model, system
 prompt, first user message), so a sampled conversation is mirrored turn after turn. For a
 prompt-style request without a session header or `user`, the fallback key is (model, prompt).
+A Responses API request (`/v1/responses`) carries its history in `input` (a string, or a list
+of items) and its system prompt in `instructions`: its fallback key is (model, instructions or
+the first system item, first user item), and a string `input` is that first user message, so a
+conversation's later turns (a list) keep its first turn's key. A Responses request that names
+state kept on the server (`previous_response_id`, `conversation`) is never mirrored: the
+candidate never produced that response (`RequestView.server_state`; the mirror counts it as
+skipped, `unmirrorable_state`).
 
 The body is decoded with Structs that declare only what sampling and the exchange record need;
 message contents stay `msgspec.Raw` (never decoded) except the two that feed the fallback key.
@@ -54,9 +61,13 @@ __all__ = [
 ]
 
 # Routes whose POST bodies are mirrored; anything else is forwarded only.
-MIRRORED_ROUTES: Final = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+MIRRORED_ROUTES: Final = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"}
+)
 
 _TWO_64: Final = float(2**64)
+_LIST: Final = 0x5B  # "[": a JSON array
+_STRING: Final = 0x22  # '"': a JSON string
 _NULL: Final = msgspec.Raw(b"null")
 _SEP: Final = b"\x00"
 
@@ -64,6 +75,15 @@ _SEP: Final = b"\x00"
 class Message(msgspec.Struct):
     """One chat message: its role, and its content left undecoded."""
 
+    role: str = ""
+    content: msgspec.Raw = _NULL
+
+
+class InputItem(msgspec.Struct):
+    """One item of a Responses `input` list: a message (`type` omitted or "message", a role and
+    its content left undecoded), a `function_call`, a `function_call_output`, or another kind."""
+
+    type: str = "message"
     role: str = ""
     content: msgspec.Raw = _NULL
 
@@ -78,12 +98,19 @@ class RequestView(msgspec.Struct):
     model: str | None = None
     messages: list[Message] | None = None
     prompt: msgspec.Raw = _NULL
-    input: msgspec.Raw = _NULL  # /v1/embeddings
+    input: msgspec.Raw = _NULL  # /v1/embeddings, /v1/responses (a string or a list of items)
     user: str | None = None
     stream: bool | None = None
     temperature: float | None = None
     response_format: ResponseFormat | None = None
     tools: list[msgspec.Raw] | None = None
+    # Left undecoded: only the mirror's tool-call check (gateway.mirror.toolcalls) reads them.
+    tool_choice: msgspec.Raw = _NULL
+    parallel_tool_calls: bool | None = None
+    # The Responses API: its system prompt, and the state it asks the server to continue.
+    instructions: msgspec.Raw = _NULL
+    previous_response_id: str | None = None
+    conversation: msgspec.Raw = _NULL
 
     @property
     def json_requested(self) -> bool:
@@ -94,8 +121,26 @@ class RequestView(msgspec.Struct):
     def tools_requested(self) -> bool:
         return bool(self.tools)
 
+    @property
+    def server_state(self) -> bool:
+        """True when the request continues state only the server that answered before holds
+        (a Responses `previous_response_id` or `conversation`): a copy cannot be replayed."""
+        return self.previous_response_id is not None or self.conversation != _NULL
+
+    def input_items(self) -> list[InputItem] | None:
+        """The Responses `input` as a list of items; None when it is not one (a string, an
+        embeddings input of strings or token ids, or absent)."""
+        raw = self.input
+        if _lead(raw) != _LIST:
+            return None
+        try:
+            return _decode_items(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+
 
 _decode_view = msgspec.json.Decoder(RequestView).decode
+_decode_items = msgspec.json.Decoder(list[InputItem]).decode
 _decode_any = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
@@ -218,6 +263,12 @@ def decide_kept(
     return kept, shed, check, undecided
 
 
+def _lead(raw: msgspec.Raw) -> int:
+    """The first byte of an undecoded value (msgspec strips the whitespace before it)."""
+    view = memoryview(raw)
+    return view[0] if len(view) else 0
+
+
 def _canonical(raw: msgspec.Raw) -> bytes:
     """A message content as stable bytes: the text of a string, else its re-encoded JSON."""
     value = _decode_any(raw)
@@ -228,8 +279,8 @@ def _canonical(raw: msgspec.Raw) -> bytes:
 
 def session_key(view: RequestView, header_value: str | None) -> bytes:
     """The session sampling key: header, else `user`, else a hash of the conversation's start."""
-    if header_value:
-        return header_value.encode()
+    if header_value:  # its wire bytes, UTF-8 or not (aiohttp decodes with surrogateescape)
+        return header_value.encode("utf-8", "surrogateescape")
     if view.user:
         return view.user.encode()
     h = xxhash.xxh3_128()
@@ -246,6 +297,24 @@ def session_key(view: RequestView, header_value: str | None) -> bytes:
             h.update(_SEP)
             if part is not None:
                 h.update(_canonical(part))
+    elif _lead(view.input) == _STRING or (items := view.input_items()) is not None:
+        # A Responses request (or an embeddings input of one string): the chat key's parts.
+        instructions = view.instructions if view.instructions != _NULL else None
+        user: msgspec.Raw | None = view.input  # a string input is the first user message
+        if _lead(view.input) == _LIST:
+            user = None
+            for item in items or ():
+                if item.type != "message":
+                    continue
+                if instructions is None and item.role in ("system", "developer"):
+                    instructions = item.content
+                elif item.role == "user":
+                    user = item.content
+                    break
+        for part in (instructions, user):
+            h.update(_SEP)
+            if part is not None:
+                h.update(_canonical(part))
     else:
         h.update(_SEP)
         h.update(bytes(view.prompt if view.prompt != _NULL else view.input))
@@ -258,7 +327,16 @@ def hash_key(key: bytes) -> str:
 
 
 def turn_index(view: RequestView) -> int:
-    """The number of assistant messages in the request (0 for a first turn or a prompt)."""
-    if not view.messages:
+    """The number of assistant messages in the request (0 for a first turn or a prompt); in a
+    Responses `input`, assistant `message` items and `function_call` items (each call an agent
+    made is a turn it answered)."""
+    if view.messages:
+        return sum(1 for m in view.messages if m.role == "assistant")
+    items = view.input_items()
+    if not items:
         return 0
-    return sum(1 for m in view.messages if m.role == "assistant")
+    return sum(
+        1
+        for item in items
+        if item.type == "function_call" or (item.type == "message" and item.role == "assistant")
+    )

@@ -10,13 +10,14 @@ it gated, would have rejected it. A promoted bi-kv is then ramped on live traffi
 reports.
 
 By concept: `arms` (the engines, the config and margins it registers, the options),
-`children` (the processes it starts and stops), `run` (drive until decided), `ramp` (the live
-ramp of bi-kv), `story` (what it prints). Every process it starts is its own child; all are
+`children` (the processes it starts and stops), `run` (drive until decided), `labeller` (the
+simulated labeller of the upgrade's pairs, a stand-in for a person), `rollout` (the live
+rollout of bi-kv), `story` (what it prints). Every process it starts is its own child; all are
 stopped on exit, on error and on Ctrl-C.
 """
 
 from gateway.process.demo.arms import DemoOptions
-from gateway.process.demo.ramp import RAMP_STEPS
+from gateway.process.demo.rollout import ROLLOUT_STEPS
 from gateway.process.demo.run import run_demo
 
-__all__ = ["RAMP_STEPS", "DemoOptions", "run_demo"]
+__all__ = ["ROLLOUT_STEPS", "DemoOptions", "run_demo"]

@@ -44,19 +44,28 @@ class Engine(NamedTuple):
 # it keep up with the demo's traffic.
 GRADER_TIME_FACTOR = 0.02
 
+# The serving engines prefill at half the simulator's default speed (0.1 ms a token: a
+# larger model): the demo's agents answer with up to three calls a turn, and during the ramp
+# bi-KV decodes its live half beside the copies still mirrored to it; the session KV it keeps
+# saves enough prefill to stay ahead of production end to end, as on a real deployment where
+# reuse pays.
+PREFILL = ("--prefill-scale", "2")
+
 ENGINES: tuple[Engine, ...] = (
-    Engine("live", "baseline", (), None),
-    Engine("control", "control", (), "control"),
-    Engine("bi-kv", "bi-kv", (), "bi-kv"),
+    Engine("live", "baseline", PREFILL, None),
+    Engine("control", "control", PREFILL, "control"),
+    Engine("bi-kv", "bi-kv", PREFILL, "bi-kv"),
     Engine(
         "quantized",
         "quantized",
-        ("--divergence", "0.3", "--logprob-shift", "0.1"),
+        # Its answers sometimes diverge, and a fifth of its call answers break their
+        # arguments (a required one missing, a wrong type): rejected on tool-call validity.
+        (*PREFILL, "--divergence", "0.3", "--logprob-shift", "0.1", "--break-calls", "0.2"),
         "quantized",
         price=1.2,
     ),
     # A new checkpoint: every answer in its own words (planted quality difference: none).
-    Engine("upgrade", "upgrade", (), "model-upgrade"),
+    Engine("upgrade", "upgrade", PREFILL, "model-upgrade"),
     # Its grader: indifferent between the two styles, picks the answer shown first 25 % of the
     # time (a planted position bias the report must measure).
     Engine("grader", "grader", (), None, time_factor=GRADER_TIME_FACTOR),
@@ -68,9 +77,10 @@ DECIDING = ("bi-kv", "quantized", "upgrade")
 DECIDED = ("promote", "reject")
 UPGRADE = "upgrade"
 
-# The upgrade's preference margin and grading, sized with `canary plan --graded`. About half
-# the demo's turns are tool calls (no text to grade), so half the pairs graded leaves ~1.5
-# graded pairs a session, each graded both ways (the position bias cancels within a pair): a
+# The upgrade's preference margin and grading, sized with `canary plan --graded`. About two
+# thirds of the demo's turns are tool calls, graded like text turns (the grader is shown the
+# calls and the declared tools); half the pairs graded leaves ~3 graded pairs a session, each
+# graded both ways (the position bias cancels within a pair): a
 # session's score varies with an sd near 0.45 (measured: 437 graded sessions gave an interval
 # of +-7.5 pp). At 20 pp the plan needs ~95 graded sessions, which the demo's 160-340 sessions
 # hold with the grader's lag; 15 pp needs ~180 and the default 5 pp ~1,760 (hours of traffic).
@@ -79,6 +89,10 @@ GRADER_RATE = 0.5  # half the pairs: the one grading task keeps up with the demo
 GRADER_SWAP_RATE = 1.0
 GRADER_SESSION_SD = 0.45
 GRADER_PRICE_PER_MTOK = 0.2
+GRADING_DEADLINE_S = 20.0
+# A quarter of the graded sessions kept for people: the demo's simulated labeller labels their
+# pairs (~40-80 sessions, ~3 graded pairs each) as they are graded, ten a second at most.
+LABEL_RATE = 0.25
 
 CONFIG_TEMPLATE = """\
 # Written by `canary demo`: a gateway in front of a simulated production engine, with four
@@ -118,6 +132,10 @@ priority = "normal"
 # Scoring copies (the quantized candidate and the control score production's answers): a few
 # at once per simulator, so scoring keeps up with the demo's traffic.
 score_concurrency = 4
+# The control's /tokenize counts every arm's answers, text and each tool call's name and
+# arguments (a piece each): an observation is stored once counted, so the demo lets 16 pieces be
+# counted at once where a real deployment would use token_counter = "local:<tokenizer.json>".
+tokenize_concurrency = 16
 # The upgrade's pairs wait for its grader together: 16 sessions in flight and a burst of
 # queued gradings fit in 2,000 (the default 256 would drop pairs in the demo's bursts).
 grading_max_pending = 2000
@@ -138,7 +156,8 @@ sampling = "session"
 concurrency = 16
 {scoring}price_per_hour_usd = {price}
 # 100 sessions can show a rate within about 3.7/100 ≈ 4 pp at best (sessions are the unit of
-# independence); the defaults (0.5 pp failures, 1 pp agreement) need ~750 / ~375 sessions.
+# independence); the defaults (0.5 pp failures, 1 pp agreement and tool-call validity) need
+# ~750 / ~375 / ~375 sessions.
 # The demo accepts 5 pp so that it can decide within a minute; and its simulators share
 # this machine's cores with the gateway, so their timings carry scheduling noise that a real
 # engine's would not (TPOT of the KV-keeping simulator moves with its batch): latency gets a
@@ -150,7 +169,11 @@ error_critical = 0.1
 slo_exceedance_delta = 0.05
 agreement_delta = 0.05
 similarity_delta = 0.05
-# The ramp (docs/ramp.md): at the demo's ~9 new sessions a second, a 5 % step would need 600
+# Tool-call validity, the same 5 pp (its critical margin with it: a reject at the first look
+# that shows harm beyond it).
+tool_validity_delta = 0.05
+tool_validity_critical = 0.05
+# The ramp (docs/rollout.md): at the demo's ~9 new sessions a second, a 5 % step would need 600
 # sessions for its candidate arm to reach the 30 a test needs, so 1 % and 5 % are smoke steps
 # of min_step_s and the dwells are sized from 25 % on; and its failure dwell is sized for a
 # candidate failing half its sessions (a dead engine; the guards stop that at once anyway), not
@@ -168,6 +191,11 @@ GRADED_TEMPLATE = f"""\
 # {PREFERENCE_DELTA:.0%} net (a demo-sized margin: the default 5 pp needs ~1,760 graded sessions
 # here).
 preference_delta = {PREFERENCE_DELTA}
+# The simulated grader answers within seconds and its queue drains as the demo's batches end,
+# so a graded session's unit may close {GRADING_DEADLINE_S:g} s after its idle gap (the
+# default, 900 s, allows for a real grader slowed or backed up for minutes); a verdict stored
+# later is late, not used.
+grading_deadline_s = {GRADING_DEADLINE_S}
 
 # Its LLM grader, the simulator's. Every graded pair in both orders; half of the pairs; no cap
 # that the demo's traffic could reach; a price so that the report states a cost.
@@ -177,7 +205,12 @@ model = "sim-model"
 rate = {GRADER_RATE}
 swap_rate = {GRADER_SWAP_RATE}
 max_per_minute = 1000000
+# Agent contexts are long (tool results): ~2,600 tokens a grading, past the default 2 M a day
+# within the demo's minute of traffic.
+daily_token_budget = 1000000000
 price_per_mtok = {GRADER_PRICE_PER_MTOK}
+# Sessions kept for people to label (the demo's simulated labeller stands in for them).
+label_rate = {LABEL_RATE}
 """
 
 

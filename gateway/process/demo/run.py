@@ -32,7 +32,8 @@ from gateway.process.demo.children import (
     wait_ready,
     workdir,
 )
-from gateway.process.demo.ramp import RAMPED, ramp
+from gateway.process.demo.labeller import simulated_labeller
+from gateway.process.demo.rollout import ROLLED_OUT, run_rollout
 from gateway.process.demo.story import candidates_lines, keep_running, print_reports
 from gateway.sim.workload import WorkloadSpec, run_workload
 
@@ -88,14 +89,25 @@ async def _run(
     for line in candidates_lines(opts.turns):
         say(line)
 
-    summary, sent, verdicts = await _drive(gateway_url, opts, progress, say)
+    # A simulated labeller (a stand-in for a person) labels the upgrade's kept pairs meanwhile.
+    done = asyncio.Event()
+    async with asyncio.TaskGroup() as group:
+        labelling = group.create_task(simulated_labeller(gateway_url, done, opts.seed))
+        try:
+            summary, sent, verdicts = await _drive(gateway_url, opts, progress, say)
+        finally:
+            done.set()
     say(summary)
+    say(labelling.result().line())
     verdicts_at = time.time()
-    ramp_line = None
-    if verdicts.get(RAMPED) == "promote":
-        ramp_line = await ramp(gateway_url, opts, procs, sent, say)
+    rollout_line = None
+    if verdicts.get(ROLLED_OUT) == "promote":
+        rollout_line = await run_rollout(gateway_url, opts, procs, sent, say)
     else:
-        say(f"no ramp: {RAMPED}'s verdict is {verdicts.get(RAMPED, 'not asked')!r}, not 'promote'")
+        say(
+            f"no ramp: {ROLLED_OUT}'s verdict is "
+            f"{verdicts.get(ROLLED_OUT, 'not asked')!r}, not 'promote'"
+        )
     if opts.keep:
         return await keep_running(gateway_url, urls, config_path, db_path)
 
@@ -103,10 +115,10 @@ async def _run(
     await procs.stop("gateway", timeout_s=30.0)
     await procs.stop_all()
     # The reports as they stood at the verdicts: the ramp's traffic is the rollout's evidence.
-    until = verdicts_at if ramp_line is not None else None
+    until = verdicts_at if rollout_line is not None else None
     code = await print_reports(f"sqlite+aiosqlite:///{db_path}", Path(opts.out_dir), until)
-    if ramp_line is not None:
-        say(ramp_line)
+    if rollout_line is not None:
+        say(rollout_line)
     say(f"demo finished in {time.monotonic() - started:.0f} s")
     return code
 

@@ -3,7 +3,8 @@
 When no copy of an answer is stored (mirroring off, a request not sampled, a ramp's candidate
 arm), the worker still needs two things of an SSE answer: when its first token arrived (the TTFT
 histogram, the ramp's record) and whether the client got its final event (`[DONE]`, or choice
-0's finish reason: an answer, not a disconnect, when the client closes right after). The full
+0's finish reason, or a Responses stream's `response.completed` / `.incomplete` / `.failed`:
+an answer, not a disconnect, when the client closes right after). The full
 meter (`server/meter.py`) parses every event for the text, the gaps and the token events; this
 watch hands it only the reads that can change those two answers, so a stream of hundreds of
 events costs a few substring searches per read once its first token has passed.
@@ -28,6 +29,12 @@ _NULL = b'"finish_reason":null'
 _DONE = b"[DONE]"
 _DONE_END = b"[DONE]\n\n"  # a read that ends with the stream's last event
 _HITS_MAX = 8  # capital Ds looked at one by one before one substring search takes over
+# A Responses API stream ends with one of these events, and has no `[DONE]`.
+_RESPONSES_END = (
+    b"event: response.completed\n",
+    b"event: response.incomplete\n",
+    b"event: response.failed\n",
+)
 
 
 class StreamWatch:
@@ -109,6 +116,13 @@ class StreamWatch:
             self._meter_ends(whole, now, False)
             if self._meter.final_event_seen():
                 return
+        if self._meter.responses:
+            # A Responses stream (the meter saw its events up to the first token) ends with
+            # its terminal event, the last of the read that carries it: only that is looked at.
+            last = whole.rfind(b"\n\n", 0, len(whole) - 2) + 2
+            if whole.startswith(_RESPONSES_END, last if last > 1 else 0):
+                self._meter.feed(whole[last if last > 1 else 0 :], now)
+            return
         ends = whole.count(_KEY) != whole.count(_NULL)  # a finish reason that is not null
         if ends or _has_done(whole):
             self._meter_ends(whole, now, ends)

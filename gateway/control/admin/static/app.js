@@ -149,7 +149,7 @@ function showLogin(message) {
     return;
   }
   sessionStorage.removeItem(TOKEN_KEY);
-  for (const id of ["list-view", "detail-view"]) $(id).hidden = true;
+  for (const id of ["list-view", "detail-view", "label-view"]) $(id).hidden = true;
   $("forget").hidden = true;
   $("live").textContent = "";
   $("updated").textContent = "";
@@ -164,7 +164,8 @@ async function login() {
   sessionStorage.setItem(TOKEN_KEY, token);
   $("token").value = "";
   try {
-    const res = await api("GET", "/status");
+    // A labeller's token may reach the labelling view only (label.js): its first call checks it.
+    const res = labelRoute(location.hash) ? { status: 200 } : await api("GET", "/status");
     if (res.status !== 200) {
       showLogin(apiError(res));
       return;
@@ -187,7 +188,7 @@ function stopPolling() {
 
 function schedule(ms) {
   stopPolling();
-  if (document.hidden) return; // resumed by visibilitychange
+  if (document.hidden || state.view === "label") return; // resumed by visibilitychange
   state.timer = setTimeout(tick, ms);
 }
 
@@ -412,8 +413,33 @@ function renderGrader(metrics) {
     ["grader A/A (control vs production)", aa && num(aa.estimate) !== null ? `${pct(aa.estimate)}${interval(aa)}` : "–"],
     ["graded / unparseable / failed / over cap", [d.gradings_graded, d.gradings_unparseable, d.gradings_failed, d.gradings_over_cap].map(fmt).join(" / ")],
     ["grader tokens, cost", `${fmt(d.grader_tokens)} tokens, $${num(d.grader_cost_usd) === null ? "–" : d.grader_cost_usd.toFixed(2)}`],
+    ...pairAccounting(d),
   ];
   fill($("d-grader").tBodies[0], rows.map(([k, v]) => row([k, v])));
+  renderHuman(metrics); // human.js: what people prefer, when the candidate has labels
+}
+
+// Every complete pair: graded, or not graded by reason (the report's
+// evaluators.pairs.gradings.PAIR_OUTCOME_LABELS, in its order); the rows add up to the total.
+const PAIR_OUTCOME_LABELS = {
+  graded: "graded",
+  not_sampled: "not sampled by the grader's rate",
+  queue_full: "queue full (grading_max_pending)",
+  no_answer: "an answer failed or missing",
+  over_cap: "over cap (max_per_minute or daily budget)",
+  failed: "grader failed",
+  unparseable: "grader's answer unparseable",
+  stopped: "mirror stopped before grading",
+  unrecorded: "no grading record",
+};
+function pairAccounting(d) {
+  if (num(d.complete_pairs) === null) return [];
+  const out = [["complete pairs (graded + not graded)", fmt(d.complete_pairs)]];
+  for (const [key, label] of Object.entries(PAIR_OUTCOME_LABELS)) {
+    const n = d[`complete_pairs_${key}`];
+    if (key === "graded" || n) out.push([`  ${key === "graded" ? "" : "not graded: "}${label}`, fmt(n)]);
+  }
+  return out;
 }
 
 // The horizontal references of a metric's plot: its margins, its goal and no change (as the
@@ -708,6 +734,7 @@ function evidenceTests(evidence) {
         lo: num(interval[0]),
         hi: num(interval[1]),
         margin: num(t.margin),
+        scale: t.scale ?? (/(^failing$|^failure$|_slo$)/.test(t.name ?? "") ? "share" : "log_ratio"),
         nCandidate: num(t.n_candidate ?? n.candidate),
         nProduction: num(t.n_production ?? n.production),
         n: num(t.n),
@@ -723,18 +750,31 @@ function evidenceFacts(evidence) {
     .map(([k, v]) => [k, Array.isArray(v) ? v.join(", ") : v]);
 }
 
-// One test's interval on the scale of its margin: no change in the middle, ±margin dashed.
+// A test's number in its unit, as the pairs report writes it: a log ratio as the ratio
+// candidate / production (×0.95), a share difference in percentage points (+0.4 pp).
+function evidenceValue(t, v) {
+  const x = num(v);
+  if (x === null) return "–";
+  if (t.scale === "share") return `${x > 0 ? "+" : x < 0 ? "−" : ""}${Math.abs(100 * x).toFixed(1)} pp`;
+  return `×${Math.exp(x).toFixed(2)}`;
+}
+
+// One test's interval on the scale of its margin: no change in the middle, ±margin dashed,
+// each reference labelled in the test's unit.
 function intervalBar(t) {
   const w = 200;
-  const h = 18;
+  const h = 30;
   const root = svg("svg", { width: w, height: h, viewBox: `0 0 ${w} ${h}`, class: "bar" });
+  root.append(svg("title", {}, `${t.name}: ${evidenceValue(t, t.estimate)}, interval [${evidenceValue(t, t.lo)}, ${evidenceValue(t, t.hi)}], margin ${evidenceValue(t, t.margin)}`));
   const scale = t.margin && t.margin > 0 ? t.margin : Math.max(Math.abs(t.lo ?? 0), Math.abs(t.hi ?? 0), 1e-9);
   const sx = (v) => w / 2 + (Math.max(-3, Math.min(3, v / scale)) * (w - 8)) / 6;
-  root.append(svg("line", { x1: w / 2, y1: 2, x2: w / 2, y2: h - 2, class: "a" }));
+  root.append(svg("line", { x1: w / 2, y1: 2, x2: w / 2, y2: 16, class: "a" }));
+  root.append(svg("text", { x: w / 2, y: h - 2, "text-anchor": "middle", "font-size": 9, class: "bar-label" }, evidenceValue(t, 0)));
   if (t.margin) {
     for (const m of [-t.margin, t.margin]) {
-      root.append(svg("line", { x1: sx(m), y1: 2, x2: sx(m), y2: h - 2, stroke: "#e67700", "stroke-dasharray": "3 2" }));
+      root.append(svg("line", { x1: sx(m), y1: 2, x2: sx(m), y2: 16, stroke: "#e67700", "stroke-dasharray": "3 2" }));
     }
+    root.append(svg("text", { x: sx(t.margin), y: h - 2, "text-anchor": "start", "font-size": 9, class: "bar-label margin-label" }, evidenceValue(t, t.margin)));
   }
   const cls = t.decision === "ok" ? "ok" : t.decision === "harm" ? "harm" : "other";
   if (t.lo !== null && t.hi !== null) {
@@ -763,9 +803,9 @@ function evidenceCard(e) {
           row([
             t.name,
             el("td", { class: `status-${t.decision === "harm" ? "beyond" : t.decision === "ok" ? "inside" : "undecided"}` }, t.decision || "–"),
-            fmt(t.estimate),
-            t.lo === null && t.hi === null ? "–" : `[${fmt(t.lo)}, ${fmt(t.hi)}]`,
-            fmt(t.margin),
+            el("td", { class: "estimate", "data-scale": t.scale }, evidenceValue(t, t.estimate)),
+            t.lo === null && t.hi === null ? "–" : `[${evidenceValue(t, t.lo)}, ${evidenceValue(t, t.hi)}]`,
+            el("td", { class: "margin", "data-scale": t.scale }, evidenceValue(t, t.margin)),
             fmt(t.nCandidate ?? t.n),
             fmt(t.nProduction),
             el("td", {}, intervalBar(t)),
@@ -845,6 +885,16 @@ function route() {
     return;
   }
   state.generation += 1;
+  const labelName = labelRoute(location.hash); // label.js: the labelling view
+  if (labelName !== null) {
+    stopPolling();
+    state.view = "label";
+    $("list-view").hidden = true;
+    $("detail-view").hidden = true;
+    labelShow(labelName);
+    return;
+  }
+  labelHide();
   const match = location.hash.match(/^#\/c\/(.+)$/);
   state.view = match ? "detail" : "list";
   state.name = match ? decodeURIComponent(match[1]) : null;
