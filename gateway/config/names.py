@@ -38,8 +38,8 @@ FLAT_KEYS: Final[dict[str, str]] = {
     )},
     **{k: f"mirror.{k}" for k in (
         "dedup_window_s", "score_logprobs", "score_concurrency", "score_max_pending",
-        "token_counter", "tokenize_concurrency", "tokenize_max_pending", "tokenize_timeout_s",
-        "tokenize_cache_entries",
+        "answer_wait_s", "token_counter", "tokenize_concurrency", "tokenize_max_pending",
+        "tokenize_timeout_s", "tokenize_cache_entries",
         "grading_max_pending", "grading_concurrency", "grading_timeout_s", "grading_max_chars",
         "tool_check", "tool_schema_cache", "tool_schema_max_bytes",
     )},

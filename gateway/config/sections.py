@@ -263,6 +263,15 @@ class MirrorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     score_max_pending: Annotated[
         PosInt, _d("Scoring jobs held at once; past it a pair is not scored (score_dropped).")
     ] = 256
+    answer_wait_s: Annotated[
+        Annotated[float, Meta(gt=0, le=3600)],
+        _d(
+            "A scoring job or a grading pair waits for a copy's answer the copy's timeout_s plus "
+            "this, counted from when a worker takes the copy (a copy still queued is waited for "
+            "up to an hour; one dropped unsent is not); past it the pair is neither scored nor "
+            "graded (score_dropped; grading dropped, no_answer)."
+        ),
+    ] = 60.0
     token_counter: Annotated[
         # Long enough for a path: "local:/models/<model>/tokenizer.json".
         Annotated[str, Meta(min_length=1, max_length=4096)],

@@ -198,6 +198,8 @@ class Mirror(SamplingTick):
                     calls=self.calls,
                 )
                 lane.hold = self._hold
+                lane.on_send = self._sending
+                lane.on_discard = self._discarding
                 self._lanes[name] = lane
                 if self._started:
                     lane.start()
@@ -216,6 +218,20 @@ class Mirror(SamplingTick):
         if self.grading.pending:
             self.grading.observed(record)
         return self.scorer.hold(record)
+
+    def _sending(self, exchange_id: str, lane: str) -> None:
+        """A worker took a candidate's copy: the jobs waiting for its answer wait its timeout."""
+        if self.scorer.pending:
+            self.scorer.sent(exchange_id, lane)
+        if self.grading.pending:
+            self.grading.sent(exchange_id, lane)
+
+    def _discarding(self, exchange_id: str, lane: str) -> None:
+        """A candidate's copy left its ring unsent: its answer will never come."""
+        if self.scorer.pending:
+            self.scorer.discarded(exchange_id, lane)
+        if self.grading.pending:
+            self.grading.discarded(exchange_id, lane)
 
     def _retire(self, lane: Lane) -> None:
         lane.stop_offers_and_clear()

@@ -374,6 +374,39 @@ async def test_every_pair_leaves_one_row_saying_what_became_of_it() -> None:
     assert {g.error_kind for g in unsent if g.outcome == "no_answer"} <= {"production_failed"}
 
 
+async def test_a_pair_is_graded_after_a_backlog_and_not_waited_for_when_dropped() -> None:
+    """Eight copies offered at once to a ring of five behind one worker (each ~0.3 s): the
+    three evicted are not graded, at once (no_answer, not_sent); the five sent are, the last
+    queued ~1.2 s, past its timeout_s + answer_wait_s (0.85 s) from the offer."""
+    async with grader_server("ok") as stub:
+        spec = GraderSpec(url=stub.url, model="judge", swap_rate=0.0, rate=1.0)
+        upgrade = await sim("baseline", time_scale=1.0, min_output_tokens=32, max_output_tokens=32)
+        sink = InMemorySink()
+        ep = Endpoint(
+            name="upgrade",
+            url=upgrade.url,
+            sample_rate=1.0,
+            grader=spec,
+            concurrency=1,
+            timeout_s=0.8,
+            buffer_max_items=5,
+        )
+        mirror = make_mirror([ep], sink, **{"mirror.answer_wait_s": 0.05})
+        await mirror.start()
+        try:
+            for i in range(8):
+                _send(mirror, i)
+            await _settle(mirror, sink, 8)
+        finally:
+            await mirror.close()
+            await upgrade.close()
+    outcomes = sorted(g.outcome for g in sink.gradings)
+    assert outcomes == ["graded"] * 5 + ["no_answer"] * 3, outcomes
+    assert {g.error_kind for g in sink.gradings if g.outcome == "no_answer"} == {"not_sent"}
+    waits = [o.queue_wait_s or 0.0 for o in sink.observations if o.endpoint == "upgrade"]
+    assert max(waits) > 0.85, waits  # the last copy waited past timeout_s + answer_wait_s
+
+
 def test_grading_series_exist_at_zero_before_any_grader() -> None:
     """A mirror with no candidate exports every canary_grading_* family with one series at 0
     (no candidate label), so the board's panels show 0, not "no data"."""

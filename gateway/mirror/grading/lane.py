@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -55,13 +56,12 @@ from gateway.config.sections import CredentialsConfig, MirrorConfig
 from gateway.credentials import candidate_credential
 from gateway.mirror.grading import request as rq
 from gateway.mirror.grading.prompt import Reply, answer_text, conversation_text
+from gateway.mirror.replay.wait import CopyWait
 
 __all__ = ["Grading", "GradingCounters", "GradingSink", "LabelSink"]
 
 log = logging.getLogger("canary.mirror.grading")
 
-# A pair's answers must both arrive within the candidate's timeout plus this.
-_DEADLINE_SLACK_S: Final = 60.0
 _WINDOW_S: Final = 60.0  # max_per_minute's window
 _PAUSE_S: Final = 0.05  # how often a paused lane looks again (shedding, or nothing to do)
 _CHAT: Final = "/v1/chat/completions"
@@ -111,8 +111,9 @@ class _Pair:
         "reference",
         "reference_reply",
         "spec",
-        "timer",
+        "timeout_s",
         "unit",
+        "wait",
         "waiting",
     )
 
@@ -137,7 +138,8 @@ class _Pair:
         self.candidate_reply: Reply | None = None
         self.missing: str | None = None  # why an answer is unusable (a no_answer's error_kind)
         self.waiting = {"production", "candidate"}
-        self.timer: asyncio.TimerHandle | None = None
+        self.wait: CopyWait | None = None
+        self.timeout_s = 0.0  # the candidate's copy's
 
 
 def _reply(record: ObservationRecord, arm: str) -> tuple[Reply | None, str | None]:
@@ -184,6 +186,7 @@ class Grading:
     ) -> None:
         self._max = config.grading_max_pending
         self._timeout_s = config.grading_timeout_s
+        self._slack_s = config.answer_wait_s
         self._concurrency = config.grading_concurrency
         self._max_chars = max_chars
         self._sink = sink
@@ -242,12 +245,28 @@ class Grading:
                 self._not_graded(exchange_id, name, reference, "queue_full")
                 continue
             pair = _Pair(exchange_id, body, name, reference, spec, received_at, unit or exchange_id)
+            pair.timeout_s = timeout_s
             key = (exchange_id, name)
             self._pairs[key] = pair
             self._by_exchange.setdefault(exchange_id, []).append(name)
-            pair.timer = asyncio.get_running_loop().call_later(
-                timeout_s + _DEADLINE_SLACK_S, self._expire, key
+            pair.wait = CopyWait(
+                timeout_s, self._slack_s, functools.partial(self._expire, key), ("candidate",)
             )
+
+    def sent(self, exchange_id: str, candidate: str) -> None:
+        """A worker took the candidate's copy: wait for its answer its timeout from now."""
+        pair = self._pairs.get((exchange_id, candidate))
+        if pair is not None and pair.wait is not None:
+            pair.wait.sent("candidate", pair.timeout_s)
+
+    def discarded(self, exchange_id: str, candidate: str) -> None:
+        """The candidate's copy left its ring unsent: the pair is not graded (no_answer)."""
+        key = (exchange_id, candidate)
+        pair = self._pairs.get(key)
+        if pair is None or "candidate" not in pair.waiting:
+            return
+        pair.missing = pair.missing or "not_sent"
+        self._arrived(key, pair, "candidate")
 
     def answer(self, record: ObservationRecord) -> None:
         """Production's finished observation: its text and calls are the reference answer."""
@@ -278,8 +297,8 @@ class Grading:
         if pair.waiting:
             return
         del self._pairs[key]
-        if pair.timer is not None:
-            pair.timer.cancel()
+        if pair.wait is not None:
+            pair.wait.cancel()
         if pair.reference_reply is None or pair.candidate_reply is None:
             self._count(pair.candidate).dropped += 1
             self._not_graded(
@@ -493,8 +512,8 @@ class Grading:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for pair in [*self._queue, *self._pairs.values()]:
-            if pair.timer is not None:
-                pair.timer.cancel()
+            if pair.wait is not None:
+                pair.wait.cancel()
             self._count(pair.candidate).dropped += 1
             self._not_graded(pair.exchange_id, pair.candidate, pair.reference, "stopped")
         self._queue.clear()

@@ -86,6 +86,10 @@ def _never(record: ObservationRecord) -> bool:
     return False
 
 
+def _ignore(exchange_id: str, lane: str) -> None:
+    return None
+
+
 class Copy:
     """One mirrored production request, shared by every lane that accepted it (never copied).
 
@@ -155,6 +159,12 @@ class Lane:
         # Where a finished copy's observation goes: the sink, unless the scorer holds it until
         # its pair is scored (`gateway.mirror.scoring.jobs.Scorer.hold`; returns True when held).
         self.hold: Callable[[ObservationRecord], bool] = _never
+        # A copy's fate before its answer, for the jobs that wait for that answer (scoring,
+        # grading): taken by a worker (`on_send`; from then its timeout bounds the wait) or
+        # left unsent (`on_discard`: overflow, shed, cleared; the answer will never come).
+        self.on_send: Callable[[str, str], None] = _ignore
+        self.on_discard: Callable[[str, str], None] = _ignore
+        self.ring.on_discard = self._discarded
         self.endpoint = endpoint
         self._configure(endpoint)
 
@@ -353,6 +363,7 @@ class Lane:
                 self._idle.append(fut)
                 await fut
                 continue
+            self.on_send(entry.payload.exchange_id, self.name)
             try:
                 await self._send(entry)
             finally:
@@ -365,6 +376,9 @@ class Lane:
                     self._wake_all()  # draining and nothing left: idle workers may leave
                 if not ring.pending:
                     self._notify_quiet()
+
+    def _discarded(self, copy: Copy) -> None:
+        self.on_discard(copy.exchange_id, self.name)
 
     def _request_headers(self, copy: Copy) -> CIMultiDict[str]:
         headers: CIMultiDict[str] = CIMultiDict()

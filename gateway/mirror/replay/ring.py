@@ -27,11 +27,16 @@ turns queued behind it and every later turn offered are `shed_session_broken`, n
 turn that skips one (the one between never got here) breaks it too. Copies still queued when
 the ring is cleared (removal, shutdown) stay `dropped_overflow`: nothing of the lane is sent
 again.
+
+Every copy that leaves without being taken by a worker (overflow, shed, cleared) is handed to
+`on_discard` when one is set: a job waiting for that copy's answer (scoring, grading) learns it
+will never come, instead of waiting out a deadline.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from enum import Enum
 from typing import Final, Generic, Protocol, TypeVar
 
@@ -158,6 +163,7 @@ class RingBuffer(Generic[T]):
         "inflight",
         "max_bytes",
         "max_items",
+        "on_discard",
         "trail",
     )
 
@@ -185,6 +191,8 @@ class RingBuffer(Generic[T]):
         self._pending_digests: dict[bytes, int] = {}
         self._recent: OrderedDict[bytes, float] = OrderedDict()
         self.trail = SessionTrail()
+        # Called with the payload of every queued copy that leaves unsent (module docstring).
+        self.on_discard: Callable[[T], None] | None = None
         budget.rings.append(self)
 
     @property
@@ -319,6 +327,8 @@ class RingBuffer(Generic[T]):
             del self._ready[entry.seq]
         self._unqueue(entry)
         self.counters.dropped_overflow += 1
+        if self.on_discard is not None:
+            self.on_discard(entry.payload)
         if session is None:
             return
         if cascade:
@@ -332,11 +342,15 @@ class RingBuffer(Generic[T]):
         queue = self._sessions.get(session)
         if not queue:
             return
-        for entry in queue.values():
+        shed = list(queue.values())
+        queue.clear()
+        for entry in shed:
             del self._order[entry.seq]
             self._unqueue(entry)
-        self.counters.shed_session_broken += len(queue)
-        queue.clear()
+        self.counters.shed_session_broken += len(shed)
+        if (discard := self.on_discard) is not None:
+            for entry in shed:
+                discard(entry.payload)
 
     def _unqueue(self, entry: Entry[T]) -> None:
         self.bytes -= entry.nbytes

@@ -12,8 +12,10 @@ delayed or altered, and scoring never enters its measurement). Then each arm is 
 `score_concurrency` scoring requests per endpoint at once; production's engine never is.
 
 Bounded: at most `score_max_pending` jobs at once (beyond: `score_dropped`); a job whose events
-do not all arrive within its deadline writes what it holds unscored (`score_dropped`). Every
-scoring copy is counted on the endpoint asked (domain.accounting's scoring identity).
+do not all arrive in time (`gateway.mirror.replay.wait`: each arm's timeout plus
+`answer_wait_s`, counted from when a worker takes its copy) writes what it holds unscored
+(`score_dropped`), and an arm whose copy left its ring unsent is not scored (`score_dropped`).
+Every scoring copy is counted on the endpoint asked (domain.accounting's scoring identity).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from domain.records import ObservationRecord
 from gateway.config.sections import MirrorConfig
 from gateway.lifecycle import finish_tasks
 from gateway.mirror.replay.lane import Lane
+from gateway.mirror.replay.wait import CopyWait
 from gateway.mirror.scoring import forced as scoring
 from gateway.server.hooks import ObservationSink
 from gateway.server.upstream import UpstreamError
@@ -40,9 +43,6 @@ _PRODUCTION: Final = "\0production"
 _SALT: Final = b"canary-score\0"
 # Answers meaning "this engine cannot score so" (an older engine, parameters refused).
 _UNSUPPORTED: Final = frozenset({400, 404, 405, 422, 501})
-# A job's events (production's answer, the arms' copies) must all arrive within the arms'
-# timeout plus this; past it, what it holds is written unscored.
-_DEADLINE_SLACK_S: Final = 60.0
 _decode = msgspec.json.Decoder(dict[str, Any]).decode
 
 
@@ -60,7 +60,7 @@ class _Job:
         "held",
         "route",
         "settled",
-        "timer",
+        "wait",
         "waiting",
     )
 
@@ -72,7 +72,7 @@ class _Job:
         self.waiting = {*self.arms, _PRODUCTION}
         self.held: dict[str, ObservationRecord] = {}
         self.answer: str | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.wait: CopyWait | None = None
         self.settled: set[str] = set()  # arms whose scoring copy was counted
 
 
@@ -83,6 +83,7 @@ class Scorer:
         self._k = config.score_logprobs
         self._concurrency = config.score_concurrency
         self._max = config.score_max_pending
+        self._slack_s = config.answer_wait_s
         self._sink = sink
         self._jobs: dict[str, _Job] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -110,8 +111,39 @@ class Scorer:
             lane.counters.score_pending += 1
         job = _Job(route, body, arms, control.name if control is not None else None)
         self._jobs[exchange_id] = job
-        deadline = max(lane.endpoint.timeout_s for lane in arms) + _DEADLINE_SLACK_S
-        job.timer = asyncio.get_running_loop().call_later(deadline, self._expire, exchange_id)
+        job.wait = CopyWait(
+            max(lane.endpoint.timeout_s for lane in arms),
+            self._slack_s,
+            lambda: self._expire(exchange_id),
+            job.arms,
+        )
+
+    def sent(self, exchange_id: str, arm: str) -> None:
+        """A worker took `arm`'s copy of the exchange: wait for it its timeout from now."""
+        job = self._jobs.get(exchange_id)
+        if job is not None and job.wait is not None and arm in job.arms:
+            job.wait.sent(arm, job.arms[arm].endpoint.timeout_s)
+
+    def discarded(self, exchange_id: str, arm: str) -> None:
+        """`arm`'s copy left its ring unsent: that arm is not scored (score_dropped); with no
+        candidate left to score, neither is the job."""
+        job = self._jobs.get(exchange_id)
+        if job is None or arm not in job.waiting or arm not in job.arms:
+            return
+        lane = job.arms.pop(arm)
+        lane.counters.score_pending -= 1
+        lane.counters.score_dropped += 1
+        if job.wait is not None:
+            job.wait.discarded(arm)
+        if arm == job.control:
+            job.control = None
+        if all(name == job.control for name in job.arms):
+            del self._jobs[exchange_id]
+            if job.wait is not None:
+                job.wait.cancel()
+            self._give_up(job)
+            return
+        self._arrived(exchange_id, job, arm)
 
     def hold(self, record: ObservationRecord) -> bool:
         """Keep an arm's finished observation until its pair is scored; False: not ours."""
@@ -134,8 +166,8 @@ class Scorer:
         job.waiting.discard(who)
         if job.waiting:
             return
-        if job.timer is not None:
-            job.timer.cancel()
+        if job.wait is not None:
+            job.wait.cancel()
         task = asyncio.get_running_loop().create_task(
             self._run(exchange_id, job), name=f"mirror-score-{exchange_id}"
         )
@@ -256,8 +288,8 @@ class Scorer:
         await finish_tasks(set(self._tasks), timeout_s)
         jobs, self._jobs = self._jobs, {}
         for job in jobs.values():
-            if job.timer is not None:
-                job.timer.cancel()
+            if job.wait is not None:
+                job.wait.cancel()
             self._give_up(job)
 
 
