@@ -1,7 +1,8 @@
 """Process lifecycle helpers shared by every process the gateway starts (workers, the mirror
 process, the report process, the simulator): which event loop runs, dying with the parent, a
-lower CPU priority (light to import, so a process can lower it before its own imports), and the
-shutdown of a stage's owned tasks (`finish_tasks`). No
+lower CPU priority (light to import, so a process can lower it before its own imports), the
+shutdown of a stage's owned tasks (`finish_tasks`), and, last, multiprocessing's resource
+tracker (`stop_resource_tracker`). No
 wiring here: the planes and the simulator may import this, it imports nothing of ours."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import gc
 import os
 import signal
 import sys
+import time
 from collections.abc import Collection, Coroutine
 from typing import Any
 
@@ -96,3 +98,36 @@ async def finish_tasks(tasks: Collection[asyncio.Task[Any]], timeout_s: float) -
     for task in pending:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def stop_resource_tracker(timeout_s: float = 5.0) -> bool:
+    """Stop multiprocessing's resource tracker, the helper process its spawn start method runs
+    beside every child, and reap it; True when none is left running.
+
+    The tracker exits when the last holder of its pipe does, which is this process: as PID 1 of
+    a container it would still be alive when this process exits, and the kernel kills it then
+    (an orphan). So the last process standing closes its end and waits for the tracker, at most
+    `timeout_s` (a descendant that still holds the pipe would keep it alive; not waited for).
+    """
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker
+    pid: int | None = getattr(tracker, "_pid", None)
+    fd: int | None = getattr(tracker, "_fd", None)
+    if pid is None or fd is None:
+        return True
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    tracker._fd = None  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            tracker._pid = None  # type: ignore[attr-defined]
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)

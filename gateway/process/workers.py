@@ -36,7 +36,7 @@ import msgspec
 
 from domain.errors import ProcessDidNotStart
 from gateway.config.sections import GatewayConfig, split_host_port
-from gateway.lifecycle import die_with_parent, run_loop
+from gateway.lifecycle import die_with_parent, run_loop, stop_resource_tracker
 from gateway.logs import setup_logging
 from gateway.process import simulator
 from gateway.process.children import (
@@ -53,10 +53,16 @@ log = logging.getLogger("canary.supervisor")
 
 def serve_forever(config: GatewayConfig) -> int:
     """Run `canary serve` with this config until SIGTERM/SIGINT; returns the exit code."""
-    if config.server.workers == 1:
-        run_loop(serve_until_stopped(config), config.server.event_loop)
-        return 0
-    return _supervise(config)
+    try:
+        if config.server.workers == 1:
+            run_loop(serve_until_stopped(config), config.server.event_loop)
+            return 0
+        return _supervise(config)
+    finally:
+        # Every child is gone; the spawn start method's resource tracker goes last (as PID 1
+        # of a container, what outlives this process is killed by the kernel).
+        if not stop_resource_tracker():
+            log.warning("multiprocessing's resource tracker did not exit in time")
 
 
 def _worker_main(

@@ -223,3 +223,63 @@ async def test_sigterm_while_workers_start_is_a_clean_stop(tmp_path: Path) -> No
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# Runs `canary serve` as the child of a child subreaper (as PID 1 of a container is one): a
+# process the gateway leaves behind when it exits is reparented here, and listed.
+_SUBREAPER = """
+import ctypes, json, os, signal, subprocess, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+serve = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+sys.stdin.readline()
+serve.send_signal(signal.SIGTERM)
+code = serve.wait(60)
+time.sleep(0.5)  # an orphan exits soon after (its pipe closed) and stays a zombie here
+left = []
+for task in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{task}/children") as f:
+        for pid in f.read().split():
+            with open(f"/proc/{pid}/stat") as stat:  # "pid (comm) state ...": a zombie's
+                left.append(stat.read().split(" ", 3)[:3])  # cmdline is empty
+print(json.dumps({"code": code, "left": left}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_serve_leaves_no_process_behind(tmp_path: Path, workers: str) -> None:
+    """On SIGTERM `canary serve` exits 0 with nothing of it still running: not a worker, the
+    mirror or report process, nor multiprocessing's resource tracker (which exits only when
+    its pipe closes, after the last process holding it; as PID 1 of a pod the kernel would kill
+    it). Every process it leaves is reparented to the test's subreaper and listed."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CANARY_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _SUBREAPER,
+        sys.executable,
+        "-m",
+        "gateway.cli.main",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--db",
+        f"sqlite+aiosqlite:///{tmp_path / 'canary.db'}",
+        "--workers",
+        workers,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        await until_ready(f"http://127.0.0.1:{port}/readyz", proc)
+        proc.stdin.write(b"stop\n")
+        await proc.stdin.drain()
+        out = json.loads(await asyncio.wait_for(proc.stdout.readline(), 90))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+    assert out["code"] == 0, out
+    assert out["left"] == [], out
