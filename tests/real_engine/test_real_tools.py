@@ -206,6 +206,10 @@ def _gradings_done(db_path: Path, candidate: str, pairs: int, within_s: float = 
         time.sleep(1.0)
 
 
+# How often the test's gateway reads the registry (the default is 2 s).
+REGISTRY_POLL_S = 0.2
+
+
 @pytest.fixture(scope="module")
 def tool_run(real_engines: dict[str, eng.Engine]) -> Iterator[ToolRun]:
     """The gateway in front of live, the control and the graded upgrade, four agent turns."""
@@ -220,6 +224,7 @@ def tool_run(real_engines: dict[str, eng.Engine]) -> Iterator[ToolRun]:
             [_canary(), "serve", "--live", real_engines["live"].url, "--listen",
              f"127.0.0.1:{port}", "--db", db_url, "--insecure-admin", "--log-format", "json"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "CANARY_STORAGE_REGISTRY_POLL_INTERVAL_S": str(REGISTRY_POLL_S)},
         )  # fmt: skip
     try:
         _wait_ready(gw, proc, log)
@@ -244,6 +249,11 @@ def tool_run(real_engines: dict[str, eng.Engine]) -> Iterator[ToolRun]:
                 },
             )
             assert status == 201, f"registering {name}: {status} {body}"
+        # The worker that took the registration applies it at once; the host's mirror process
+        # reads the registry every registry_poll_interval_s, and a copy handed off before it
+        # knows a candidate is counted lost (skipped_unknown_candidate). Every one of these four
+        # turns must be mirrored: a few polls' time first.
+        time.sleep(5 * REGISTRY_POLL_S)
         turns = asyncio.run(_agent_turns(gw))
         _drained(gw, list(CANDIDATES), len(turns))
         _gradings_done(db_path, "quantized", len(turns))
