@@ -168,6 +168,11 @@ class Registry:
         await self._read_store()
         return self.snapshot
 
+    def poke(self) -> None:
+        """Reload at once instead of at the next poll (a worker named a candidate this process
+        does not know yet: it registered since the last poll)."""
+        self._wake.set()
+
     async def close(self) -> None:
         tasks = {t for t in (self._task, self._listener, self._watch) if t is not None}
         self._task = self._listener = self._watch = None

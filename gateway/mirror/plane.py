@@ -442,6 +442,7 @@ async def serve_plane(
     registry = Registry(
         engine, live, poll_interval_s=config.storage.registry_poll_interval_s, on_change=on_change
     )
+    mirror.on_unknown_candidate = registry.poke
     loop = asyncio.get_running_loop()
     server = await loop.create_unix_server(lambda: _WorkerConnection(plane), socket_path)
     tasks: tuple[asyncio.Task[None], ...] = ()

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import xxhash
 from multidict import CIMultiDictProxy
@@ -79,6 +79,10 @@ __all__ = ["Mirror"]
 
 
 _NO_HEADERS: Mapping[str, str] = {}
+
+
+def _nothing() -> None:
+    return None
 
 
 class _Token:
@@ -174,6 +178,9 @@ class Mirror(SamplingTick):
         )
         self._init_shares()
         self._tick_task: asyncio.Task[None] | None = None
+        # Called when a worker names a candidate this process does not run (the mirror
+        # process's registry: `Registry.poke`).
+        self.on_unknown_candidate: Callable[[], None] = _nothing
 
     # ------------------------------------------------------------------ candidate set
 
@@ -324,13 +331,15 @@ class Mirror(SamplingTick):
         here); `replica` the worker that served production (stored on the exchange); `check`
         the chosen later turns the worker left to this process's admitted sessions."""
         offers = self._offers
-        if not offers:
-            return None
         if only is not None:
             offers = tuple(o for o in offers if o.name in only)
-            self.process.unknown_candidate += len(only) - len(offers)
-            if not offers:
-                return None
+            if len(offers) < len(only):
+                # Registered since this process last read the registry: counted (the copy is
+                # lost), and the registry read at once.
+                self.process.unknown_candidate += len(only) - len(offers)
+                self.on_unknown_candidate()
+        if not offers:
+            return None
         route = mirrored_route(method, path_qs)
         if route is None:
             return None

@@ -155,6 +155,25 @@ def test_what_is_not_mirrored() -> None:
     assert mirror.on_request("POST", "/v1/embeddings", h, b'{"input":"x"}', "4") is not None
 
 
+def test_a_candidate_this_process_does_not_run_yet_is_counted_and_reread() -> None:
+    """A worker hands off a copy for a candidate registered since the mirror process last read
+    the registry: the copy is counted (skipped_unknown_candidate), never silently lost, and the
+    registry is asked to read again at once; with no candidate at all as with one other."""
+    sink = InMemorySink()
+    mirror = make_mirror([], sink)
+    pokes: list[int] = []
+    mirror.on_unknown_candidate = lambda: pokes.append(1)
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    assert (
+        mirror.on_request("POST", "/v1/chat/completions", headers(), body, "1", only=["a"]) is None
+    )
+    mirror.apply([Endpoint(name="b", url="http://x:1", sample_rate=1.0)])
+    token = mirror.on_request("POST", "/v1/chat/completions", headers(), body, "2", only=["a", "b"])
+    assert token is not None
+    assert mirror.process_counters()["skipped_unknown_candidate"] == 2 and len(pokes) == 2
+    assert mirror.counters()["b"]["sampled"] == 1
+
+
 def test_duplicate_bodies_are_deduplicated() -> None:
     """The same body offered twice while queued is counted once as deduplicated."""
     sink = InMemorySink()
