@@ -175,6 +175,14 @@ async def _rollout_steps(
     if status != 201:
         say(f"ramp: the gateway refused the start ({status}): {_message(view)}")
         return view
+    # Its evaluation is over: mirror copies on top of the live sessions it now serves would
+    # load its engine beyond production's (every copy of production's arm) and the ramp's
+    # latency tests would see that load as the candidate's harm.
+    patched, _ = await _admin(
+        http, "PATCH", f"{admin}/candidates/{ROLLED_OUT}", {"sample_rate": 0.0}
+    )
+    if patched == 200:
+        say(f"ramp: {ROLLED_OUT}'s mirror copies stopped (sample_rate 0): it serves live sessions")
     before = await _rollout_metrics(http, gateway_url)
     deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
     shown, killed = 0, False  # steps printed so far; the simulator killed
