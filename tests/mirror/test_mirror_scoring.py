@@ -201,34 +201,42 @@ def test_scores_parse_vllm_shape() -> None:
         scoring.parse_scores(body, ids[:-1], 3)
 
 
+async def _one_worker(
+    n: int, answer_wait_s: float, sim_knobs: dict[str, Any], **endpoint: Any
+) -> tuple[Mirror, InMemorySink]:
+    """`n` exchanges offered at once to a quantized candidate `q` scored at 1.0 behind one
+    worker; returns the mirror (closed) and its sink once every job has ended."""
+    quant = await sim("quantized", **sim_knobs)
+    sink = InMemorySink()
+    ep = Endpoint(
+        name="q",
+        url=quant.url,
+        kind="quantized",
+        sample_rate=1.0,
+        score_rate=1.0,
+        concurrency=1,
+        **endpoint,
+    )
+    mirror = make_mirror([ep], sink, **{"mirror.answer_wait_s": answer_wait_s})
+    await mirror.start()
+    try:
+        for i in range(n):
+            assert _send(mirror, i) is not None
+        await _settle(mirror)  # bounded: 10 s
+    finally:
+        await mirror.close()
+        await quant.close()
+    return mirror, sink
+
+
 def test_a_copy_queued_behind_a_backlog_is_still_scored(run: Run[None]) -> None:
     """A job waits for its arm's copy the copy's timeout (plus answer_wait_s) from when a worker
     takes it, not from the offer: ten copies queued behind one worker, each ~0.26 s, the last
     sent ~2.3 s after its offer, past timeout_s + answer_wait_s (1.2 s), and every one scored."""
 
     async def scenario() -> None:
-        quant = await sim("quantized", time_scale=1.0, min_output_tokens=32, max_output_tokens=32)
-        sink = InMemorySink()
-        eps = [
-            Endpoint(
-                name="q",
-                url=quant.url,
-                kind="quantized",
-                sample_rate=1.0,
-                score_rate=1.0,
-                concurrency=1,
-                timeout_s=1.0,
-            )
-        ]
-        mirror = make_mirror(eps, sink, **{"mirror.answer_wait_s": 0.2})
-        await mirror.start()
-        try:
-            for i in range(10):
-                assert _send(mirror, i) is not None
-            await _settle(mirror)
-        finally:
-            await mirror.close()
-            await quant.close()
+        knobs = {"time_scale": 1.0, "min_output_tokens": 32, "max_output_tokens": 32}
+        mirror, sink = await _one_worker(10, 0.2, knobs, timeout_s=1.0)
         c = mirror.counters()["q"]
         waits = sorted(o.queue_wait_s or 0.0 for o in sink.observations if o.endpoint == "q")
         assert waits[-1] > 1.2, waits  # the backlog the test is about did form
@@ -244,28 +252,8 @@ def test_a_copy_dropped_unsent_is_not_waited_for(run: Run[None]) -> None:
     copies that were sent are scored."""
 
     async def scenario() -> None:
-        quant = await sim("quantized")
-        sink = InMemorySink()
-        eps = [
-            Endpoint(
-                name="q",
-                url=quant.url,
-                kind="quantized",
-                sample_rate=1.0,
-                score_rate=1.0,
-                concurrency=1,
-                buffer_max_items=2,
-            )
-        ]
-        mirror = make_mirror(eps, sink, **{"mirror.answer_wait_s": 600.0})
-        await mirror.start()
-        try:
-            for i in range(8):  # offered at once: the ring keeps the last two
-                assert _send(mirror, i) is not None
-            await _settle(mirror)  # bounded: 10 s
-        finally:
-            await mirror.close()
-            await quant.close()
+        # Offered at once: the ring keeps the last two.
+        mirror, _ = await _one_worker(8, 600.0, {}, buffer_max_items=2)
         c = mirror.counters()["q"]
         assert c["dropped_overflow"] == 6, c
         assert c["score_sampled"] == 8 and c["score_dropped"] == 6 and c["score_ok"] == 2, c
